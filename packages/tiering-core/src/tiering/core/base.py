@@ -1,0 +1,196 @@
+"""The secondary-tier contract: what every tier behind the CPU primary tier implements.
+
+The contract follows the seeds of vLLM's ``vllm/v1/kv_offload/tiering`` layer
+(``SecondaryTierManager``); it is kept stable across vLLM releases and the
+vLLM binding translates vLLM's current interface to it.
+
+All methods are called from the scheduler's thread and must stay cheap: the
+bytes move on the tier's own threads (or event loop), never in the caller.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NewType
+
+if TYPE_CHECKING:
+    from tiering.core.spec import OffloadingSpec
+
+OffloadKey = NewType("OffloadKey", bytes)
+"""A block's name: its prefix hash (chained over all token ids up to and
+including the block), optionally followed by a KV-cache group index. Opaque
+to tiers; at most :data:`tiering.core.format.MAX_KEY_BYTES` bytes."""
+
+
+def block_view(primary_kv_view: memoryview, block_id: int) -> memoryview:
+    """Slot ``block_id`` of a ``(num_blocks, block_bytes)`` view as a flat, writable memoryview.
+
+    Python's memoryview does not index multi-dimensional views by an integer
+    (``view[i]`` raises NotImplementedError); a one-row slice cast to bytes is
+    the zero-copy equivalent.
+
+    Raises:
+        IndexError: ``block_id`` is outside ``[0, num_blocks)``.
+    """
+    if not 0 <= block_id < primary_kv_view.shape[0]:
+        raise IndexError(f"block_id {block_id} outside [0, {primary_kv_view.shape[0]})")
+    return primary_kv_view[block_id : block_id + 1].cast("B")
+
+
+@dataclasses.dataclass
+class ReqContext:
+    """Per-request context handed to tiers with every call.
+
+    Attributes:
+        req_id: the engine's request id.
+        extra: free-form per-request data (vLLM's ``kv_transfer_params``).
+    """
+
+    req_id: str
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobMetadata:
+    """One transfer job between the primary tier and a secondary tier.
+
+    Attributes:
+        job_id: unique (per manager) job id; reported back in a :class:`JobResult`.
+        keys: the blocks' keys, one per entry of ``block_ids``.
+        block_ids: primary-tier slots (indices into ``primary_kv_view``'s first
+            axis). A store reads from them; a load writes into them. The
+            framework keeps them pinned until the job is reported finished.
+        is_promotion: True for a load (secondary -> primary).
+        req_context: the request that caused the job.
+    """
+
+    job_id: int
+    keys: Sequence[OffloadKey]
+    block_ids: Sequence[int]
+    is_promotion: bool
+    req_context: ReqContext
+
+    def __post_init__(self) -> None:
+        if len(self.keys) != len(self.block_ids):
+            raise ValueError(
+                f"job {self.job_id}: {len(self.keys)} keys but {len(self.block_ids)} block_ids"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """The outcome of one job, reported exactly once by ``get_finished``.
+
+    Attributes:
+        job_id: the id of the finished :class:`JobMetadata`.
+        success: True when every block of the job was transferred (and, on a
+            load, verified).
+    """
+
+    job_id: int
+    success: bool
+
+
+class SecondaryTierManager(abc.ABC):
+    """Base class of every secondary tier (filesystem, S3, ...).
+
+    A tier reads and writes block bytes straight out of the primary tier's
+    host buffer ``primary_kv_view``: a 2-D ``memoryview`` of shape
+    ``(num_blocks, block_bytes)`` and format ``"B"``; :func:`block_view`
+    gives slot ``i`` as a flat memoryview without copying.
+
+    Subclasses accept their own configuration keys as keyword arguments after
+    the three arguments below; the factory rejects unknown keys before the
+    constructor runs. ``tier_type`` is injected by the factory (the name the
+    tier was resolved by), never read from the class.
+
+    Args:
+        offloading_spec: the :class:`~tiering.core.spec.OffloadingSpec` of the
+            stack (block geometry, namespace, raw config, engine config).
+        primary_kv_view: the primary tier's host buffer, see above.
+        tier_type: the registered name of the tier (``"fs"``, ``"s3"``, ...).
+
+    Raises:
+        ValueError: ``primary_kv_view`` is not 2-D or its rows are not
+            ``offloading_spec.block_bytes`` long.
+    """
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+    ) -> None:
+        if primary_kv_view.ndim != 2:
+            raise ValueError(
+                f"primary_kv_view must be 2-D (num_blocks, block_bytes), got shape {primary_kv_view.shape}"
+            )
+        if primary_kv_view.shape[1] != offloading_spec.block_bytes:
+            raise ValueError(
+                f"primary_kv_view rows are {primary_kv_view.shape[1]} bytes, "
+                f"spec block_bytes is {offloading_spec.block_bytes}"
+            )
+        self.offloading_spec = offloading_spec
+        self.primary_kv_view = primary_kv_view
+        self.tier_type = tier_type
+
+    def block(self, block_id: int) -> memoryview:
+        """Primary slot ``block_id`` as a flat writable memoryview (see :func:`block_view`)."""
+        return block_view(self.primary_kv_view, block_id)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes per block (one row of ``primary_kv_view``)."""
+        return int(self.primary_kv_view.shape[1])
+
+    @abc.abstractmethod
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        """Whether the tier holds ``key``, without blocking.
+
+        Returns:
+            True: present and loadable now. False: absent. None: not known yet
+            (a store of it or a remote probe is in flight); ask again later.
+            A tier never answers True for a block it cannot serve.
+        """
+
+    @abc.abstractmethod
+    def submit_store(self, job: JobMetadata) -> None:
+        """Start writing ``job.block_ids``' bytes under ``job.keys``; return at once.
+
+        The outcome is reported once by :meth:`get_finished`. Keys the tier
+        already holds count as stored.
+        """
+
+    @abc.abstractmethod
+    def submit_load(self, job: JobMetadata) -> None:
+        """Start reading ``job.keys`` into ``job.block_ids``; return at once.
+
+        The outcome is reported once by :meth:`get_finished`; a missing or
+        unverifiable block fails the job (the caller recomputes).
+        """
+
+    @abc.abstractmethod
+    def get_finished(self) -> Iterable[JobResult]:
+        """The jobs finished since the last call; each job appears exactly once."""
+
+    def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:  # noqa: B027
+        """Record a use of ``keys`` for the tier's recency (eviction) order. Default: no-op."""
+
+    def on_new_request(self, req_context: ReqContext) -> None:  # noqa: B027
+        """Called when a request enters the scheduler. Default: no-op."""
+
+    def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
+        """Called when a request leaves the scheduler. Default: no-op."""
+
+    def has_pending_work(self) -> bool:
+        """Whether jobs are still in flight. Default: False."""
+        return False
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters of the tier (hits, failures by cause, bytes, ...). Default: none."""
+        return {}
+
+    def shutdown(self) -> None:  # noqa: B027
+        """Stop background work. Jobs in flight are finished or reported failed first."""

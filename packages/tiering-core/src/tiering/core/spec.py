@@ -1,0 +1,210 @@
+"""The offloading spec: block geometry, namespace and raw config of a tier stack.
+
+The shape follows vLLM's ``OffloadingSpec`` / ``TieringOffloadingSpec``
+(``vllm/v1/kv_offload``): one object built from the JSON a user writes in
+``kv_connector_extra_config``, handed to every tier, and able to build the
+scheduler-side manager (:meth:`TieringOffloadingSpec.get_manager`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
+
+if TYPE_CHECKING:
+    from tiering.core.base import SecondaryTierManager
+    from tiering.core.manager import TieringManager
+    from tiering.core.primary import CPUPrimaryTier
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BLOCK_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Namespace:
+    """Everything that changes a block's bytes for the same key.
+
+    Two stacks whose namespaces differ in any field never read each other's
+    blocks: persistent tiers store blocks under :attr:`digest`.
+
+    Attributes:
+        model: model id (e.g. ``"meta-llama/Llama-3.1-8B"``).
+        revision: model revision (commit, tag or ``"main"``).
+        kv_dtype: KV-cache dtype name (``"bfloat16"``, ``"float8_e4m3fn"``...).
+        kv_layout: the byte layout of a block inside a primary slot (see
+            :mod:`tiering.core.transfer`), e.g. ``"layer-major/kv-nhd"``.
+        block_size: tokens per block.
+        block_bytes: bytes per block, all layers.
+        rank: this worker's tensor/pipeline-parallel rank.
+        world_size: number of workers.
+        format_version: :data:`tiering.core.format.FORMAT_VERSION`.
+    """
+
+    model: str
+    revision: str
+    kv_dtype: str
+    kv_layout: str
+    block_size: int
+    block_bytes: int
+    rank: int = 0
+    world_size: int = 1
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, in clear text (what ``namespace.json`` files hold)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def digest_bytes(self) -> bytes:
+        """SHA-256 of the canonical JSON of :meth:`to_dict`, first 16 bytes."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).digest()[:NAMESPACE_DIGEST_BYTES]
+
+    @property
+    def digest(self) -> str:
+        """:attr:`digest_bytes` as 32 hex characters (directory and prefix names)."""
+        return self.digest_bytes.hex()
+
+
+def _int_key(config: Mapping[str, Any], key: str, default: int | None, minimum: int) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise ValueError(f"config key {key!r} is required")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"config key {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str_key(config: Mapping[str, Any], key: str, default: str) -> str:
+    value = config.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"config key {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+class OffloadingSpec:
+    """Block geometry, namespace and raw configuration of a tier stack.
+
+    Config keys read here (all optional but ``cpu_bytes_to_use``):
+
+    - ``cpu_bytes_to_use`` (int, bytes): size of the primary tier's host buffer.
+    - ``block_size`` (int, tokens, default 16) and ``block_bytes`` (int,
+      bytes per block for all layers, default 65536; an engine binding
+      supplies the real figure).
+    - ``model`` (default ``"unknown"``), ``model_revision`` (``"main"``),
+      ``kv_dtype`` (``"bfloat16"``), ``kv_layout`` (``"opaque"``), ``rank`` (0),
+      ``world_size`` (1): namespace fields.
+
+    Args:
+        extra_config: the JSON object (vLLM's ``kv_connector_extra_config`` shape).
+        engine_config: the engine's own config object, kept reachable as
+            :attr:`engine_config` (vLLM passes its ``VllmConfig`` / ``OffloadingConfig``).
+
+    Raises:
+        ValueError: a key has the wrong type or range; the message names it.
+    """
+
+    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None) -> None:
+        if not isinstance(extra_config, Mapping):
+            raise ValueError(f"offloading config must be a JSON object, got {type(extra_config).__name__}")
+        self.extra_config: Mapping[str, Any] = extra_config
+        self.engine_config = engine_config
+        self.block_size = _int_key(extra_config, "block_size", DEFAULT_BLOCK_SIZE, 1)
+        self.block_bytes = _int_key(extra_config, "block_bytes", DEFAULT_BLOCK_BYTES, 1)
+        self.cpu_bytes_to_use = _int_key(extra_config, "cpu_bytes_to_use", None, self.block_bytes)
+        self.num_primary_blocks = self.cpu_bytes_to_use // self.block_bytes
+        self.namespace = Namespace(
+            model=_str_key(extra_config, "model", "unknown"),
+            revision=_str_key(extra_config, "model_revision", "main"),
+            kv_dtype=_str_key(extra_config, "kv_dtype", "bfloat16"),
+            kv_layout=_str_key(extra_config, "kv_layout", "opaque"),
+            block_size=self.block_size,
+            block_bytes=self.block_bytes,
+            rank=_int_key(extra_config, "rank", 0, 0),
+            world_size=_int_key(extra_config, "world_size", 1, 1),
+        )
+
+
+EVICTION_POLICIES = ("lru", "arc")
+
+
+class TieringOffloadingSpec(OffloadingSpec):
+    """An :class:`OffloadingSpec` for a CPU primary tier plus secondary tiers.
+
+    Additional config keys:
+
+    - ``eviction_policy``: ``"lru"`` (default), ``"arc"``, or the name of a
+      custom :class:`~tiering.core.primary.CachePolicy` loaded from
+      ``cache_policy_module_path``.
+    - ``secondary_tiers``: a list of objects ``{"type": ..., "module_path"?: ...,
+      <tier keys>}``; tier 0 is consulted first.
+
+    Raises:
+        ValueError: ``secondary_tiers`` is not a list of objects, or
+            ``eviction_policy`` is not one of the allowed values.
+    """
+
+    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None) -> None:
+        super().__init__(extra_config, engine_config)
+        tiers = extra_config.get("secondary_tiers", [])
+        if not isinstance(tiers, list) or not all(isinstance(t, Mapping) for t in tiers):
+            raise ValueError(f"config key 'secondary_tiers' must be a list of objects, got {tiers!r}")
+        self.secondary_tiers: list[Mapping[str, Any]] = tiers
+        policy = extra_config.get("eviction_policy", "lru")
+        self.cache_policy_module_path: str | None = extra_config.get("cache_policy_module_path")
+        if not isinstance(policy, str) or (
+            policy not in EVICTION_POLICIES and self.cache_policy_module_path is None
+        ):
+            raise ValueError(
+                f"config key 'eviction_policy' is {policy!r}; allowed: "
+                f"{', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "
+                "together with 'cache_policy_module_path'"
+            )
+        self.eviction_policy: str = policy
+
+    def create_primary(self) -> CPUPrimaryTier:
+        """Allocate the CPU primary tier (host buffer pre-faulted) with the configured policy."""
+        from tiering.core.factory import CachePolicyFactory
+        from tiering.core.primary import CPUPrimaryTier
+
+        policy_cls = CachePolicyFactory.get_class(self.eviction_policy, self.cache_policy_module_path)
+        return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy_cls(self.num_primary_blocks))
+
+    def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
+        """Build every entry of ``secondary_tiers`` over ``primary_kv_view``, in order.
+
+        On an error, tiers already built are shut down before it propagates.
+        """
+        from tiering.core.factory import create_secondary_tier
+
+        tiers: list[SecondaryTierManager] = []
+        try:
+            for index, tier_config in enumerate(self.secondary_tiers):
+                tiers.append(create_secondary_tier(tier_config, primary_kv_view, self, index=index))
+        except BaseException:
+            for tier in tiers:
+                tier.shutdown()
+            raise
+        return tiers
+
+    def get_manager(self) -> TieringManager:
+        """Build the scheduler-side :class:`~tiering.core.manager.TieringManager`."""
+        from tiering.core.manager import TieringManager
+
+        primary = self.create_primary()
+        return TieringManager(primary, self.create_secondary_tiers(primary.kv_view))
+
+    def create_handlers(self, kv_caches: Any, manager: TieringManager) -> Any:
+        """Worker-side transfer handlers between the engine's KV caches and the primary tier.
+
+        Requires the ``torch`` extra (``pip install 'tiering-core[torch]'``);
+        see :mod:`tiering.core.transfer`.
+        """
+        from tiering.core.transfer import TransferHandler
+
+        return TransferHandler(kv_caches, manager.primary)
