@@ -143,12 +143,14 @@ class TieringManager:
         if req_id in self._loads or req_id in self._held:
             raise ValueError(f"request {req_id!r} already has a load in progress")
         load = _PendingLoad(req_context, [], [], [], requested=len(keys))
+        # Pin the resident blocks first, so promotions cannot evict them.
+        resident = {key: self.primary.pin([key])[0] for key in keys if self.primary.lookup(key)}
+        load.pinned.extend(resident)
         per_tier: dict[int, tuple[list[OffloadKey], list[int]]] = defaultdict(lambda: ([], []))
         for key in keys:
-            if self.primary.lookup(key):
-                load.block_ids.append(self.primary.pin([key])[0])
+            if key in resident:
+                load.block_ids.append(resident[key])
                 load.sources.append(PRIMARY)
-                load.pinned.append(key)
             else:
                 verdict, idx = self._secondary_lookup(key, req_context)
                 if not verdict:
@@ -261,7 +263,10 @@ class TieringManager:
         meta = job.meta
         if not meta.is_promotion:
             self.primary.unpin(meta.keys)
-            self.counters["cascade_ok" if result.success else "cascade_failed"] += 1
+            if result.success:
+                self.counters[f"tier{idx}_blocks_stored"] += len(meta.keys)
+            else:
+                self.counters[f"tier{idx}_store_failed"] += 1
             return
         self.primary.complete_write(meta.keys, result.success)
         load = job.load
@@ -270,9 +275,9 @@ class TieringManager:
         if result.success:
             self.primary.pin(meta.keys, record_access=False)
             load.pinned.extend(meta.keys)
-            self.counters["promotions_ok"] += 1
+            self.counters[f"tier{idx}_blocks_loaded"] += len(meta.keys)
         else:
-            self.counters["promotions_failed"] += 1
+            self.counters[f"tier{idx}_load_failed"] += 1
             self._failed_keys[meta.req_context.req_id].update(meta.keys)
             first = min(load.keys.index(k) for k in meta.keys)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)

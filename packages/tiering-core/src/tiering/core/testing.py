@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager, block_view
-from tiering.core.factory import create_secondary_tier
+from tiering.core.factory import SecondaryTierFactory, create_secondary_tier
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 
@@ -41,6 +41,14 @@ def block_payload(key: bytes, block_bytes: int) -> bytes:
 def make_key(i: int, salt: bytes = b"") -> OffloadKey:
     """A 32-byte test key."""
     return OffloadKey(hashlib.sha256(salt + i.to_bytes(8, "little")).digest())
+
+
+def requires_tier(name: str) -> pytest.MarkDecorator:
+    """A skip marker for tests that need the secondary tier ``name`` installed."""
+    return pytest.mark.skipif(
+        name not in SecondaryTierFactory.known_names(),
+        reason=f"tier {name!r} is not installed in this environment",
+    )
 
 
 def wait_for_jobs(

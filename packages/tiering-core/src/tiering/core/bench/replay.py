@@ -1,0 +1,199 @@
+"""Replay a workload through a tier stack and report what it did.
+
+The replay plays the engine's part: per request it looks up the block keys,
+loads the leading run that some tier holds (promoting from secondary tiers),
+checks every loaded byte against the payload stored for that key, then
+stores the remaining blocks (as if recomputed) and lets the manager cascade
+them to every secondary tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from tiering.core.base import ReqContext, block_view
+from tiering.core.bench.payload import payload_for
+from tiering.core.bench.workload import Request
+from tiering.core.manager import PRIMARY, LoadResult, TieringManager
+
+T = TypeVar("T")
+
+POLL_INTERVAL_S = 0.0002
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class VerificationError(RuntimeError):
+    """A loaded block's bytes differ from what was stored under its key."""
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """What a replay measured. Byte counts are bytes; times are seconds unless named ``_us``."""
+
+    requests: int = 0
+    block_lookups: int = 0
+    hits: Counter[str] = dataclasses.field(default_factory=Counter)
+    blocks_stored: int = 0
+    store_rejected: int = 0
+    bytes_loaded: Counter[str] = dataclasses.field(default_factory=Counter)
+    bytes_stored: Counter[str] = dataclasses.field(default_factory=Counter)
+    verified_blocks: int = 0
+    failed_loads: int = 0
+    wall_s: float = 0.0
+    scheduler_call_s: list[float] = dataclasses.field(default_factory=list)
+    tier_stats: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total_hits(self) -> int:
+        """Blocks served by any tier."""
+        return sum(self.hits.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        lat = sorted(self.scheduler_call_s)
+
+        def pct(p: float) -> float:
+            return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1e6 if lat else 0.0
+
+        moved = sum(self.bytes_loaded.values()) + sum(self.bytes_stored.values())
+        misses = self.block_lookups - self.total_hits
+        return {
+            "requests": self.requests,
+            "block_lookups": self.block_lookups,
+            "hits": dict(self.hits),
+            "hits_total": self.total_hits,
+            "misses": misses,
+            "miss_ratio": misses / self.block_lookups if self.block_lookups else 0.0,
+            "blocks_stored": self.blocks_stored,
+            "store_rejected": self.store_rejected,
+            "bytes_loaded": dict(self.bytes_loaded),
+            "bytes_stored": dict(self.bytes_stored),
+            "verified_blocks": self.verified_blocks,
+            "failed_loads": self.failed_loads,
+            "wall_s": self.wall_s,
+            "throughput_gb_s": moved / self.wall_s / 1e9 if self.wall_s else 0.0,
+            "scheduler_calls": len(lat),
+            "scheduler_call_us": {
+                "p50": pct(50),
+                "p90": pct(90),
+                "p99": pct(99),
+                "max": lat[-1] * 1e6 if lat else 0.0,
+                "mean": statistics.fmean(lat) * 1e6 if lat else 0.0,
+            },
+            "tier_stats": self.tier_stats,
+        }
+
+
+class Replayer:
+    """Drives a :class:`TieringManager` with a workload and verifies every loaded block.
+
+    Args:
+        manager: the stack to drive.
+        tier_names: label per secondary tier, e.g. ``["0:fs"]``.
+        timeout_s: the longest a request may wait for a lookup or a load
+            before the replay fails (a hang is a bug, not a slow tier).
+    """
+
+    def __init__(self, manager: TieringManager, tier_names: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.manager = manager
+        self.tier_names = tier_names
+        self.timeout_s = timeout_s
+        self.block_bytes = manager.primary.block_bytes
+        self.report = ReplayReport()
+
+    def _timed(self, fn: Callable[[], T]) -> T:
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.report.scheduler_call_s.append(time.perf_counter() - start)
+
+    def _source_name(self, source: int) -> str:
+        return "primary" if source == PRIMARY else self.tier_names[source]
+
+    def _wait_lookup(self, req: Request, ctx: ReqContext) -> int:
+        deadline = time.monotonic() + self.timeout_s
+        while (n := self._timed(lambda: self.manager.lookup(req.keys, ctx))) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {req.req_id}: lookup pending for over {self.timeout_s}s")
+            time.sleep(POLL_INTERVAL_S)
+        return n
+
+    def _wait_load(self, req: Request) -> LoadResult:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            for result in self._timed(self.manager.get_finished):
+                if result.req_context.req_id == req.req_id:
+                    return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {req.req_id}: load not finished within {self.timeout_s}s")
+            time.sleep(POLL_INTERVAL_S)
+
+    def replay_one(self, req: Request) -> None:
+        """Look up, load, verify and store one request.
+
+        Raises:
+            VerificationError: a loaded block differs from its payload.
+            TimeoutError: a lookup or load never finished.
+        """
+        rep = self.report
+        ctx = ReqContext(req.req_id)
+        rep.requests += 1
+        rep.block_lookups += len(req.keys)
+        n = self._wait_lookup(req, ctx)
+        loaded = 0
+        if n:
+            self._timed(lambda: self.manager.prepare_load(req.keys[:n], ctx))
+            result = self._wait_load(req)
+            for key, block_id, source in zip(result.keys, result.block_ids, result.sources):
+                if block_view(self.manager.primary.kv_view, block_id) != payload_for(key, self.block_bytes):
+                    raise VerificationError(
+                        f"request {req.req_id}: block {key.hex()} from {self._source_name(source)} "
+                        "differs from the bytes stored under its key"
+                    )
+                name = self._source_name(source)
+                rep.hits[name] += 1
+                rep.bytes_loaded[name] += self.block_bytes
+            rep.verified_blocks += len(result.keys)
+            rep.failed_loads += len(result.keys) < n
+            loaded = len(result.keys)
+            self._timed(lambda: self.manager.complete_load(ctx))
+        rest = req.keys[loaded:]
+        if rest:
+            alloc = self._timed(lambda: self.manager.prepare_store(rest, ctx))
+            for key, block_id in zip(alloc.keys, alloc.block_ids):
+                block_view(self.manager.primary.kv_view, block_id)[:] = payload_for(key, self.block_bytes)
+            self._timed(lambda: self.manager.complete_store(alloc.keys, ctx))
+            rep.blocks_stored += len(alloc.keys)
+            rep.store_rejected += len(alloc.rejected)
+            rep.bytes_stored["primary"] += len(alloc.keys) * self.block_bytes
+        self._timed(lambda: self.manager.on_request_finished(ctx))
+
+    def drain(self) -> None:
+        """Wait until every cascade job has been reported (bounded by ``timeout_s``)."""
+        deadline = time.monotonic() + self.timeout_s
+        while self.manager.has_pending_work():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"store jobs still pending after {self.timeout_s}s")
+            self.manager.get_finished()
+            time.sleep(POLL_INTERVAL_S)
+
+    def run(self, requests: Iterable[Request], progress: Callable[[int], None] | None = None) -> ReplayReport:
+        """Replay every request, drain, and return the report."""
+        start = time.perf_counter()
+        for req in requests:
+            self.replay_one(req)
+            if progress is not None:
+                progress(1)
+        self.drain()
+        self.report.wall_s = time.perf_counter() - start
+        for idx, name in enumerate(self.tier_names):
+            blocks = self.manager.counters.get(f"tier{idx}_blocks_stored", 0)
+            self.report.bytes_stored[name] += blocks * self.block_bytes
+            self.report.tier_stats[name] = dict(self.manager.secondary_tiers[idx].stats())
+        return self.report

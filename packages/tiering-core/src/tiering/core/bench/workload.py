@@ -1,0 +1,99 @@
+"""Workloads for replays: Mooncake JSONL traces and a synthetic multi-turn chat.
+
+A workload is a sequence of :class:`Request`: the ordered block keys of one
+prompt. Keys of equal prefixes are equal, so a replay sees real prefix reuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+from tiering.core.base import OffloadKey
+from tiering.core.keys import block_keys, trace_block_key
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` entry in the Mooncake traces."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One prompt of a workload.
+
+    Attributes:
+        req_id: unique id within the workload.
+        keys: the prompt's block keys, in order.
+        timestamp_ms: arrival time in milliseconds since the workload start.
+    """
+
+    req_id: str
+    keys: tuple[OffloadKey, ...]
+    timestamp_ms: float = 0.0
+
+
+def load_mooncake_trace(path: str | Path, limit: int | None = None) -> Iterator[Request]:
+    """Read a Mooncake-format JSONL trace (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``).
+
+    Args:
+        path: the ``.jsonl`` file.
+        limit: stop after this many requests (None: all).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a line is not JSON or lacks ``hash_ids``; the message
+            names the file and line number.
+    """
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and lineno > limit:
+                return
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                hash_ids = record["hash_ids"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from exc
+            yield Request(
+                f"trace-{lineno}",
+                tuple(trace_block_key(int(h)) for h in hash_ids),
+                float(record.get("timestamp", 0)),
+            )
+
+
+def synthetic_chat(
+    num_requests: int,
+    block_size: int,
+    *,
+    conversations: int = 64,
+    system_prompt_tokens: int = 1024,
+    turn_tokens: tuple[int, int] = (64, 512),
+    seed: int = 0,
+) -> Iterator[Request]:
+    """A multi-turn chat workload: each turn's prompt extends the conversation so far.
+
+    ``conversations`` chats share a system prompt; each request picks a chat
+    at random and appends a user message and the previous reply, so
+    requests reuse their chat's earlier blocks and the shared prefix.
+
+    Args:
+        num_requests: requests to generate.
+        block_size: tokens per block.
+        conversations: concurrent chats.
+        system_prompt_tokens: length of the shared prefix (tokens).
+        turn_tokens: (min, max) tokens added per turn.
+        seed: RNG seed; the same arguments always give the same workload.
+    """
+    rng = random.Random(seed)
+    system = [rng.randrange(32000) for _ in range(system_prompt_tokens)]
+    chats: list[list[int]] = [list(system) for _ in range(conversations)]
+    max_tokens = 64 * 1024
+    for i in range(num_requests):
+        c = rng.randrange(conversations)
+        chats[c].extend(rng.randrange(32000) for _ in range(rng.randint(*turn_tokens)))
+        if len(chats[c]) > max_tokens:
+            chats[c] = list(system)
+        yield Request(f"chat-{i}", tuple(block_keys(chats[c], block_size)), float(i))

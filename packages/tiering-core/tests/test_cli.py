@@ -1,0 +1,68 @@
+import json
+
+import pytest
+from tiering.core.testing import requires_tier
+
+from tiering.core.cli import main
+
+
+@requires_tier("example")
+def test_bench_synthetic_with_example_tier_writes_json(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text(
+        json.dumps(
+            {"cpu_bytes_to_use": 64 * 4096, "block_bytes": 4096, "secondary_tiers": [{"type": "example"}]}
+        )
+    )
+    out = tmp_path / "r.json"
+    assert main(["bench", "--config", str(config), "--requests", "200", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert f"requests           {report['requests']}" in text
+    assert report["requests"] == 200
+    assert report["hits_total"] == report["verified_blocks"] > 0
+    assert report["hits"]["0:example"] > 0
+    assert report["misses"] == report["block_lookups"] - report["hits_total"]
+    assert set(report["scheduler_call_us"]) == {"p50", "p90", "p99", "max", "mean"}
+
+
+@requires_tier("example")
+def test_check_prints_resolved_classes_and_versions(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text(
+        json.dumps(
+            {
+                "kv_connector_extra_config": {
+                    "cpu_bytes_to_use": 1 << 20,
+                    "eviction_policy": "arc",
+                    "secondary_tiers": [{"type": "example", "custom_param": 1}],
+                }
+            }
+        )
+    )
+    assert main(["check", str(config), "--probe"]) == 0
+    out = capsys.readouterr().out
+    assert "eviction_policy 'arc': tiering.core.primary.policy.ARCCachePolicy (tiering-core 0.1.0)" in out
+    assert "type 'example': tiering.example.tier.ExampleSecondaryTierManager (tiering-example 0.1.0)" in out
+    assert "probe 'example': ok" in out
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "nfs"}]}, "unknown secondary tier type 'nfs'"),
+        ({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{}]}, "secondary_tiers[0] has no 'type'"),
+        ({"cpu_bytes_to_use": 1 << 20, "eviction_policy": "mru"}, "'eviction_policy' is 'mru'"),
+        ({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example", "bogus": 1}]}, "unknown key 'bogus'"),
+    ],
+)
+def test_check_bad_config_exits_2_with_message(tmp_path, capsys, config, message):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    assert main(["check", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_check_unreadable_config(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read config" in capsys.readouterr().err

@@ -1,0 +1,195 @@
+"""The tiering manager across a primary tier and fake secondary tiers."""
+
+import pytest
+
+from tiering.core import CPUPrimaryTier, JobResult, LRUCachePolicy, OffloadingSpec, ReqContext, TieringManager
+from tiering.core.base import SecondaryTierManager, block_view
+from tiering.core.manager import PRIMARY
+from tiering.core.testing import block_payload, make_key
+
+BLOCK = 1024
+
+
+class FakeTier(SecondaryTierManager):
+    """Holds bytes; jobs finish when ``release()`` is called; can fail loads or raise."""
+
+    def __init__(self, spec, view, name="fake"):
+        super().__init__(spec, view, name)
+        self.data = {}
+        self.pending = []
+        self.finished = []
+        self.fail_loads = set()
+        self.lookup_answer = None
+        self.raise_in = set()
+        self.loads = []
+
+    def lookup(self, key, ctx):
+        if "lookup" in self.raise_in:
+            raise RuntimeError("boom")
+        if self.lookup_answer is not None:
+            return self.lookup_answer
+        return key in self.data
+
+    def submit_store(self, job):
+        if "store" in self.raise_in:
+            raise RuntimeError("boom")
+        for k, b in zip(job.keys, job.block_ids):
+            self.data[k] = block_view(self.primary_kv_view, b).tobytes()
+        self.pending.append(JobResult(job.job_id, True))
+
+    def submit_load(self, job):
+        self.loads.append(list(job.keys))
+        ok = all(k in self.data and k not in self.fail_loads for k in job.keys)
+        if ok:
+            for k, b in zip(job.keys, job.block_ids):
+                block_view(self.primary_kv_view, b)[:] = self.data[k]
+        self.pending.append(JobResult(job.job_id, ok))
+
+    def release(self):
+        self.finished += self.pending
+        self.pending = []
+
+    def get_finished(self):
+        out, self.finished = self.finished, []
+        return out
+
+
+@pytest.fixture
+def stack():
+    spec = OffloadingSpec({"cpu_bytes_to_use": 4 * BLOCK, "block_bytes": BLOCK})
+    primary = CPUPrimaryTier(4, BLOCK, LRUCachePolicy(4))
+    tiers = [FakeTier(spec, primary.kv_view, "t0"), FakeTier(spec, primary.kv_view, "t1")]
+    return TieringManager(primary, tiers), tiers
+
+
+def store(manager, keys, ctx):
+    alloc = manager.prepare_store(keys, ctx)
+    for k, b in zip(alloc.keys, alloc.block_ids):
+        block_view(manager.primary.kv_view, b)[:] = block_payload(k, BLOCK)
+    manager.complete_store(alloc.keys, ctx)
+    return alloc
+
+
+def store_in_batches(manager, tiers, keys):
+    for start in range(0, len(keys), 2):
+        store(manager, keys[start : start + 2], ReqContext("a"))
+        finish(manager, tiers)
+
+
+def finish(manager, tiers):
+    for t in tiers:
+        t.release()
+    return manager.get_finished()
+
+
+def test_store_cascades_to_every_tier_and_pins_until_reported(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(2)]
+    store(manager, keys, ReqContext("a"))
+    assert all(set(t.data) == set(keys) for t in tiers)
+    assert [manager.primary.pins(k) for k in keys] == [2, 2]  # one pin per tier job
+    assert manager.has_pending_work()
+    finish(manager, tiers)
+    assert [manager.primary.pins(k) for k in keys] == [0, 0]
+    assert not manager.has_pending_work()
+    assert manager.counters["tier0_blocks_stored"] == 2 and manager.counters["tier1_blocks_stored"] == 2
+
+
+def test_lookup_primary_then_secondary_in_order_and_promotion(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(6)]
+    store_in_batches(manager, tiers, keys)  # 4 slots: keys 0, 1 evicted from the primary tier
+    assert [manager.primary.lookup(k) for k in keys] == [False, False, True, True, True, True]
+    ctx = ReqContext("b")
+    assert manager.lookup(keys, ctx) == 6
+    manager.prepare_load(keys[:4], ctx)
+    assert manager.get_finished() == []  # promotions pending in tier 0
+    (result,) = finish(manager, tiers)
+    assert result.keys == keys[:4] and result.requested == 4
+    assert result.sources[:2] == [0, 0]  # promoted from tier 0, the first holding them
+    assert tiers[1].loads == []
+    for k, b in zip(result.keys, result.block_ids):
+        assert block_view(manager.primary.kv_view, b).tobytes() == block_payload(k, BLOCK)
+    assert all(manager.primary.pins(k) == 1 for k in keys[:4])
+    manager.complete_load(ctx)
+    assert all(manager.primary.pins(k) == 0 for k in keys[:4])
+
+
+def test_pending_secondary_answer_returns_none(stack):
+    manager, tiers = stack
+    tiers[0].lookup_answer = None
+    tiers[1].lookup_answer = None
+    tiers[0].data[make_key(1)] = b""
+    tiers[1].lookup_answer = None
+    # tier 0 holds the key: True wins over the pending tier 1
+    assert manager.lookup([make_key(1)], ReqContext("a")) == 1
+    tiers[0].data.clear()
+    tiers[0].lookup_answer = False
+    tiers[1].lookup_answer = None
+
+    class Pending(FakeTier):
+        def lookup(self, key, ctx):
+            return None
+
+    manager.secondary_tiers[1] = Pending(manager.secondary_tiers[1].offloading_spec, manager.primary.kv_view)
+    assert manager.lookup([make_key(1)], ReqContext("a")) is None
+
+
+def test_failed_promotion_truncates_run_and_is_not_retried(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(6)]
+    store_in_batches(manager, tiers, keys)
+    tiers[0].fail_loads = {keys[1]}
+    tiers[1].fail_loads = {keys[1]}
+    ctx = ReqContext("b")
+    assert manager.lookup(keys, ctx) == 6
+    manager.prepare_load(keys[:3], ctx)
+    (result,) = finish(manager, tiers)
+    # keys 0 and 1 were promoted by one job from tier 0, which failed as a whole.
+    assert result.keys == [] and result.requested == 3
+    assert manager.counters["tier0_load_failed"] == 1 and tiers[0].loads == [keys[:2]]
+    assert manager.primary.pins(keys[2]) == 0  # the resident block after the failure was unpinned
+    # The failed keys are misses for this request from now on: one attempt per key per request.
+    assert manager.lookup(keys, ctx) == 0
+    manager.complete_load(ctx)
+    assert all(manager.primary.pins(k) == 0 for k in keys if k in manager.primary)
+    assert keys[1] not in manager.primary
+    manager.on_request_finished(ctx)
+    assert manager.lookup(keys, ctx) == 6  # a new request may try again
+
+
+def test_tier_exceptions_never_escape(stack):
+    manager, tiers = stack
+    tiers[0].raise_in = {"lookup", "store"}
+    keys = [make_key(i) for i in range(2)]
+    store(manager, keys, ReqContext("a"))
+    finish(manager, tiers)
+    assert manager.counters["tier0_store_failed"] == 1
+    assert all(manager.primary.pins(k) == 0 for k in keys)
+    assert manager.lookup([make_key(9)], ReqContext("a")) == 0
+    assert manager.counters["tier_errors"] >= 1
+
+
+def test_primary_hits_report_without_secondary_jobs(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(2)]
+    store(manager, keys, ReqContext("a"))
+    ctx = ReqContext("b")
+    manager.prepare_load(keys, ctx)
+    (result,) = manager.get_finished()
+    assert result.sources == [PRIMARY, PRIMARY]
+    with pytest.raises(ValueError, match="already has a load"):
+        manager.prepare_load(keys, ctx)
+    manager.complete_load(ctx)
+
+
+def test_promotion_without_free_slot_truncates(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(6)]
+    store_in_batches(manager, tiers, keys)
+    hot = [k for k in keys if manager.primary.lookup(k)]
+    manager.primary.pin(hot)  # every slot pinned
+    ctx = ReqContext("b")
+    manager.prepare_load(keys[:2], ctx)
+    (result,) = manager.get_finished()
+    assert result.keys == [] and manager.counters["promotion_no_slot"] == 1

@@ -1,0 +1,6 @@
+"""tiering-fs: a filesystem secondary tier (local fast path, any fsspec filesystem)."""
+
+from tiering.fs.__about__ import __version__
+from tiering.fs.tier import FsspecSecondaryTierManager
+
+__all__ = ["FsspecSecondaryTierManager", "__version__"]

@@ -1,0 +1,171 @@
+"""Error classification and the startup error of the S3 tier.
+
+Every failure of an S3 request is sorted into one *error class* (a short
+label used as a ``stats()`` counter suffix, ``errors_<class>``) so an operator
+can tell throttling from timeouts from credential trouble at a glance.
+Messages built here never contain credentials: every text that leaves the
+tier goes through a :class:`Redactor`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterable
+
+from botocore import exceptions as bexc
+
+ERROR_CLASSES = (
+    "throttled",
+    "timeout",
+    "connection",
+    "credentials",
+    "access_denied",
+    "checksum",
+    "tls",
+    "not_found",
+    "server",
+    "client",
+    "other",
+)
+"""Every label :func:`classify_error` can return, in ``stats()`` order."""
+
+_THROTTLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "BandwidthLimitExceeded",
+        "ServiceUnavailable",
+        "503",
+    }
+)
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "RequestExpired",
+        "InvalidClientTokenId",
+        "AuthorizationHeaderMalformed",
+        "RequestTimeTooSkewed",
+    }
+)
+_CHECKSUM_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a ``ClientError`` (``"NoSuchKey"``, ``"403"``...), else ``""``."""
+    if isinstance(exc, bexc.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status of a ``ClientError``, else 0."""
+    if isinstance(exc, bexc.ClientError):
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return 0
+
+
+def classify_error(exc: BaseException) -> str:
+    """Sort an exception raised by a boto3 call into one of :data:`ERROR_CLASSES`.
+
+    Args:
+        exc: what the call raised (after botocore's own retries).
+
+    Returns:
+        The error class label.
+    """
+    if isinstance(exc, bexc.ClientError):
+        code, status = error_code(exc), http_status(exc)
+        if code in _THROTTLE_CODES or status in (429, 503):
+            return "throttled"
+        if code in _CREDENTIAL_CODES:
+            return "credentials"
+        if code in _CHECKSUM_CODES:
+            return "checksum"
+        if code in _NOT_FOUND_CODES or status == 404:
+            return "not_found"
+        if code == "AccessDenied" or status == 403:
+            return "access_denied"
+        if status >= 500:
+            return "server"
+        return "client"
+    if isinstance(exc, (bexc.ReadTimeoutError, bexc.ConnectTimeoutError, TimeoutError)):
+        return "timeout"
+    if isinstance(exc, (bexc.SSLError, ssl.SSLError)):
+        return "tls"
+    if isinstance(
+        exc,
+        (
+            bexc.EndpointConnectionError,
+            bexc.ConnectionClosedError,
+            bexc.ProxyConnectionError,
+            bexc.ConnectionError,
+            bexc.HTTPClientError,
+            ConnectionError,
+        ),
+    ):
+        return "connection"
+    if isinstance(
+        exc,
+        (
+            bexc.NoCredentialsError,
+            bexc.PartialCredentialsError,
+            bexc.CredentialRetrievalError,
+            bexc.ProfileNotFound,
+            bexc.NoAuthTokenError,
+        ),
+    ):
+        return "credentials"
+    if isinstance(exc, bexc.FlexibleChecksumError):
+        return "checksum"
+    return "other"
+
+
+class Redactor:
+    """Removes secret strings (access key id, secret key, session token) from text.
+
+    Args:
+        secrets: the strings to hide; empty and ``None`` entries are ignored.
+    """
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        self._secrets = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
+
+    def __call__(self, text: object) -> str:
+        """``str(text)`` with every secret replaced by ``***``."""
+        out = str(text)
+        for secret in self._secrets:
+            out = out.replace(secret, "***")
+        return out
+
+    def __repr__(self) -> str:
+        return f"Redactor({len(self._secrets)} secrets)"
+
+
+class S3StartupError(RuntimeError):
+    """The startup probe failed: the tier cannot work with this configuration.
+
+    The message says what is wrong (endpoint, bucket, region, credentials,
+    permissions, TLS) and never contains credentials.
+
+    Attributes:
+        cause: one of ``"endpoint"``, ``"bucket"``, ``"region"``,
+            ``"credentials"``, ``"permission"``, ``"tls"``, ``"timeout"``,
+            ``"conditional_put"``, ``"other"``.
+    """
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause

@@ -1,0 +1,154 @@
+"""What a user sees with tiering-core plus some backends installed from wheels.
+
+``TIERING_IT_BACKENDS`` (set by the hatch ``it`` matrix: none, example, fs,
+s3, all) says which backends this environment installed; without it the
+expectations follow what is importable.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+
+from tiering.core import SecondaryTierFactory, TieringOffloadingSpec, create_secondary_tier
+from tiering.core.bench import Replayer, synthetic_chat
+from tiering.core.primary import allocate_host_buffer
+
+BACKENDS = ("example", "fs", "s3")
+
+
+def _installed(name):
+    try:
+        return find_spec(f"tiering.{name}") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def expected_backends():
+    matrix = os.environ.get("TIERING_IT_BACKENDS")
+    if matrix is None:
+        return {b for b in BACKENDS if _installed(b)}
+    return set(BACKENDS) if matrix == "all" else set() if matrix == "none" else {matrix}
+
+
+INSTALLED = expected_backends()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    if "s3" not in INSTALLED:
+        pytest.skip("tiering-s3 not installed")
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    ).create_bucket(Bucket="it")
+    yield endpoint
+    server.stop()
+
+
+def tier_config(name, tmp_path, request):
+    if name == "example":
+        return {"type": "example"}
+    if name == "fs":
+        return {"type": "fs", "root": str(tmp_path / "kv")}
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return {
+        "type": "s3",
+        "bucket": "it",
+        "prefix": f"it/{tmp_path.name}",
+        "endpoint_url": endpoint,
+        "region_name": "us-east-1",
+        "aws_access_key_id": "k",
+        "aws_secret_access_key": "s",
+    }
+
+
+def test_installed_backends_are_what_the_matrix_installed():
+    assert {b for b in BACKENDS if _installed(b)} == INSTALLED
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_type_names_resolve_or_give_install_hint(name):
+    if name in INSTALLED:
+        assert name in SecondaryTierFactory.known_names()
+        assert SecondaryTierFactory.get_class(name).__module__.startswith(f"tiering.{name}")
+        assert SecondaryTierFactory.provider(name).startswith(f"tiering-{name} ")
+    else:
+        with pytest.raises(ValueError, match=f"pip install tiering-{name}"):
+            SecondaryTierFactory.get_class(name)
+
+
+def test_no_tiering_init_in_installed_wheels():
+    import tiering
+
+    assert getattr(tiering, "__file__", None) is None
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_tiering_check_output(name, tmp_path, request):
+    exe = shutil.which("tiering", path=os.path.dirname(sys.executable)) or shutil.which("tiering")
+    assert exe, "the tiering command is not installed"
+    config = {"cpu_bytes_to_use": 1 << 20, "block_bytes": 4096}
+    if name in INSTALLED:
+        config["secondary_tiers"] = [tier_config(name, tmp_path, request)]
+    else:
+        config["secondary_tiers"] = [{"type": name}]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.run([exe, "check", str(path), "--probe"], capture_output=True, text=True)
+    if name in INSTALLED:
+        assert proc.returncode == 0, proc.stderr
+        assert f"type {name!r}: tiering.{name}." in proc.stdout
+        assert f"(tiering-{name} 0." in proc.stdout
+        assert "config ok" in proc.stdout
+        assert "aws_secret_access_key" not in proc.stdout and "'s'" not in proc.stdout
+    else:
+        assert proc.returncode == 2
+        assert f"pip install tiering-{name}" in proc.stderr
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_replay_through_installed_tier(name, tmp_path, request):
+    if name not in INSTALLED:
+        pytest.skip(f"tiering-{name} not installed")
+    spec = TieringOffloadingSpec(
+        {
+            "cpu_bytes_to_use": 16 * 4096,
+            "block_bytes": 4096,
+            "block_size": 256,
+            "secondary_tiers": [tier_config(name, tmp_path, request)],
+        }
+    )
+    manager = spec.get_manager()
+    try:
+        report = Replayer(manager, [f"0:{name}"]).run(synthetic_chat(60, 256, conversations=4))
+    finally:
+        manager.shutdown()
+    assert report.hits[f"0:{name}"] > 0  # the primary (16 blocks) is too small: the tier serves
+    assert report.verified_blocks == report.total_hits
+
+
+def test_tier_built_from_wheel_passes_a_round_trip(tmp_path, request):
+    if not INSTALLED:
+        pytest.skip("no backend installed")
+    name = sorted(INSTALLED)[0]
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": 4 * 4096, "block_bytes": 4096})
+    tier = create_secondary_tier(tier_config(name, tmp_path, request), allocate_host_buffer(4, 4096), spec)
+    try:
+        assert tier.tier_type == name
+    finally:
+        tier.shutdown()
+
+
+def test_python_version_is_a_supported_one():
+    assert sys.version_info[:2] >= (3, 10)
