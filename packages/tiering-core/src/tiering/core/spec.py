@@ -167,13 +167,22 @@ class TieringOffloadingSpec(OffloadingSpec):
             )
         self.eviction_policy: str = policy
 
-    def create_primary(self) -> CPUPrimaryTier:
-        """Allocate the CPU primary tier (host buffer pre-faulted) with the configured policy."""
+    def create_primary(self, buffer: memoryview | None = None) -> CPUPrimaryTier:
+        """Build the CPU primary tier with the configured policy.
+
+        Args:
+            buffer: a flat writable host buffer of ``num_primary_blocks *
+                block_bytes`` bytes (e.g. the pinned
+                :attr:`tiering.core.transfer.HostBuffer.view`); when None an
+                ordinary pre-faulted buffer is allocated.
+        """
         from tiering.core.factory import CachePolicyFactory
         from tiering.core.primary import CPUPrimaryTier
 
         policy_cls = CachePolicyFactory.get_class(self.eviction_policy, self.cache_policy_module_path)
-        return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy_cls(self.num_primary_blocks))
+        return CPUPrimaryTier(
+            self.num_primary_blocks, self.block_bytes, policy_cls(self.num_primary_blocks), buffer=buffer
+        )
 
     def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
         """Build every entry of ``secondary_tiers`` over ``primary_kv_view``, in order.
@@ -192,11 +201,15 @@ class TieringOffloadingSpec(OffloadingSpec):
             raise
         return tiers
 
-    def get_manager(self) -> TieringManager:
-        """Build the scheduler-side :class:`~tiering.core.manager.TieringManager`."""
+    def get_manager(self, buffer: memoryview | None = None) -> TieringManager:
+        """Build the scheduler-side :class:`~tiering.core.manager.TieringManager`.
+
+        Args:
+            buffer: the primary tier's host buffer, see :meth:`create_primary`.
+        """
         from tiering.core.manager import TieringManager
 
-        primary = self.create_primary()
+        primary = self.create_primary(buffer)
         return TieringManager(primary, self.create_secondary_tiers(primary.kv_view))
 
     def create_handlers(self, kv_caches: Any, manager: TieringManager) -> Any:

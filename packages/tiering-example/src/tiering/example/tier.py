@@ -22,8 +22,9 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
     Config: ``{"type": "example", "custom_param": 0}``.
 
     Args:
-        offloading_spec, primary_kv_view, tier_type: see
-            :class:`~tiering.core.SecondaryTierManager`.
+        offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).
+        primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` view.
+        tier_type: the name the factory resolved this tier by.
         custom_param: an example tier-specific integer key, logged at init.
 
     Raises:

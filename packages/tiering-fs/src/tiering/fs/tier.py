@@ -59,6 +59,24 @@ LOAD_CAUSES = (
     "permission",
     "internal",
 )
+BASE_COUNTERS = (
+    "lookups_hit",
+    "lookups_miss",
+    "lookups_pending",
+    "blocks_stored",
+    "bytes_stored",
+    "stores_skipped_present",
+    "blocks_loaded",
+    "bytes_loaded",
+    "store_jobs_failed",
+    "load_jobs_failed",
+    "bad_files_removed",
+    "bad_files_kept",
+    "evictions",
+    "evicted_bytes",
+    "temps_removed",
+    "scans",
+)
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 _TMP_OWNER = re.compile(r"\.tmp\.([A-Za-z0-9_-]+)\.(\d+)\.[0-9a-f]+$")
@@ -235,8 +253,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._added_during_scan: set[OffloadKey] | None = None
         self._made_dirs: set[str] = set()
         self._counters: collections.Counter[str] = collections.Counter()
-        for cause in STORE_CAUSES:
-            self._counters[f"store_failed_{cause}"] = 0
+        for name in (*BASE_COUNTERS, *(f"store_failed_{c}" for c in STORE_CAUSES)):
+            self._counters[name] = 0
         for cause in LOAD_CAUSES:
             self._counters[f"load_failed_{cause}"] = 0
         self._in_flight_jobs = 0

@@ -1,0 +1,429 @@
+"""Fixtures of the tiering-s3 tests: a real S3 server on loopback, proxies, a test CA.
+
+By default one moto server (``moto.server.ThreadedMotoServer``) runs on
+127.0.0.1 for the whole session and is reset (``POST /moto-api/reset``)
+before every test. With ``TIERING_S3_ENDPOINT`` set (plus
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, optionally
+``TIERING_S3_BUCKET`` and ``TIERING_S3_REGION``) the suite runs against that
+endpoint instead; each test then works under its own random prefix and the
+moto-only tests are skipped. Without that variable no test talks to anything
+but loopback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import ipaddress
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from tiering.core import OffloadingSpec
+from tiering.core.primary import allocate_host_buffer
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclasses.dataclass
+class S3Server:
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    region: str
+    default_bucket: str
+    external: bool
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        parsed = urllib.parse.urlsplit(self.endpoint_url)
+        return parsed.hostname or "127.0.0.1", parsed.port or (443 if parsed.scheme == "https" else 80)
+
+    def moto_api(self, path: str, data: bytes = b"") -> None:
+        assert not self.external
+        req = urllib.request.Request(
+            self.endpoint_url + path, data=data, method="POST", headers={"Content-Type": "text/plain"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.read()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost,.s3.test")
+    os.environ.setdefault("no_proxy", os.environ["NO_PROXY"])
+    endpoint = os.environ.get("TIERING_S3_ENDPOINT")
+    if endpoint:
+        yield S3Server(
+            endpoint,
+            os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            os.environ.get("TIERING_S3_REGION", "us-east-1"),
+            os.environ.get("TIERING_S3_BUCKET", "tiering-s3-test"),
+            external=True,
+        )
+        return
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    assert host == "127.0.0.1"
+    try:
+        yield S3Server(f"http://{host}:{port}", "testing-key-id", "testing-secret", "us-east-1", "tiering-test", False)
+    finally:
+        server.stop()
+
+
+class S3Env:
+    """One test's view of the server: a bucket, a unique prefix and a raw client."""
+
+    def __init__(self, server: S3Server) -> None:
+        self.server = server
+        self.endpoint_url = server.endpoint_url
+        self.bucket = server.default_bucket
+        self.prefix = f"t-{uuid.uuid4().hex[:12]}" if server.external else "kv"
+        self.client = self.make_client()
+
+    def make_client(self, **config: Any) -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.server.access_key,
+            aws_secret_access_key=self.server.secret_key,
+            region_name=self.server.region,
+            config=Config(
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                max_pool_connections=32,
+                **config,
+            ),
+        )
+
+    def tier_config(self, **overrides: Any) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "type": "s3",
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "endpoint_url": self.endpoint_url,
+            "region_name": self.server.region,
+            "aws_access_key_id": self.server.access_key,
+            "aws_secret_access_key": self.server.secret_key,
+            "max_concurrency": 4,
+            "connect_timeout": 2,
+            "read_timeout": 5,
+        }
+        config.update(overrides)
+        return {k: v for k, v in config.items() if v is not None}
+
+    def keys(self, prefix: str = "") -> list[str]:
+        out = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            out.extend(obj["Key"] for obj in page.get("Contents", ()))
+        return out
+
+    def cleanup(self) -> None:
+        if self.server.external:
+            keys = self.keys(self.prefix + "/")
+            for i in range(0, len(keys), 1000):
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
+                )
+
+
+@pytest.fixture
+def s3(s3_server: S3Server) -> Iterator[S3Env]:
+    if not s3_server.external:
+        s3_server.moto_api("/moto-api/reset")
+        host = urllib.parse.urlsplit(s3_server.endpoint_url).hostname
+        assert host in LOOPBACK, f"tests must stay on loopback, got {host}"
+    env = S3Env(s3_server)
+    if not s3_server.external:
+        env.client.create_bucket(Bucket=env.bucket)
+    yield env
+    env.cleanup()
+
+
+@pytest.fixture
+def moto_only(s3_server: S3Server) -> None:
+    if s3_server.external:
+        pytest.skip("needs the local moto server (TIERING_S3_ENDPOINT is set)")
+
+
+def make_spec(block_bytes: int = 16 * 1024, num_blocks: int = 16, **fields: Any) -> OffloadingSpec:
+    return OffloadingSpec(
+        {"cpu_bytes_to_use": num_blocks * block_bytes, "block_bytes": block_bytes, "model": "test/model", **fields}
+    )
+
+
+@pytest.fixture
+def spec_view() -> tuple[OffloadingSpec, memoryview]:
+    return make_spec(), allocate_host_buffer(16, 16 * 1024)
+
+
+# -- a loopback TCP proxy that forwards, fails or hangs on demand ------------------
+_REQUEST_LINE = re.compile(rb"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/1\.1\r\n")
+_HOST_LINE = re.compile(rb"\r\n[Hh]ost: ([^\r]+)\r\n")
+
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s"
+)
+SLOW_DOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class LoopbackProxy:
+    """A TCP proxy on 127.0.0.1 in front of the S3 server.
+
+    ``mode`` (applies to connections accepted after it is set; setting it
+    closes open ones so pooled connections reconnect):
+
+    - ``"pass"``: forward bytes both ways, recording request lines and Host headers;
+    - ``"503"``: answer every request with 503 SlowDown;
+    - ``"drop"``: read the request head, then close the connection;
+    - ``"hang"``: accept and never answer.
+
+    With ``ssl_context`` the proxy terminates TLS (the upstream stays plain HTTP).
+    """
+
+    def __init__(self, upstream: tuple[str, int], ssl_context: ssl.SSLContext | None = None) -> None:
+        self.upstream = upstream
+        self.ssl_context = ssl_context
+        self.mode = "pass"
+        self.requests: list[tuple[str, str, str]] = []  # (method, target, host)
+        self.accepted = 0
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            _close(conn)
+
+    def close(self) -> None:
+        self._stop = True
+        _close(self._listener)
+        self.set_mode("closed")
+
+    def _accept_loop(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._handle, args=(conn, self.mode), daemon=True).start()
+
+    def _handle(self, conn: socket.socket, mode: str) -> None:
+        try:
+            if self.ssl_context is not None:
+                conn.settimeout(10)
+                conn = self.ssl_context.wrap_socket(conn, server_side=True)
+                conn.settimeout(None)
+                with self._lock:
+                    self._conns.add(conn)
+            if mode == "pass":
+                self._forward(conn)
+            elif mode == "hang":
+                while conn.recv(65536):
+                    pass
+            elif mode in ("503", "drop"):
+                while True:
+                    head = _read_head(conn)
+                    if head is None or mode == "drop":
+                        break
+                    length = re.search(rb"\r\n[Cc]ontent-[Ll]ength: (\d+)", head)
+                    if length and b"100-continue" not in head.lower():
+                        _drain(conn, int(length.group(1)))
+                    conn.sendall(SLOW_DOWN % (len(SLOW_DOWN_BODY), SLOW_DOWN_BODY))
+                    break
+        except OSError:
+            pass
+        finally:
+            _close(conn)
+
+    def _forward(self, conn: socket.socket) -> None:
+        upstream = socket.create_connection(self.upstream)
+        with self._lock:
+            self._conns.add(upstream)
+        recorded = bytearray()
+
+        def back() -> None:
+            try:
+                while data := upstream.recv(262144):
+                    conn.sendall(data)
+            except OSError:
+                pass
+            finally:
+                _close(conn)
+
+        threading.Thread(target=back, daemon=True).start()
+        try:
+            while data := conn.recv(262144):
+                recorded += data[:4096] if len(recorded) < (1 << 22) else b""
+                for match in _REQUEST_LINE.finditer(data):
+                    host = _HOST_LINE.search(data, match.end() - 2)
+                    self.requests.append(
+                        (match.group(1).decode(), match.group(2).decode(), host.group(1).decode() if host else "")
+                    )
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(upstream)
+
+
+def _read_head(conn: socket.socket) -> bytes | None:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        head += data
+    return head
+
+
+def _drain(conn: socket.socket, n: int) -> None:
+    while n > 0:
+        data = conn.recv(min(n, 65536))
+        if not data:
+            return
+        n -= len(data)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+@pytest.fixture
+def proxy_factory(s3: S3Env) -> Iterator[Any]:
+    proxies: list[LoopbackProxy] = []
+
+    def make(ssl_context: ssl.SSLContext | None = None) -> LoopbackProxy:
+        proxy = LoopbackProxy(s3.server.host_port, ssl_context)
+        proxies.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+# -- a throw-away CA and a server certificate for *.s3.test, localhost, 127.0.0.1 --------
+@dataclasses.dataclass
+class TestCA:
+    ca_path: str
+    server_context: ssl.SSLContext
+
+
+@pytest.fixture(scope="session")
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder = tmp_path_factory.mktemp("ca")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tiering-s3 test CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "s3.test")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("s3.test"),
+                    x509.DNSName("*.s3.test"),
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_path = folder / "ca.pem"
+    ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    cert_path = folder / "server.pem"
+    cert_path.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert_path))
+    return TestCA(str(ca_path), context)
+
+
+@pytest.fixture
+def resolve_s3_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``s3.test`` and ``*.s3.test`` resolve to 127.0.0.1 in this process (no DNS, no /etc/hosts)."""
+    real = socket.getaddrinfo
+
+    def fake(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and (host == "s3.test" or host.endswith(".s3.test")):
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+
+
+def wait_until(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
