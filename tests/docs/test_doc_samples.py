@@ -24,7 +24,7 @@ import pytest
 from tiering.core.cli import main as tiering_main
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = sorted((REPO / "docs" / "content").rglob("*.md")) + [REPO / "README.md"]
+PAGES = [*sorted((REPO / "docs" / "content").rglob("*.md")), REPO / "README.md"]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 TRACE = REPO / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 

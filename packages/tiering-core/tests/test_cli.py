@@ -1,18 +1,16 @@
 import json
 
 import pytest
-from tiering.core.testing import requires_tier
 
 from tiering.core.cli import main
+from tiering.core.testing import requires_tier
 
 
 @requires_tier("example")
 def test_bench_synthetic_with_example_tier_writes_json(tmp_path, capsys):
     config = tmp_path / "c.json"
     config.write_text(
-        json.dumps(
-            {"cpu_bytes_to_use": 64 * 4096, "block_bytes": 4096, "secondary_tiers": [{"type": "example"}]}
-        )
+        json.dumps({"cpu_bytes_to_use": 64 * 4096, "block_bytes": 4096, "secondary_tiers": [{"type": "example"}]})
     )
     out = tmp_path / "r.json"
     assert main(["bench", "--config", str(config), "--requests", "200", "--json", str(out)]) == 0

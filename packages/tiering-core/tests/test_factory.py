@@ -6,12 +6,12 @@ import sys
 import textwrap
 
 import pytest
-from tiering.core.testing import requires_tier
 
 from tiering.core import OffloadingSpec, SecondaryTierManager, create_secondary_tier, create_spec
 from tiering.core import factory as factory_mod
 from tiering.core.factory import CachePolicyFactory, Registry, SecondaryTierFactory
 from tiering.core.spec import TieringOffloadingSpec
+from tiering.core.testing import requires_tier
 
 OUT_OF_TREE = textwrap.dedent(
     """
@@ -90,7 +90,8 @@ def test_module_path_not_subclass_raises_under_python_O(oot_module, tmp_path):
         from tiering.core.primary import allocate_host_buffer
         spec = OffloadingSpec({{"cpu_bytes_to_use": 4096, "block_bytes": 4096}})
         try:
-            create_secondary_tier({{"type": "NotATier", "module_path": "my_oot_tiers"}}, allocate_host_buffer(1, 4096), spec)
+            config = {{"type": "NotATier", "module_path": "my_oot_tiers"}}
+            create_secondary_tier(config, allocate_host_buffer(1, 4096), spec)
         except TypeError as e:
             print("TypeError", e)
         """
@@ -141,7 +142,9 @@ def test_out_of_tree_warning_logged_once(oot_module, small_spec, small_view, mon
 
 
 def test_register_is_lazy_and_rejects_duplicates(oot_module):
-    registry = Registry("thing", SecondaryTierManager, group="tiering.test-none", name_key="type", path_key="module_path")
+    registry = Registry(
+        "thing", SecondaryTierManager, group="tiering.test-none", name_key="type", path_key="module_path"
+    )
     registry.register("mine", "module_that_does_not_exist_yet", "MyTier")  # nothing imported now
     with pytest.raises(ValueError, match="already registered"):
         registry.register("mine", oot_module, "MyTier")
@@ -153,7 +156,9 @@ def test_register_is_lazy_and_rejects_duplicates(oot_module):
 
 
 def test_registry_resolves_before_module_path(oot_module):
-    registry = Registry("thing", SecondaryTierManager, group="tiering.test-none", name_key="type", path_key="module_path")
+    registry = Registry(
+        "thing", SecondaryTierManager, group="tiering.test-none", name_key="type", path_key="module_path"
+    )
     registry.register("MyTier", oot_module, "Strict")
     assert registry.get_class("MyTier", oot_module).__name__ == "Strict"
 
@@ -173,11 +178,17 @@ def test_cache_policy_factory_and_bad_value():
 
 def test_custom_cache_policy_by_module_path(tmp_path, monkeypatch):
     (tmp_path / "my_policy.py").write_text(
-        "from tiering.core.primary import LRUCachePolicy\nclass Fifo(LRUCachePolicy):\n    def access(self, key):\n        pass\n"
+        "from tiering.core.primary import LRUCachePolicy\n"
+        "class Fifo(LRUCachePolicy):\n    def access(self, key):\n        pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = TieringOffloadingSpec(
-        {"cpu_bytes_to_use": 4 * 4096, "block_bytes": 4096, "eviction_policy": "Fifo", "cache_policy_module_path": "my_policy"}
+        {
+            "cpu_bytes_to_use": 4 * 4096,
+            "block_bytes": 4096,
+            "eviction_policy": "Fifo",
+            "cache_policy_module_path": "my_policy",
+        }
     )
     assert type(spec.create_primary().policy).__name__ == "Fifo"
 

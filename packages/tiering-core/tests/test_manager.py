@@ -171,7 +171,7 @@ def test_tier_exceptions_never_escape(stack):
 
 
 def test_primary_hits_report_without_secondary_jobs(stack):
-    manager, tiers = stack
+    manager, _ = stack
     keys = [make_key(i) for i in range(2)]
     store(manager, keys, ReqContext("a"))
     ctx = ReqContext("b")

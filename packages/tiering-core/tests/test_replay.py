@@ -5,11 +5,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
-from tiering.core.testing import requires_tier
 
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
 from tiering.core.bench import Replayer, VerificationError, load_mooncake_trace, payload_for, synthetic_chat
+from tiering.core.testing import requires_tier
 
 TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 BLOCK = 1024

@@ -34,8 +34,9 @@ def block_view(primary_kv_view: memoryview, block_id: int) -> memoryview:
     Raises:
         IndexError: ``block_id`` is outside ``[0, num_blocks)``.
     """
-    if not 0 <= block_id < primary_kv_view.shape[0]:
-        raise IndexError(f"block_id {block_id} outside [0, {primary_kv_view.shape[0]})")
+    num_blocks = len(primary_kv_view)
+    if not 0 <= block_id < num_blocks:
+        raise IndexError(f"block_id {block_id} outside [0, {num_blocks})")
     return primary_kv_view[block_id : block_id + 1].cast("B")
 
 
@@ -74,9 +75,7 @@ class JobMetadata:
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.block_ids):
-            raise ValueError(
-                f"job {self.job_id}: {len(self.keys)} keys but {len(self.block_ids)} block_ids"
-            )
+            raise ValueError(f"job {self.job_id}: {len(self.keys)} keys but {len(self.block_ids)} block_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +122,12 @@ class SecondaryTierManager(abc.ABC):
         primary_kv_view: memoryview,
         tier_type: str,
     ) -> None:
-        if primary_kv_view.ndim != 2:
+        shape = primary_kv_view.shape or ()
+        if len(shape) != 2:
+            raise ValueError(f"primary_kv_view must be 2-D (num_blocks, block_bytes), got shape {shape}")
+        if shape[1] != offloading_spec.block_bytes:
             raise ValueError(
-                f"primary_kv_view must be 2-D (num_blocks, block_bytes), got shape {primary_kv_view.shape}"
-            )
-        if primary_kv_view.shape[1] != offloading_spec.block_bytes:
-            raise ValueError(
-                f"primary_kv_view rows are {primary_kv_view.shape[1]} bytes, "
-                f"spec block_bytes is {offloading_spec.block_bytes}"
+                f"primary_kv_view rows are {shape[1]} bytes, spec block_bytes is {offloading_spec.block_bytes}"
             )
         self.offloading_spec = offloading_spec
         self.primary_kv_view = primary_kv_view
@@ -143,7 +140,7 @@ class SecondaryTierManager(abc.ABC):
     @property
     def block_bytes(self) -> int:
         """Bytes per block (one row of ``primary_kv_view``)."""
-        return int(self.primary_kv_view.shape[1])
+        return int(self.primary_kv_view.strides[0]) if self.primary_kv_view.strides else 0
 
     @abc.abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:

@@ -134,9 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not isinstance(spec, TieringOffloadingSpec):
         raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
     requests = (
-        load_mooncake_trace(args.trace, args.requests)
-        if args.trace
-        else synthetic_chat(args.requests, spec.block_size)
+        load_mooncake_trace(args.trace, args.requests) if args.trace else synthetic_chat(args.requests, spec.block_size)
     )
     manager = spec.get_manager()
     names = [f"{i}:{t.tier_type}" for i, t in enumerate(manager.secondary_tiers)]
@@ -213,7 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tiering`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.func(args))
     except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:

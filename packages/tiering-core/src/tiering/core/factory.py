@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from tiering.core.base import SecondaryTierManager
 from tiering.core.primary.policy import CachePolicy
@@ -83,7 +83,7 @@ class Registry(Generic[T]):
     def __init__(
         self,
         kind: str,
-        base: type[T],
+        base: type[Any],
         group: str,
         name_key: str,
         path_key: str,
@@ -135,7 +135,7 @@ class Registry(Generic[T]):
                 f"{self.kind} {name!r} from {origin} is {obj!r}, "
                 f"which is not a subclass of {self.base.__module__}.{self.base.__qualname__}"
             )
-        return obj
+        return cast("type[T]", obj)
 
     def get_class(self, name: str, module_path: str | None = None) -> type[T]:
         """Resolve ``name`` to a class.
@@ -177,10 +177,11 @@ class Registry(Generic[T]):
         known = ", ".join(map(repr, self.known_names())) or "none"
         message = f"unknown {self.kind} {self.name_key} {name!r}; known: {known}."
         if name in self.install_hints:
-            message += f" It is provided by the {self.install_hints[name]!r} package: pip install {self.install_hints[name]}."
+            message += (
+                f" It is provided by the {self.install_hints[name]!r} package: pip install {self.install_hints[name]}."
+            )
         return (
-            message
-            + f" An out-of-tree class loads with {self.path_key!r}: the module to import, "
+            message + f" An out-of-tree class loads with {self.path_key!r}: the module to import, "
             f"whose attribute named {name!r} is the class."
         )
 
@@ -245,10 +246,10 @@ def create_spec(extra_config: Mapping[str, Any], engine_config: Any = None) -> O
 
 def check_tier_keys(cls: type, tier_config: Mapping[str, Any], label: str) -> None:
     """Raise ``TypeError`` naming the tier and key when ``cls`` does not accept a config key."""
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    reserved = {"self", "offloading_spec", "primary_kv_view", "tier_type"}
+    reserved = {"offloading_spec", "primary_kv_view", "tier_type"}
     accepted = sorted(
         n for n, p in params.items() if n not in reserved and p.kind is not inspect.Parameter.VAR_POSITIONAL
     )
@@ -289,7 +290,7 @@ def create_secondary_tier(
     tier_type = config.pop("type", None)
     module_path = config.pop("module_path", None)
     if not isinstance(tier_type, str) or not tier_type:
-        raise ValueError(f"secondary_tiers[{index}] has no 'type' (got {tier_type!r}); e.g. \"type\": \"fs\"")
+        raise ValueError(f'secondary_tiers[{index}] has no \'type\' (got {tier_type!r}); e.g. "type": "fs"')
     cls = SecondaryTierFactory.get_class(tier_type, module_path)
     check_tier_keys(cls, config, f"secondary_tiers[{index}] (type {tier_type!r})")
     return cls(offloading_spec, primary_kv_view, tier_type, **config)

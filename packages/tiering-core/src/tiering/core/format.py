@@ -75,9 +75,7 @@ def checksum(payload: bytes | bytearray | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(payload)
 
 
-def encode_header(
-    namespace_digest: bytes, key: bytes, payload: bytes | bytearray | memoryview
-) -> bytes:
+def encode_header(namespace_digest: bytes, key: bytes, payload: bytes | bytearray | memoryview) -> bytes:
     """Build the :data:`HEADER_SIZE`-byte header for ``payload`` stored under ``key``.
 
     Args:
@@ -89,9 +87,7 @@ def encode_header(
         ValueError: the digest has the wrong length or the key is too long.
     """
     if len(namespace_digest) != NAMESPACE_DIGEST_BYTES:
-        raise ValueError(
-            f"namespace digest must be {NAMESPACE_DIGEST_BYTES} bytes, got {len(namespace_digest)}"
-        )
+        raise ValueError(f"namespace digest must be {NAMESPACE_DIGEST_BYTES} bytes, got {len(namespace_digest)}")
     if len(key) > MAX_KEY_BYTES:
         raise ValueError(f"key is {len(key)} bytes, at most {MAX_KEY_BYTES} are supported")
     fields = _FIELDS.pack(
@@ -128,9 +124,7 @@ def verify_header(
     (stored_header_sum,) = _HEADER_CHECKSUM.unpack_from(header, _CHECKED_END)
     if xxhash.xxh3_64_intdigest(fields) != stored_header_sum:
         raise CorruptBlockError("header checksum mismatch")
-    magic, version, header_size, digest, length, payload_sum, key_len, stored_key = (
-        _FIELDS.unpack(fields)
-    )
+    magic, version, header_size, digest, length, payload_sum, key_len, stored_key = _FIELDS.unpack(fields)
     if magic != MAGIC or header_size != HEADER_SIZE:
         raise CorruptBlockError(f"bad magic {magic!r} or header size {header_size}")
     if version != FORMAT_VERSION:
@@ -167,9 +161,7 @@ def verify_block(
     """
     expected_len = memoryview(payload).nbytes
     if stored_size is not None and stored_size != HEADER_SIZE + expected_len:
-        raise TruncatedBlockError(
-            f"block is {stored_size} bytes, expected {HEADER_SIZE + expected_len}"
-        )
+        raise TruncatedBlockError(f"block is {stored_size} bytes, expected {HEADER_SIZE + expected_len}")
     payload_sum = verify_header(header, namespace_digest, key, expected_len)
     if checksum(payload) != payload_sum:
         raise CorruptBlockError("payload checksum mismatch")

@@ -157,9 +157,7 @@ class TieringOffloadingSpec(OffloadingSpec):
         self.secondary_tiers: list[Mapping[str, Any]] = tiers
         policy = extra_config.get("eviction_policy", "lru")
         self.cache_policy_module_path: str | None = extra_config.get("cache_policy_module_path")
-        if not isinstance(policy, str) or (
-            policy not in EVICTION_POLICIES and self.cache_policy_module_path is None
-        ):
+        if not isinstance(policy, str) or (policy not in EVICTION_POLICIES and self.cache_policy_module_path is None):
             raise ValueError(
                 f"config key 'eviction_policy' is {policy!r}; allowed: "
                 f"{', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "

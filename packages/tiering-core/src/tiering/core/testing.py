@@ -133,7 +133,7 @@ class TierConformanceTests:
         return JobMetadata(next(self._job_ids), keys, block_ids, is_promotion, ReqContext("conformance"))
 
     def fill(self, view: memoryview, keys: list[OffloadKey], block_ids: list[int]) -> None:
-        for key, block_id in zip(keys, block_ids):
+        for key, block_id in zip(keys, block_ids, strict=True):
             block_view(view, block_id)[:] = block_payload(key, self.block_bytes)
 
     def store(self, tier: SecondaryTierManager, view: memoryview, keys: list[OffloadKey]) -> None:
@@ -155,7 +155,7 @@ class TierConformanceTests:
         job = self.job(keys, targets, True)
         tier.submit_load(job)
         assert wait_for_jobs(tier, [job.job_id]) == {job.job_id: True}
-        for key, block_id in zip(keys, targets):
+        for key, block_id in zip(keys, targets, strict=True):
             assert block_view(primary_kv_view, block_id).tobytes() == block_payload(key, self.block_bytes)
 
     def test_absent_key_looks_up_false(self, tier: SecondaryTierManager) -> None:
@@ -204,7 +204,7 @@ class TierConformanceTests:
         ctx = ReqContext("r")
         verdicts = [tier.lookup(k, ctx) for k in keys]
         assert all(v in (None, True, False) for v in verdicts)
-        loadable = [k for k, v in zip(keys, verdicts) if v is True]
+        loadable = [k for k, v in zip(keys, verdicts, strict=True) if v is True]
         wait_for_jobs(tier, [job.job_id])
         if loadable:
             target = self.num_blocks - 1

@@ -69,7 +69,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from tiering.core.base import JobResult, OffloadKey, ReqContext
 from tiering.core.manager import TieringManager
 from tiering.core.primary import CPUPrimaryTier
-from tiering.core.primary.buffer import as_block_view
 
 logger = logging.getLogger(__name__)
 

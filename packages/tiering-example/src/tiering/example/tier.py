@@ -50,7 +50,7 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
         return key in self._blocks
 
     def submit_store(self, job: JobMetadata) -> None:
-        for key, block_id in zip(job.keys, job.block_ids):
+        for key, block_id in zip(job.keys, job.block_ids, strict=True):
             if key not in self._blocks:
                 self._blocks[key] = self.block(block_id).tobytes()
         self._finished.append(JobResult(job.job_id, True))
@@ -58,7 +58,7 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
     def submit_load(self, job: JobMetadata) -> None:
         success = all(key in self._blocks for key in job.keys)
         if success:
-            for key, block_id in zip(job.keys, job.block_ids):
+            for key, block_id in zip(job.keys, job.block_ids, strict=True):
                 self.block(block_id)[:] = self._blocks[key]
         self._finished.append(JobResult(job.job_id, success))
 

@@ -251,6 +251,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._negative: collections.OrderedDict[OffloadKey, float] = collections.OrderedDict()
         self._unremovable: set[OffloadKey] = set()
         self._added_during_scan: set[OffloadKey] | None = None
+        self._removed_during_scan: set[OffloadKey] | None = None
         self._made_dirs: set[str] = set()
         self._counters: collections.Counter[str] = collections.Counter()
         for name in (*BASE_COUNTERS, *(f"store_failed_{c}" for c in STORE_CAUSES)):
@@ -417,6 +418,9 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
 
     def _index_drop(self, key: OffloadKey) -> bool:
         """Forget ``key`` (caller holds the lock); True when it was indexed."""
+        if self._removed_during_scan is not None:
+            # A scan in progress may have listed its file already: do not let it resurrect the key.
+            self._removed_during_scan.add(key)
         size = self._index.pop(key, None)
         if size is None:
             return False
@@ -675,8 +679,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             victims: list[tuple[OffloadKey, int]] = []
             with self._lock:
                 while self._index and self._resident_bytes + self._reserved_bytes + size > cap:
-                    key, vsize = self._index.popitem(last=False)
-                    self._resident_bytes -= vsize
+                    key, vsize = next(iter(self._index.items()))
+                    self._index_drop(key)
                     victims.append((key, vsize))
                 fits = self._resident_bytes + self._reserved_bytes + size <= cap
                 if fits or self._reserved_bytes == 0 or self._stopping:
@@ -761,6 +765,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         started = time.monotonic()
         with self._lock:
             self._added_during_scan = set()
+            self._removed_during_scan = set()
         found: dict[OffloadKey, tuple[int, float]] = {}
         temps_removed = bad_removed = 0
         now = time.time()
@@ -789,8 +794,13 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             found[key] = (entry.size, entry.mtime)
         with self._lock:
             added = self._added_during_scan or set()
-            self._added_during_scan = None
-            new = [k for k in found if k not in self._index and not self._writing.get(k)]
+            removed = self._removed_during_scan or set()
+            self._added_during_scan = self._removed_during_scan = None
+            new = [
+                k
+                for k in found
+                if k not in self._index and k not in removed and k not in self._unremovable and not self._writing.get(k)
+            ]
             new.sort(key=lambda k: found[k][1], reverse=True)  # newest first, each pushed to the LRU end
             for key in new:
                 size = found[key][0]
@@ -839,8 +849,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         victims: list[OffloadKey] = []
         with self._lock:
             while self._index and self._resident_bytes + self._reserved_bytes > self.capacity_bytes:
-                key, size = self._index.popitem(last=False)
-                self._resident_bytes -= size
+                key, size = next(iter(self._index.items()))
+                self._index_drop(key)
                 victims.append(key)
                 self._counters["evictions"] += 1
                 self._counters["evicted_bytes"] += size

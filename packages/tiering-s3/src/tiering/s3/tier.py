@@ -777,6 +777,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 self._stats[f"corrupt_{exc.reason}"] += 1
                 self._index_remove(key)
                 self._queue_delete(key, exc.reason)
+                self._heads[key] = time.monotonic()  # absent for the negative-lookup TTL
             return False
         slot[:] = view[HEADER_SIZE:]
         with self._lock:

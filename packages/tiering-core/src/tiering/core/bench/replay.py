@@ -150,7 +150,7 @@ class Replayer:
         if n:
             self._timed(lambda: self.manager.prepare_load(req.keys[:n], ctx))
             result = self._wait_load(req)
-            for key, block_id, source in zip(result.keys, result.block_ids, result.sources):
+            for key, block_id, source in zip(result.keys, result.block_ids, result.sources, strict=True):
                 if block_view(self.manager.primary.kv_view, block_id) != payload_for(key, self.block_bytes):
                     raise VerificationError(
                         f"request {req.req_id}: block {key.hex()} from {self._source_name(source)} "
@@ -166,7 +166,7 @@ class Replayer:
         rest = req.keys[loaded:]
         if rest:
             alloc = self._timed(lambda: self.manager.prepare_store(rest, ctx))
-            for key, block_id in zip(alloc.keys, alloc.block_ids):
+            for key, block_id in zip(alloc.keys, alloc.block_ids, strict=True):
                 block_view(self.manager.primary.kv_view, block_id)[:] = payload_for(key, self.block_bytes)
             self._timed(lambda: self.manager.complete_store(alloc.keys, ctx))
             rep.blocks_stored += len(alloc.keys)
@@ -183,7 +183,7 @@ class Replayer:
             self.manager.get_finished()
             time.sleep(POLL_INTERVAL_S)
 
-    def run(self, requests: Iterable[Request], progress: Callable[[int], None] | None = None) -> ReplayReport:
+    def run(self, requests: Iterable[Request], progress: Callable[[int], object] | None = None) -> ReplayReport:
         """Replay every request, drain, and return the report."""
         start = time.perf_counter()
         for req in requests:

@@ -38,9 +38,7 @@ class CachePolicy(abc.ABC):
         """``key`` left the tier for another reason than eviction (e.g. a failed write)."""
 
     @abc.abstractmethod
-    def evict(
-        self, can_evict: Callable[[OffloadKey], bool], incoming: OffloadKey | None = None
-    ) -> OffloadKey | None:
+    def evict(self, can_evict: Callable[[OffloadKey], bool], incoming: OffloadKey | None = None) -> OffloadKey | None:
         """Choose, forget and return a resident key for which ``can_evict`` is True.
 
         Args:
@@ -68,9 +66,7 @@ class LRUCachePolicy(CachePolicy):
     def remove(self, key: OffloadKey) -> None:
         self._order.pop(key, None)
 
-    def evict(
-        self, can_evict: Callable[[OffloadKey], bool], incoming: OffloadKey | None = None
-    ) -> OffloadKey | None:
+    def evict(self, can_evict: Callable[[OffloadKey], bool], incoming: OffloadKey | None = None) -> OffloadKey | None:
         for key in self._order:
             if can_evict(key):
                 del self._order[key]
@@ -116,12 +112,8 @@ class ARCCachePolicy(CachePolicy):
         for lst in (self.t1, self.t2, self.b1, self.b2):
             lst.pop(key, None)
 
-    def evict(
-        self, can_evict: Callable[[OffloadKey], bool], incoming: OffloadKey | None = None
-    ) -> OffloadKey | None:
-        prefer_t1 = bool(self.t1) and (
-            len(self.t1) > self.p or (incoming in self.b2 and len(self.t1) == int(self.p))
-        )
+    def evict(self, can_evict: Callable[[OffloadKey], bool], incoming: OffloadKey | None = None) -> OffloadKey | None:
+        prefer_t1 = bool(self.t1) and (len(self.t1) > self.p or (incoming in self.b2 and len(self.t1) == int(self.p)))
         order = ((self.t1, self.b1), (self.t2, self.b2))
         for resident, ghosts in order if prefer_t1 else order[::-1]:
             for key in resident:

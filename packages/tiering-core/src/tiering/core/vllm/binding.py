@@ -33,10 +33,12 @@ error log (vLLM's manager would ``assert`` on it).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Collection, Iterable, Mapping
 from importlib import metadata
@@ -84,9 +86,7 @@ def check_vllm_version(version: str | None) -> None:
     """
     supported = ", ".join(f"{series}.x" for series in SUPPORTED_VLLM_VERSIONS)
     if version is None:
-        raise UnsupportedVLLMVersionError(
-            f"tiering.core.vllm needs vLLM ({supported}), which is not installed"
-        )
+        raise UnsupportedVLLMVersionError(f"tiering.core.vllm needs vLLM ({supported}), which is not installed")
     match = re.match(r"(\d+)\.(\d+)", version)
     if match is None or f"{match[1]}.{match[2]}" not in SUPPORTED_VLLM_VERSIONS:
         raise UnsupportedVLLMVersionError(
@@ -100,6 +100,7 @@ if os.environ.get(SKIP_VERSION_CHECK_ENV) != "1":
     check_vllm_version(installed_vllm_version())
 
 # The vLLM surface. Nothing below this line imports from vLLM.
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     ConfigInfoMapping,
     Locality,
@@ -110,12 +111,25 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.config import (  # noqa: E402
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
     JobResult,
     SecondaryTierManager,
     TransferJob,
 )
+
+VLLM_TIERING_SPEC = "vllm.v1.kv_offload.tiering.spec"
+"""Module of vLLM's ``TieringOffloadingSpec`` (imported on use by :func:`tiering_offloading_spec`)."""
+VLLM_TIER_FACTORY = "vllm.v1.kv_offload.tiering.factory"
+"""Module of vLLM's own ``SecondaryTierFactory``."""
 
 STAT_METRIC = "vllm:kv_offload_tiering_backend_stat"
 """The gauge carrying a tiering tier's :meth:`~tiering.core.base.SecondaryTierManager.stats`."""
@@ -132,7 +146,7 @@ _DRAIN_WARN_S = 10.0
 
 
 def medium_for(name: str, tier_cls: type[TieringTierManager]) -> Any:
-    """vLLM's ``Medium`` of a tiering tier: its class attribute ``medium``, else a default by name.
+    """VLLM's ``Medium`` of a tiering tier: its class attribute ``medium``, else a default by name.
 
     ``medium`` (``"cpu"`` or ``"storage"``) decides how vLLM labels hits
     (``HOST`` / ``DISK``) and how ``load_tier_filter`` treats the tier. An
@@ -239,12 +253,13 @@ def tiering_spec_from_vllm(
     if revision is None:
         logger.warning(
             "tiering: no model_revision configured for %r; blocks of every revision of this model "
-            "share one namespace. Set \"model_revision\" in the tier entry.",
+            'share one namespace. Set "model_revision" in the tier entry.',
             config.model.name,
         )
         extra.pop("model_revision", None)
     else:
         extra["model_revision"] = str(revision)
+    assert view.shape is not None  # a memoryview over a buffer always has a shape
     num_blocks, block_bytes = int(view.shape[0]), int(view.shape[1])
     tokens_per_block = config.groups[0].tokens_per_block if config.groups else int(extra.get("block_size", 16))
     extra.update(
@@ -262,8 +277,66 @@ def tiering_spec_from_vllm(
     return OffloadingSpec(extra, engine_config=config)
 
 
+def offloading_config(
+    extra_config: Mapping[str, Any],
+    *,
+    worker_kv_bytes_per_block: int,
+    engine_id: str,
+    model: str = "test/model",
+    dtype: str = "bfloat16",
+    tokens_per_block: int = 16,
+    blocks_per_chunk: int = 1,
+    world_size: int = 1,
+) -> Any:
+    """Build vLLM's ``OffloadingConfig`` as its connector would for a single-group model.
+
+    For tests, benchmarks and running vLLM's scheduler side standalone (the
+    engine builds this itself when serving).
+
+    Args:
+        extra_config: ``kv_connector_extra_config``.
+        worker_kv_bytes_per_block: KV bytes one worker stores per GPU block.
+        engine_id: names the /dev/shm region; unique per live manager.
+        model, dtype: the model identity vLLM reports.
+        tokens_per_block: tokens per GPU block.
+        blocks_per_chunk: GPU blocks per offloaded chunk.
+        world_size: tensor-parallel workers (each has a slot in every row).
+    """
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=tokens_per_block, layer_names=("layers",), group_id=0),),
+        worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+        enable_kv_cache_events=False,
+        extra_config=dict(extra_config),
+        engine_id=engine_id,
+        model=OffloadingModelConfig(name=model, dtype=dtype),
+        cache=OffloadingCacheConfig(tokens_per_hash=tokens_per_block, blocks_per_chunk=blocks_per_chunk),
+        parallel=OffloadingParallelConfig(
+            rank=0,
+            world_size=world_size,
+            tp_size=world_size,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+
+
+def tiering_offloading_spec(config: Any) -> Any:
+    """vLLM's own ``TieringOffloadingSpec(config)``; ``.get_manager()`` builds its scheduler side."""
+    return importlib.import_module(VLLM_TIERING_SPEC).TieringOffloadingSpec(config)
+
+
+def vllm_tier_factory() -> Any:
+    """vLLM's own ``SecondaryTierFactory`` class."""
+    return importlib.import_module(VLLM_TIER_FACTORY).SecondaryTierFactory
+
+
 def to_lookup_result(verdict: bool | None) -> Any:
-    """tiering's lookup verdict as vLLM's ``LookupResult``: True HIT, False MISS, None RETRY."""
+    """Tiering's lookup verdict as vLLM's ``LookupResult``: True HIT, False MISS, None RETRY."""
     if verdict is None:
         return LookupResult.RETRY
     return LookupResult.HIT if verdict else LookupResult.MISS
@@ -436,8 +509,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Forward to the tier and forget the request's translated context."""
-        ctx = self._contexts.pop(req_context.req_id, None) or self._context(req_context)
-        self._contexts.pop(req_context.req_id, None)
+        ctx = self._context(req_context)
+        del self._contexts[req_context.req_id]
         try:
             self.tier.on_request_finished(ctx)
         except Exception:
@@ -506,8 +579,6 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             logger.exception("tiering tier %r stats raised", self.tiering_name)
             stats = {}
         stats["binding_errors"] = self._errors
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-
         payload = OffloadingConnectorStats()
         for name, value in stats.items():
             payload.set_gauge(STAT_METRIC, float(value), (self.tier_type, str(name)))
@@ -529,15 +600,9 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
 
 def _distribution_of(cls: type) -> str:
-    top = cls.__module__.split(".")[:2]
-    try:
-        for dist_name in metadata.packages_distributions().get(top[0], []):
-            files = metadata.distribution(dist_name).files or []
-            if any("/".join(top) in str(f) for f in files):
-                return f", {dist_name} {metadata.version(dist_name)}"
-    except Exception:  # metadata is best effort
-        return ""
-    return ""
+    package = sys.modules.get(".".join(cls.__module__.split(".")[:2]))
+    version = getattr(package, "__version__", None)
+    return f" {version}" if isinstance(version, str) else ""
 
 
 # -- the names vLLM resolves ----------------------------------------------------------
@@ -554,7 +619,7 @@ def camel(name: str) -> str:
 
 
 def known_tier_names() -> list[str]:
-    """tiering tier names resolvable here: registered in-process or installed (entry points)."""
+    """Tiering tier names resolvable here: registered in-process or installed (entry points)."""
     return SecondaryTierFactory.known_names()
 
 
@@ -616,13 +681,21 @@ def unknown_tier_message(attr: str) -> str:
     names = known_tier_names()
     known = ", ".join(TIER_NAME_PREFIX + n for n in names) or "none installed"
     return (
-        f"tiering.core.vllm.tiers has no tier {attr!r}. Use \"type\": \"tiering_<name>\" where <name> is a "
+        f'tiering.core.vllm.tiers has no tier {attr!r}. Use "type": "tiering_<name>" where <name> is a '
         f"tiering tier ({known}); install a backend (pip install tiering-fs) or register a tier under the "
         "'tiering.tiers' entry-point group. Bare names such as 'fs' or 'example' select vLLM's built-in tiers."
     )
 
 
 __all__ = [
+    "VLLM_TIERING_SPEC",
+    "VLLM_TIER_FACTORY",
+    "LookupResult",
+    "ReqContext",
+    "ScheduleEndContext",
+    "offloading_config",
+    "tiering_offloading_spec",
+    "vllm_tier_factory",
     "INFO_KEYS",
     "RESERVED_KWARGS",
     "SKIP_VERSION_CHECK_ENV",
@@ -632,7 +705,6 @@ __all__ = [
     "TIER_NAME_PREFIX",
     "TieringSecondaryTier",
     "UnsupportedVLLMVersionError",
-    "Mapping",
     "camel",
     "check_vllm_version",
     "installed_vllm_version",
