@@ -127,8 +127,8 @@ def main() -> None:
             fill(view, n, size)
             total = n * size
             best: dict[str, list[float]] = {"raw": [0.0, 0.0], "tier": [0.0, 0.0]}
-            for _ in range(args.repeat):
-                for name in ("raw", "tier"):
+            for rep in range(args.repeat):
+                for name in ("raw", "tier") if rep % 2 == 0 else ("tier", "raw"):  # alternate: cancel order bias
                     root = os.path.join(scratch, name)
                     fn = raw_pass if name == "raw" else tier_pass
                     t_store, t_load = fn(root, view, n, size, args.threads)

@@ -211,7 +211,7 @@ def run(layout: str = "blocks_first", decode_steps: int = 4, verbose: bool = Tru
         "block_bytes": spec.block_bytes,
         "kv_layout": spec.namespace.kv_layout,
         "tokens": tokens_restored,
-        "counters": dict(manager.counters),
+        "sources": loads[0].sources,
     }
 
 
@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=4)
     args = parser.parse_args()
     result = run(args.layout, args.decode_steps)
-    print("OK", result["counters"])
+    print(f"OK: {result['hits']} blocks restored from secondary tier(s) {sorted(set(result['sources']))}")
 
 
 if __name__ == "__main__":

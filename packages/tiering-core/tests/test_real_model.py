@@ -34,7 +34,7 @@ def example():
 def test_restored_kv_gives_exact_logits(example, layout):
     result = example.run(layout, decode_steps=3, verbose=False)
     assert result["hits"] == 4
-    assert result["counters"]["tier0_blocks_loaded"] == 4
+    assert result["sources"] == [0, 0, 0, 0]  # every block came from secondary tier 0
     assert result["kv_layout"].startswith("layer-major/kv/nhd;layers=2;")
     assert len(result["tokens"]) == 3
 
@@ -43,8 +43,10 @@ def test_unrestored_cache_is_detected(example):
     """The check has teeth: a cache with one wrong value does not give the recompute's logits."""
     import torch
 
+    torch.set_num_threads(1)
     model = example.build_model()
-    prompt = torch.randint(0, model.config.vocab_size, (1, 2 * example.BLOCK_SIZE + 3), generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 2 * example.BLOCK_SIZE + 19), generator=gen)
     cache = example.new_cache(model)
     example.forward(model, prompt[:, : 2 * example.BLOCK_SIZE], cache)
     paged = example.paged_cache(model, 4, "kv_first")

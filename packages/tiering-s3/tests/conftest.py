@@ -12,6 +12,7 @@ but loopback.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import ipaddress
@@ -178,8 +179,7 @@ _REQUEST_LINE = re.compile(rb"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/1\.1\r\n")
 _HOST_LINE = re.compile(rb"\r\n[Hh]ost: ([^\r]+)\r\n")
 
 SLOW_DOWN = (
-    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
-    b"Connection: close\r\n\r\n%s"
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
 )
 SLOW_DOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -315,10 +315,8 @@ def _drain(conn: socket.socket, n: int) -> None:
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.close()
-    except OSError:
-        pass
 
 
 @pytest.fixture
@@ -362,9 +360,7 @@ def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -389,9 +385,7 @@ def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -400,9 +394,7 @@ def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
     cert_path = folder / "server.pem"
     cert_path.write_bytes(
         cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        + key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(cert_path))

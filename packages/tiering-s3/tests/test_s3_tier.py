@@ -115,7 +115,8 @@ def test_key_layout_and_namespace_object(s3):
         assert len(shards) > 1  # hash-sharded
         obj = s3.client.get_object(Bucket=s3.bucket, Key=tier.object_key(keys[0]))["Body"].read()
         assert len(obj) == OBJ and obj[:4] == b"TKVB" and obj[HEADER_SIZE:] == block_payload(keys[0], BLOCK)
-        ns = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=f"{s3.prefix}/{digest}/namespace.json")["Body"].read())
+        ns_name = f"{s3.prefix}/{digest}/namespace.json"
+        ns = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=ns_name)["Body"].read())
         assert ns == {**tier.offloading_spec.namespace.to_dict(), "digest": digest}
         stats = tier.stats()
         assert stats["blocks_stored"] == 8 and stats["bytes_stored"] == 8 * OBJ
@@ -146,7 +147,7 @@ def test_probe_unreachable_endpoint_says_endpoint(s3):
 
 def test_probe_tls_failure_says_tls(s3, proxy_factory, test_ca):
     proxy = proxy_factory(test_ca.server_context)
-    with pytest.raises(S3StartupError, match="TLS certificate verification.*ca_bundle") as info:
+    with pytest.raises(S3StartupError, match=r"TLS certificate verification.*ca_bundle") as info:
         build(s3.tier_config(endpoint_url=f"https://localhost:{proxy.port}", max_attempts=1))
     assert info.value.cause == "tls"
 
@@ -189,7 +190,7 @@ def test_probe_wrong_credentials_says_credentials_without_leaking(s3, moto_auth,
 
 
 def test_probe_valid_credentials_without_permission_say_permission(s3, moto_auth):
-    with pytest.raises(S3StartupError, match="access denied.*lack permission") as info:
+    with pytest.raises(S3StartupError, match=r"access denied.*lack permission") as info:
         build(s3.tier_config(aws_access_key_id=moto_auth[0], aws_secret_access_key=moto_auth[1]))
     assert info.value.cause == "permission"
 
@@ -254,7 +255,7 @@ def exercise(tier, view, n=12):
     keys = [make_key(i, b"c08") for i in range(n)]
     assert store(tier, view, keys[: n // 2]) and store(tier, view, keys[n // 2 :])
     assert all(wait_for_lookup(tier, k, CTX) for k in keys[-4:])
-    assert load(tier, view, keys[:4], [12, 13, 14, 15])
+    assert load(tier, view, keys[-4:], [12, 13, 14, 15])
     assert wait_for_lookup(tier, make_key(99, b"absent"), CTX) is False
     assert not load(tier, view, [make_key(98, b"absent")], [0])
     return keys
@@ -263,11 +264,13 @@ def exercise(tier, view, n=12):
 def check_foreign_untouched(env, etags):
     for name, etag in etags.items():
         assert env.client.head_object(Bucket=env.bucket, Key=name)["ETag"] == etag
-    inside = [k for k in env.keys() if k not in etags]
+    inside = [k for k in env if k not in etags]
     assert inside and all(k.startswith("kv/tenantA/") for k in inside), inside
 
 
-def test_C08_virtual_host_style_with_custom_ca_bundle_and_prefix(s3, moto_only, proxy_factory, test_ca, resolve_s3_test):
+def test_C08_virtual_host_style_with_custom_ca_bundle_and_prefix(
+    s3, moto_only, proxy_factory, test_ca, resolve_s3_test
+):
     etags = seed_foreign_objects(s3)
     proxy = proxy_factory(test_ca.server_context)
     config = s3.tier_config(
@@ -473,7 +476,9 @@ def test_head_fallback_finds_another_writers_block_without_blocking(s3, proxy_fa
     spec = make_spec()
     writer, wview = build(s3.tier_config(), spec)
     proxy = proxy_factory()
-    reader, rview = build(s3.tier_config(endpoint_url=f"http://127.0.0.1:{proxy.port}", read_timeout=1, max_attempts=1), spec)
+    reader, rview = build(
+        s3.tier_config(endpoint_url=f"http://127.0.0.1:{proxy.port}", read_timeout=1, max_attempts=1), spec
+    )
     try:
         key = make_key(1, b"shared")
         assert store(writer, wview, [key])
@@ -570,7 +575,10 @@ def test_faults_end_in_failed_jobs_not_hangs(s3, proxy_factory, mode, counter):
         new = [make_key(i, b"fault") for i in range(3)]
         for slot, k in enumerate(new):
             block_view(view, slot)[:] = block_payload(k, BLOCK)
-        jobs = [JobMetadata(next(_ids), new, [0, 1, 2], False, CTX), JobMetadata(next(_ids), present, [8, 9], True, CTX)]
+        jobs = [
+            JobMetadata(next(_ids), new, [0, 1, 2], False, CTX),
+            JobMetadata(next(_ids), present, [8, 9], True, CTX),
+        ]
         tier.submit_store(jobs[0])
         tier.submit_load(jobs[1])
         assert wait_for_jobs(tier, [j.job_id for j in jobs], 30) == {j.job_id: False for j in jobs}
@@ -604,7 +612,7 @@ def test_expired_credentials_after_start_fail_jobs_and_count(s3, moto_only):
 
 
 def test_submit_after_shutdown_reports_failure(s3):
-    tier, view = build(s3.tier_config())
+    tier, _view = build(s3.tier_config())
     tier.shutdown()
     tier.shutdown()  # idempotent
     job = JobMetadata(next(_ids), [make_key(1)], [0], False, CTX)

@@ -137,6 +137,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         load_mooncake_trace(args.trace, args.requests) if args.trace else synthetic_chat(args.requests, spec.block_size)
     )
     manager = spec.get_manager()
+    if args.metrics_port is not None:
+        from tiering.core.metrics_prometheus import serve
+
+        serve(manager, args.metrics_port)
+        print(f"serving metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr)
     names = [f"{i}:{t.tier_type}" for i, t in enumerate(manager.secondary_tiers)]
     print(
         f"tiering bench: {args.trace or 'synthetic chat'} ({args.requests} requests), primary "
@@ -158,6 +163,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_report(data))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    if args.plot:
+        from tiering.core.bench.plot import plot_report
+
+        print(f"plot written to {plot_report(data, args.plot)}", file=sys.stderr)
     return 0
 
 
@@ -199,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests to replay (default 2000)")
     bench.add_argument("--block-bytes", type=int, default=DEFAULT_BENCH_BLOCK_BYTES, help="bytes per block")
     bench.add_argument("--json", help="also write the report as JSON to this file")
+    bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
+    bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
     bench.set_defaults(func=cmd_bench)
     check = sub.add_parser("check", help="resolve every tier and policy of a config")
     check.add_argument("config", help="JSON config file")

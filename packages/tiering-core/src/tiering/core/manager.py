@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.metrics import StackMetrics, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class _Job:
     tier_idx: int
     meta: JobMetadata
     load: _PendingLoad | None = None
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class TieringManager:
@@ -87,7 +90,9 @@ class TieringManager:
         self._finished_loads: list[LoadResult] = []
         self._held: dict[str, list[OffloadKey]] = {}
         self._failed_keys: dict[str, set[OffloadKey]] = defaultdict(set)
-        self.counters: dict[str, int] = defaultdict(int)
+        self.metrics = StackMetrics()
+        self._primary_labels = tier_labels("primary", None)
+        self._tier_labels = [tier_labels(t.tier_type, i) for i, t in enumerate(self.secondary_tiers)]
 
     # -- lookup -------------------------------------------------------------
     def lookup(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> int | None:
@@ -105,24 +110,31 @@ class TieringManager:
         for n, key in enumerate(keys):
             if key in failed:
                 return n
-            if self.primary.lookup(key):
+            hit = self.primary.lookup(key)
+            self.metrics.inc("lookups_total", {**self._primary_labels, "outcome": "hit" if hit else "miss"})
+            if hit:
                 continue
-            verdict = self._secondary_lookup(key, req_context)[0]
+            verdict = self._secondary_lookup(key, req_context, record=True)[0]
             if verdict is None:
                 return None
             if verdict is False:
                 return n
         return len(keys)
 
-    def _secondary_lookup(self, key: OffloadKey, req_context: ReqContext) -> tuple[bool | None, int]:
+    def _secondary_lookup(
+        self, key: OffloadKey, req_context: ReqContext, record: bool = False
+    ) -> tuple[bool | None, int]:
         pending = False
         for idx, tier in enumerate(self.secondary_tiers):
             try:
                 verdict = tier.lookup(key, req_context)
             except Exception:
                 logger.exception("secondary tier %d (%s) lookup raised; treated as a miss", idx, tier.tier_type)
-                self.counters["tier_errors"] += 1
+                self.metrics.inc("tier_errors_total", self._tier_labels[idx])
                 verdict = False
+            if record:
+                outcome = "in_flight" if verdict is None else "hit" if verdict else "miss"
+                self.metrics.inc("lookups_total", {**self._tier_labels[idx], "outcome": outcome})
             if verdict:
                 return True, idx
             pending = pending or verdict is None
@@ -157,7 +169,7 @@ class TieringManager:
                     break
                 alloc = self.primary.allocate([key])
                 if not alloc.block_ids:
-                    self.counters["promotion_no_slot"] += 1
+                    self.metrics.inc("load_failures_total", {**self._primary_labels, "cause": "no_slot"})
                     break
                 per_tier[idx][0].append(key)
                 per_tier[idx][1].append(alloc.block_ids[0])
@@ -193,6 +205,8 @@ class TieringManager:
         held_set = set(held)
         self.primary.unpin([k for k in load.pinned if k not in held_set])
         self._held[req_id] = held
+        self.metrics.inc("blocks_loaded_total", self._primary_labels, len(held))
+        self.metrics.inc("loaded_bytes_total", self._primary_labels, len(held) * self.primary.block_bytes)
         self._finished_loads.append(
             LoadResult(load.req_context, load.keys[:n], load.block_ids[:n], load.sources[:n], load.requested)
         )
@@ -208,19 +222,43 @@ class TieringManager:
         alloc = self.primary.allocate(keys)
         if alloc.present:
             self._touch_secondaries(alloc.present, req_context)
-        self.counters["store_rejected"] += len(alloc.rejected)
+        if alloc.rejected:
+            labels = {**self._primary_labels, "cause": "no_slot"}
+            self.metrics.inc("store_failures_total", labels, len(alloc.rejected))
         return alloc
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        """Mark slots from :meth:`prepare_store` written and cascade them to every secondary tier."""
+        """Mark slots from :meth:`prepare_store` written and cascade them to every secondary tier.
+
+        Each tier gets one job with the keys it does not already hold
+        (its :meth:`~tiering.core.base.SecondaryTierManager.lookup` is not
+        True); the keys it holds are touched instead.
+        """
         self.primary.complete_write(keys, success)
         if not success or not keys:
             return
-        for idx in range(len(self.secondary_tiers)):
-            block_ids = self.primary.pin(keys, record_access=False)
-            job = JobMetadata(next(self._job_ids), list(keys), block_ids, False, req_context)
+        self.metrics.inc("blocks_stored_total", self._primary_labels, len(keys))
+        self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
+        for idx, tier in enumerate(self.secondary_tiers):
+            held = [key for key in keys if self._tier_holds(idx, key, req_context)]
+            held_set = set(held)
+            missing = [key for key in keys if key not in held_set]
+            if held:
+                self._touch_tier(idx, held, req_context)
+            if not missing:
+                continue
+            block_ids = self.primary.pin(missing, record_access=False)
+            job = JobMetadata(next(self._job_ids), missing, block_ids, False, req_context)
             self._jobs[job.job_id] = _Job(idx, job)
             self._submit(idx, job)
+
+    def _tier_holds(self, idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
+        try:
+            return self.secondary_tiers[idx].lookup(key, req_context) is True
+        except Exception:
+            logger.exception("secondary tier %d lookup raised; the block is stored again", idx)
+            self.metrics.inc("tier_errors_total", self._tier_labels[idx])
+            return False
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
@@ -228,11 +266,16 @@ class TieringManager:
         self._touch_secondaries(keys, req_context)
 
     def _touch_secondaries(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        for idx, tier in enumerate(self.secondary_tiers):
-            try:
-                tier.touch(keys, req_context)
-            except Exception:
-                logger.exception("secondary tier %d (%s) touch raised", idx, tier.tier_type)
+        for idx in range(len(self.secondary_tiers)):
+            self._touch_tier(idx, keys, req_context)
+
+    def _touch_tier(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        tier = self.secondary_tiers[idx]
+        try:
+            tier.touch(keys, req_context)
+        except Exception:
+            logger.exception("secondary tier %d (%s) touch raised", idx, tier.tier_type)
+            self.metrics.inc("tier_errors_total", self._tier_labels[idx])
 
     # -- jobs ---------------------------------------------------------------
     def _submit(self, idx: int, job: JobMetadata) -> None:
@@ -241,6 +284,7 @@ class TieringManager:
             (tier.submit_load if job.is_promotion else tier.submit_store)(job)
         except Exception:
             logger.exception("secondary tier %d (%s) failed to accept job %d", idx, tier.tier_type, job.job_id)
+            self.metrics.inc("tier_errors_total", self._tier_labels[idx])
             self._on_result(idx, JobResult(job.job_id, False))
 
     def _poll_tiers(self) -> None:
@@ -249,6 +293,7 @@ class TieringManager:
                 results = list(tier.get_finished())
             except Exception:
                 logger.exception("secondary tier %d (%s) get_finished raised", idx, tier.tier_type)
+                self.metrics.inc("tier_errors_total", self._tier_labels[idx])
                 continue
             for result in results:
                 self._on_result(idx, result)
@@ -261,12 +306,9 @@ class TieringManager:
                 self._jobs[result.job_id] = job
             return
         meta = job.meta
+        self._record_job(idx, job, result.success)
         if not meta.is_promotion:
             self.primary.unpin(meta.keys)
-            if result.success:
-                self.counters[f"tier{idx}_blocks_stored"] += len(meta.keys)
-            else:
-                self.counters[f"tier{idx}_store_failed"] += 1
             return
         self.primary.complete_write(meta.keys, result.success)
         load = job.load
@@ -275,13 +317,29 @@ class TieringManager:
         if result.success:
             self.primary.pin(meta.keys, record_access=False)
             load.pinned.extend(meta.keys)
-            self.counters[f"tier{idx}_blocks_loaded"] += len(meta.keys)
         else:
-            self.counters[f"tier{idx}_load_failed"] += 1
             self._failed_keys[meta.req_context.req_id].update(meta.keys)
             first = min(load.keys.index(k) for k in meta.keys)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
         self._maybe_finish_load(load)
+
+    def _record_job(self, idx: int, job: _Job, success: bool) -> None:
+        kind = "load" if job.meta.is_promotion else "store"
+        labels = self._tier_labels[idx]
+        self.metrics.inc("jobs_total", {**labels, "kind": kind, "outcome": "ok" if success else "failed"})
+        self.metrics.observe(f"{kind}_duration_seconds", labels, time.monotonic() - job.submitted)
+        if success:
+            done = "loaded" if job.meta.is_promotion else "stored"
+            blocks = len(job.meta.keys)
+            self.metrics.inc(f"blocks_{done}_total", labels, blocks)
+            self.metrics.inc(f"{done}_bytes_total", labels, blocks * self.primary.block_bytes)
+
+    def inflight_jobs(self) -> dict[int, int]:
+        """Jobs submitted and not yet reported, per secondary tier index."""
+        counts: dict[int, int] = defaultdict(int)
+        for job in list(self._jobs.values()):
+            counts[job.tier_idx] += 1
+        return dict(counts)
 
     # -- lifecycle ----------------------------------------------------------
     def on_request_finished(self, req_context: ReqContext) -> None:

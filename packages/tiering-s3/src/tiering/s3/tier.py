@@ -33,7 +33,8 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.format import (
     HEADER_SIZE,
@@ -281,6 +282,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._store_ok: set[bytes] = set()
         self._loading: collections.Counter[bytes] = collections.Counter()  # pins against eviction
         self._heads: dict[bytes, float | None] = {}  # None: HEAD in flight; float: absent since
+        self._heads_inflight = 0
         self._delete_queue: dict[bytes, str] = {}  # key -> reason, not yet sent
         self._deleting: dict[bytes, threading.Event] = {}  # queued or in flight; set when done
         self._delete_scheduled = False
@@ -340,6 +342,12 @@ class S3SecondaryTierManager(SecondaryTierManager):
         where = f"endpoint {self.endpoint_url!r}" if self.endpoint_url else "AWS"
         code, status, cls = error_code(exc), http_status(exc), classify_error(exc)
         detail = self._redact(exc)
+        if isinstance(exc, NoCredentialsError):
+            return S3StartupError(
+                "s3 tier: no credentials found in boto3's default chain (environment, shared config files, "
+                "instance or container role); set aws_access_key_id / aws_secret_access_key or profile_name",
+                "credentials",
+            )
         if cls == "credentials":
             return S3StartupError(
                 f"s3 tier: credentials were rejected by {where} during {what} ({code or type(exc).__name__}): "
@@ -421,9 +429,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
     def _put_if_absent(self, name: str, body: bytes, content_type: str = "application/octet-stream") -> bool:
         """PUT ``body`` at ``name`` unless an object exists; True when this call created it."""
         try:
-            self._client.put_object(
-                Bucket=self.bucket, Key=name, Body=body, IfNoneMatch="*", ContentType=content_type
-            )
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=body, IfNoneMatch="*", ContentType=content_type)
         except ClientError as exc:
             if http_status(exc) == 412 or error_code(exc) == "PreconditionFailed":
                 return False
@@ -583,12 +589,12 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 return False
             if len(self._heads) > 100_000:
                 self._heads = {k: v for k, v in self._heads.items() if v is None or now - v < NEGATIVE_LOOKUP_TTL_S}
-            inflight = sum(1 for v in self._heads.values() if v is None) if len(self._heads) < 4096 else 0
-            if inflight >= 4 * self.max_concurrency:
+            if self._heads_inflight >= 4 * self.max_concurrency:
                 self._stats["lookups_miss"] += 1
                 self._stats["heads_skipped"] += 1
                 return False
             self._heads[key] = None
+            self._heads_inflight += 1
             self._stats["lookups_pending"] += 1
             self._stats["heads_sent"] += 1
         try:
@@ -596,6 +602,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         except RuntimeError:  # shut down concurrently
             with self._lock:
                 self._heads.pop(key, None)
+                self._heads_inflight -= 1
             return False
         return None
 
@@ -610,6 +617,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 self._count_error(exc, "HEAD")
         finally:
             with self._lock:
+                self._heads_inflight -= 1
                 if found == self.object_bytes and key not in self._deleting:
                     self._index_add(key, found)
                     self._make_room(0)

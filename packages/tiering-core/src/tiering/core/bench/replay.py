@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 
 from tiering.core.base import ReqContext, block_view
 from tiering.core.bench.payload import payload_for
+from tiering.core.bench.series import ReplaySeries
 from tiering.core.bench.workload import Request
 from tiering.core.manager import PRIMARY, LoadResult, TieringManager
+from tiering.core.metrics import snapshot, tier_labels
 
 T = TypeVar("T")
 
@@ -47,6 +49,9 @@ class ReplayReport:
     wall_s: float = 0.0
     scheduler_call_s: list[float] = dataclasses.field(default_factory=list)
     tier_stats: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    series: ReplaySeries = dataclasses.field(default_factory=ReplaySeries)
+    latency: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def total_hits(self) -> int:
@@ -86,6 +91,9 @@ class ReplayReport:
                 "mean": statistics.fmean(lat) * 1e6 if lat else 0.0,
             },
             "tier_stats": self.tier_stats,
+            "series": self.series.to_dict(),
+            "latency": self.latency,
+            "metrics": self.metrics,
         }
 
 
@@ -145,6 +153,7 @@ class Replayer:
         ctx = ReqContext(req.req_id)
         rep.requests += 1
         rep.block_lookups += len(req.keys)
+        hits_before = Counter(rep.hits)
         n = self._wait_lookup(req, ctx)
         loaded = 0
         if n:
@@ -173,6 +182,19 @@ class Replayer:
             rep.store_rejected += len(alloc.rejected)
             rep.bytes_stored["primary"] += len(alloc.keys) * self.block_bytes
         self._timed(lambda: self.manager.on_request_finished(ctx))
+        self._record_series(req, Counter(rep.hits) - hits_before)
+
+    def _record_series(self, req: Request, hits: Counter[str]) -> None:
+        metrics = self.manager.metrics
+        stored = {"primary": int(metrics.value("stored_bytes_total", index="primary"))}
+        loaded = {"primary": int(metrics.value("loaded_bytes_total", index="primary"))}
+        for idx, name in enumerate(self.tier_names):
+            stored[name] = int(metrics.value("stored_bytes_total", index=str(idx)))
+            loaded[name] = int(metrics.value("loaded_bytes_total", index=str(idx)))
+        tiers = ["primary", *self.tier_names]
+        self.report.series.record(
+            self.report.requests - 1, req.timestamp_ms, hits, len(req.keys), stored, loaded, tiers
+        )
 
     def drain(self) -> None:
         """Wait until every cascade job has been reported (bounded by ``timeout_s``)."""
@@ -193,7 +215,22 @@ class Replayer:
         self.drain()
         self.report.wall_s = time.perf_counter() - start
         for idx, name in enumerate(self.tier_names):
-            blocks = self.manager.counters.get(f"tier{idx}_blocks_stored", 0)
-            self.report.bytes_stored[name] += blocks * self.block_bytes
-            self.report.tier_stats[name] = dict(self.manager.secondary_tiers[idx].stats())
+            self.report.bytes_stored[name] += int(self.manager.metrics.value("stored_bytes_total", index=str(idx)))
+            tier = self.manager.secondary_tiers[idx]
+            self.report.tier_stats[name] = dict(tier.stats())
+            for kind in ("store", "load"):
+                hist = self.manager.metrics.histogram(
+                    f"{kind}_duration_seconds", **tier_labels(tier.tier_type, idx)
+                )
+                if hist is not None and hist.count:
+                    self.report.latency.append(
+                        {
+                            "tier": name,
+                            "kind": kind,
+                            "jobs": hist.count,
+                            "mean": hist.total / hist.count,
+                            **{f"p{q}": hist.quantile(q / 100) for q in (50, 90, 99)},
+                        }
+                    )
+        self.report.metrics = snapshot(self.manager)
         return self.report

@@ -403,6 +403,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         )
         check_tier_keys(inner_cls, tier_kwargs, f"secondary tier {tier_type!r} (tiering {self.tiering_name!r})")
         self.tier: TieringTierManager = inner_cls(self.tiering_spec, view, self.tiering_name, **tier_kwargs)
+        self._view = view
         # job_id -> (number of keys, is_promotion), for every job vLLM handed over and not yet reported.
         self._inflight: dict[int, tuple[int, bool]] = {}
         # Results already taken from the tier (by drain_jobs, or synthesized) but not yet given to vLLM.
@@ -554,8 +555,17 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             delay = min(delay * 2, 0.01)
 
     def shutdown(self) -> None:
-        """Shut the tier down (it finishes or fails its jobs first)."""
+        """Shut the tier down (it finishes or fails its jobs first), then release the primary view.
+
+        Releasing the re-cast view lets vLLM unmap its /dev/shm region when it
+        cleans up right after; a view the tier still exports (e.g. through
+        numpy) keeps the mapping alive, which vLLM reports and tolerates.
+        """
         self.tier.shutdown()
+        try:
+            self._view.release()
+        except BufferError:
+            logger.debug("tiering tier %r still exports the primary view", self.tiering_name)
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:

@@ -1,0 +1,58 @@
+"""Plots of a replay report (the ``plot`` extra: ``pip install 'tiering-core[plot]'``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_report(report: dict[str, Any], out: str | Path) -> Path:
+    """Draw hit ratio per tier, bytes moved per tier and job latency percentiles into a PNG.
+
+    Uses matplotlib's non-interactive Agg backend (no display needed).
+
+    Args:
+        report: the JSON report of ``tiering bench`` (needs ``series`` and ``latency``).
+        out: the PNG path.
+
+    Raises:
+        ImportError: matplotlib is not installed (the message says how to install it).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib: pip install 'tiering-core[plot]'") from exc
+
+    series = report["series"]
+    fig, (ax_hit, ax_bytes, ax_lat) = plt.subplots(3, 1, figsize=(9, 11), constrained_layout=True)
+    for tier, values in series["hit_ratio"].items():
+        ax_hit.plot(series["index"], values, label=tier)
+    ax_hit.set(
+        title=f"Hit ratio per tier (moving window of {series['window_requests']} requests)",
+        xlabel="request",
+        ylabel="hits / block lookups",
+        ylim=(0, 1),
+    )
+    ax_hit.legend()
+    for tier, values in series["bytes_stored"].items():
+        ax_bytes.plot(series["index"], [v / 1e9 for v in values], label=f"{tier} stored")
+    for tier, values in series["bytes_loaded"].items():
+        ax_bytes.plot(series["index"], [v / 1e9 for v in values], linestyle="--", label=f"{tier} loaded")
+    ax_bytes.set(title="Bytes moved per tier (cumulative)", xlabel="request", ylabel="GB")
+    ax_bytes.legend(fontsize="small")
+    rows = [(f"{r['tier']} {r['kind']}", r) for r in report.get("latency", [])]
+    if rows:
+        width = 0.25
+        xs = range(len(rows))
+        for offset, pct in enumerate(("p50", "p90", "p99")):
+            ax_lat.bar([x + offset * width for x in xs], [r[pct] * 1e3 for _, r in rows], width, label=pct)
+        ax_lat.set_xticks([x + width for x in xs], [name for name, _ in rows])
+        ax_lat.legend()
+    ax_lat.set(title="Store / load job latency (histogram bucket upper bounds)", ylabel="ms")
+    path = Path(out)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,224 @@
+"""Metrics of a tier stack: counters, gauges and latency histograms per tier.
+
+Every figure is kept here as plain numbers (:meth:`StackMetrics.snapshot`);
+:mod:`tiering.core.metrics_prometheus` exposes the same snapshot through
+``prometheus_client`` when the ``metrics`` extra is installed. Names follow
+Prometheus conventions under the prefix ``tiering_`` (``_total`` counters,
+``_bytes`` sizes, ``_seconds`` durations); every sample carries the labels
+``tier`` (the tier type, ``primary`` for the CPU tier) and ``index`` (the
+position in ``secondary_tiers``, ``primary`` for the CPU tier).
+
+Tiers contribute their own figures through
+:meth:`~tiering.core.base.SecondaryTierManager.stats`: the keys
+``resident_blocks``, ``resident_bytes``, ``capacity_bytes`` (gauges),
+``evictions`` and ``store_failures.<cause>`` / ``load_failures.<cause>``
+(counters; causes such as ``checksum``, ``truncated``, ``foreign``,
+``io_error``, ``timeout``, ``throttled``, ``no_space``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tiering.core.manager import TieringManager
+
+PREFIX = "tiering_"
+
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Upper bounds (seconds) of the store/load job latency histograms."""
+
+COUNTERS = {
+    "lookups_total": "Block lookups answered by the tier, by outcome (hit, miss, in_flight).",
+    "blocks_stored_total": "Blocks written into the tier.",
+    "stored_bytes_total": "Bytes written into the tier.",
+    "blocks_loaded_total": "Blocks read out of the tier (promotions; for the primary tier, blocks handed to the engine).",
+    "loaded_bytes_total": "Bytes read out of the tier.",
+    "store_failures_total": "Blocks or jobs that failed to store, by cause.",
+    "load_failures_total": "Blocks or jobs that failed to load, by cause.",
+    "evictions_total": "Blocks evicted to make room.",
+    "jobs_total": "Transfer jobs finished, by kind (store, load) and outcome (ok, failed).",
+    "tier_errors_total": "Exceptions raised by a tier's methods (each turned into a miss or a failed job).",
+}
+GAUGES = {
+    "resident_blocks": "Blocks held by the tier.",
+    "resident_bytes": "Bytes held by the tier.",
+    "capacity_bytes": "Capacity of the tier in bytes (0: unbounded).",
+    "inflight_jobs": "Transfer jobs submitted to the tier and not yet reported.",
+}
+HISTOGRAMS = {
+    "store_duration_seconds": "Time from submitting a store job to its report.",
+    "load_duration_seconds": "Time from submitting a load (promotion) job to its report.",
+}
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass
+class Histogram:
+    """Cumulative-bucket histogram of durations in seconds (Prometheus semantics)."""
+
+    buckets: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = dataclasses.field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def copy(self) -> Histogram:
+        """An independent copy."""
+        return Histogram(self.buckets, list(self.counts), self.total, self.count)
+
+    def observe(self, seconds: float) -> None:
+        """Record one duration."""
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(le, cumulative count)`` pairs, ending with ``("+Inf", count)``."""
+        out, running = [], 0
+        for bound, n in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding quantile ``q`` (0..1); 0.0 when empty."""
+        if not self.count:
+            return 0.0
+        target, running = q * self.count, 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            running += n
+            if running >= target:
+                return bound
+        return float("inf")
+
+
+def tier_labels(tier: str, index: int | None) -> dict[str, str]:
+    """Labels of a tier: ``index`` None means the CPU primary tier."""
+    return {"tier": tier, "index": "primary" if index is None else str(index)}
+
+
+class StackMetrics:
+    """Thread-safe counters and histograms of one stack (the manager records, a scrape reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
+        self._histograms: dict[str, dict[Labels, Histogram]] = defaultdict(dict)
+
+    def inc(self, name: str, labels: dict[str, str], value: float = 1.0) -> None:
+        """Add ``value`` to counter ``name`` (a key of :data:`COUNTERS`).
+
+        Raises:
+            KeyError: ``name`` is not a declared counter.
+        """
+        if name not in COUNTERS:
+            raise KeyError(f"unknown counter {name!r}")
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            self._counters[name][key] += value
+
+    def observe(self, name: str, labels: dict[str, str], seconds: float) -> None:
+        """Record a duration in histogram ``name`` (a key of :data:`HISTOGRAMS`).
+
+        Raises:
+            KeyError: ``name`` is not a declared histogram.
+        """
+        if name not in HISTOGRAMS:
+            raise KeyError(f"unknown histogram {name!r}")
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            self._histograms[name].setdefault(key, Histogram()).observe(seconds)
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of counter ``name`` over the samples whose labels include ``labels``."""
+        wanted = set(labels.items())
+        with self._lock:
+            return sum(v for k, v in self._counters.get(name, {}).items() if wanted <= set(k))
+
+    def histogram(self, name: str, **labels: str) -> Histogram | None:
+        """The histogram ``name`` with exactly ``labels``, if anything was observed."""
+        with self._lock:
+            return self._histograms.get(name, {}).get(tuple(sorted(labels.items())))
+
+    def samples(self) -> tuple[dict[str, dict[Labels, float]], dict[str, dict[Labels, Histogram]]]:
+        """Copies of every counter and histogram sample, taken under the lock."""
+        with self._lock:
+            counters = {n: dict(s) for n, s in self._counters.items()}
+            histograms = {n: {k: h.copy() for k, h in s.items()} for n, s in self._histograms.items()}
+        return counters, histograms
+
+
+def collect(
+    manager: TieringManager,
+) -> tuple[dict[str, dict[Labels, float]], dict[str, dict[Labels, float]], dict[str, dict[Labels, Histogram]]]:
+    """Every figure of ``manager``'s stack: recorded counters and histograms plus tier state.
+
+    Returns:
+        ``(counters, gauges, histograms)``, each ``name -> {labels: value}``.
+    """
+    counters, histograms = manager.metrics.samples()
+    gauges: dict[str, dict[Labels, float]] = defaultdict(dict)
+    primary = manager.primary
+    key = tuple(sorted(tier_labels("primary", None).items()))
+    gauges["resident_blocks"][key] = primary.num_resident
+    gauges["resident_bytes"][key] = primary.num_resident * primary.block_bytes
+    gauges["capacity_bytes"][key] = primary.num_blocks * primary.block_bytes
+    counters.setdefault("evictions_total", {})[key] = primary.evictions
+    inflight = manager.inflight_jobs()
+    for idx, tier in enumerate(manager.secondary_tiers):
+        key = tuple(sorted(tier_labels(tier.tier_type, idx).items()))
+        gauges["inflight_jobs"][key] = inflight.get(idx, 0)
+        try:
+            stats = dict(tier.stats())
+        except Exception:
+            stats = {}
+        for name in ("resident_blocks", "resident_bytes", "capacity_bytes"):
+            if name in stats:
+                gauges[name][key] = float(stats[name])
+        if "evictions" in stats:
+            counters.setdefault("evictions_total", {})[key] = float(stats["evictions"])
+        for stat, value in stats.items():
+            kind, _, cause = stat.partition(".")
+            if kind in ("store_failures", "load_failures") and cause:
+                labels = tuple(sorted((*key, ("cause", cause))))
+                counters.setdefault(f"{kind}_total", {})[labels] = float(value)
+    return counters, dict(gauges), histograms
+
+
+def snapshot(manager: TieringManager) -> dict[str, Any]:
+    """:func:`collect` as JSON-ready data (see :func:`snapshot_dict`)."""
+    return snapshot_dict(*collect(manager))
+
+
+def snapshot_dict(
+    counters: dict[str, dict[Labels, float]],
+    gauges: dict[str, dict[Labels, float]],
+    histograms: dict[str, dict[Labels, Histogram]],
+) -> dict[str, Any]:
+    """Samples as JSON-ready data: ``{"<prefix><name>": [{"labels": {...}, "value": ...}, ...]}``."""
+    out: dict[str, Any] = {}
+    for kind in (counters, gauges):
+        for name, samples in kind.items():
+            out[PREFIX + name] = [{"labels": dict(k), "value": v} for k, v in sorted(samples.items())]
+    for name, hists in histograms.items():
+        out[PREFIX + name] = [
+            {
+                "labels": dict(k),
+                "count": h.count,
+                "sum": h.total,
+                "buckets": dict(h.cumulative()),
+                "p50": h.quantile(0.5),
+                "p99": h.quantile(0.99),
+            }
+            for k, h in sorted(hists.items())
+        ]
+    return out

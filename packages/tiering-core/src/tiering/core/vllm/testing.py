@@ -1,0 +1,247 @@
+"""Drive vLLM's own ``TieringOffloadingManager`` on CPU the way its scheduler does.
+
+Used by the binding's tests and ``scripts/bench_vs_vllm.py``. vLLM's
+scheduler side (``TieringOffloadingSpec(config).get_manager()``: the /dev/shm
+primary region, LRU, cascade, lookup, promotion) runs without a GPU; the
+GPU<->CPU copies of its workers do not, so :class:`SchedulerDriver` writes a
+stored block's bytes straight into the primary view (where the worker's DMA
+would put them) and reads a loaded block's bytes from it.
+
+Every manager call holds ``manager.lock``, as vLLM's connector does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from tiering.core.vllm.binding import (
+    LookupResult,
+    ReqContext,
+    ScheduleEndContext,
+    offloading_config,
+    tiering_offloading_spec,
+)
+
+Key = bytes
+
+
+def make_key(index: int, seed: bytes = b"tiering") -> Key:
+    """A deterministic vLLM ``OffloadKey``: a 32-byte block hash plus group index 0 (4 bytes)."""
+    import hashlib
+
+    return hashlib.sha256(seed + index.to_bytes(8, "big")).digest() + (0).to_bytes(4, "big")
+
+
+def payload(key: Key, size: int) -> bytes:
+    """``size`` deterministic bytes derived from ``key`` (distinct per key)."""
+    import hashlib
+
+    seed = hashlib.sha256(key).digest()
+    reps = -(-size // len(seed))
+    return (seed * reps)[:size]
+
+
+@contextmanager
+def vllm_manager(
+    extra_config: Mapping[str, Any],
+    *,
+    worker_kv_bytes_per_block: int,
+    **config_kwargs: Any,
+) -> Iterator[tuple[Any, Any, SchedulerDriver]]:
+    """Build vLLM's ``TieringOffloadingSpec`` and its manager; shut both down on exit.
+
+    Yields:
+        ``(spec, manager, driver)``: vLLM's spec, its ``TieringOffloadingManager``
+        and a :class:`SchedulerDriver` over it (closed before the manager shuts down).
+    """
+    config = offloading_config(
+        extra_config,
+        worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+        engine_id=f"tiering-{uuid.uuid4().hex[:12]}",
+        **config_kwargs,
+    )
+    spec = tiering_offloading_spec(config)
+    manager = spec.get_manager()
+    driver = SchedulerDriver(manager)
+    try:
+        yield spec, manager, driver
+    finally:
+        driver.close()
+        manager.shutdown()
+
+
+@dataclasses.dataclass
+class LookupOutcome:
+    """How the lookups of a set of requests resolved.
+
+    Attributes:
+        hits: per request, the number of leading keys found (HIT).
+        rounds: scheduler steps until every request resolved.
+        seconds: wall time of the lookup calls and step ends (scheduler time).
+    """
+
+    hits: list[int]
+    rounds: int
+    seconds: float
+
+
+class SchedulerDriver:
+    """Plays vLLM's scheduler and workers against a ``TieringOffloadingManager``.
+
+    Args:
+        manager: vLLM's ``TieringOffloadingManager`` (from :func:`vllm_manager`).
+        step_sleep_s: pause between scheduler steps while waiting for I/O.
+    """
+
+    def __init__(self, manager: Any, step_sleep_s: float = 0.0005) -> None:
+        self.manager = manager
+        self.view = manager.primary_tier.get_kv_memoryview()
+        self.row_bytes = int(self.view.strides[0])
+        self.flat = self.view.cast("B")
+        self.step_sleep_s = step_sleep_s
+        self._req = 0
+
+    def close(self) -> None:
+        """Release the driver's view of the primary region (before the manager shuts down)."""
+        self.flat.release()
+
+    def new_context(self, prefix: str = "req") -> Any:
+        """A fresh vLLM ``ReqContext`` registered with the manager (``on_new_request``)."""
+        self._req += 1
+        ctx = ReqContext(req_id=f"{prefix}-{self._req}")
+        with self.manager.lock:
+            self.manager.on_new_request(ctx)
+        return ctx
+
+    def row(self, chunk_id: int) -> memoryview:
+        """Primary row ``chunk_id`` as a flat writable memoryview."""
+        start = int(chunk_id) * self.row_bytes
+        return self.flat[start : start + self.row_bytes]
+
+    def step(self, new_req_ids: Sequence[str] = ()) -> None:
+        """End one scheduler step (``on_schedule_end``: poll jobs, flush promotions)."""
+        with self.manager.lock:
+            self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=list(new_req_ids), preempted_req_ids=[]))
+
+    def wait_idle(self, timeout_s: float = 60.0) -> int:
+        """Step until the manager has no pending work; returns the number of steps.
+
+        Raises:
+            TimeoutError: work still pending after ``timeout_s`` (a job never reported).
+        """
+        deadline = time.monotonic() + timeout_s
+        steps = 0
+        while True:
+            with self.manager.lock:
+                pending = self.manager.has_pending_work()
+            if not pending:
+                return steps
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM manager still has pending work after {timeout_s} s")
+            self.step()
+            steps += 1
+            time.sleep(self.step_sleep_s)
+
+    def store(self, requests: Sequence[Sequence[Key]], data: Callable[[Key], bytes]) -> list[Any]:
+        """Store each request's keys GPU -> primary (bytes written in place of the DMA) -> cascade.
+
+        One ``prepare_store``/``complete_store`` per request, so each request
+        becomes one cascade job per secondary tier, as one scheduler step
+        offloading that request's new chunks. Does not wait for the cascades.
+
+        Returns:
+            The requests' contexts (finish them with :meth:`finish`).
+
+        Raises:
+            RuntimeError: the primary tier could not take the keys.
+        """
+        contexts = []
+        for keys in requests:
+            ctx = self.new_context("store")
+            with self.manager.lock:
+                out = self.manager.prepare_store(list(keys), ctx)
+            if out is None:
+                raise RuntimeError("primary tier full: prepare_store returned None")
+            for key, chunk_id in zip(out.keys_to_store, out.store_spec.chunk_ids):
+                self.row(chunk_id)[:] = data(key)
+            with self.manager.lock:
+                self.manager.complete_store(out.keys_to_store, ctx, True)
+            contexts.append(ctx)
+        return contexts
+
+    def finish(self, contexts: Sequence[Any]) -> None:
+        """``on_request_finished`` for each context."""
+        with self.manager.lock:
+            for ctx in contexts:
+                self.manager.on_request_finished(ctx)
+
+    def lookup(
+        self,
+        requests: Sequence[Sequence[Key]],
+        contexts: Sequence[Any],
+        *,
+        max_rounds: int = 100_000,
+        timeout_s: float = 120.0,
+    ) -> LookupOutcome:
+        """Resolve every request's prefix the way the scheduler does: one pass per step.
+
+        Each round looks every unresolved request's keys up in order, stopping
+        at the first MISS; a request is resolved when all its keys are HIT or a
+        MISS ends its prefix (RETRY and HIT_PENDING mean: ask next step).
+
+        Raises:
+            TimeoutError: not resolved within ``max_rounds`` / ``timeout_s``.
+        """
+        hits = [-1] * len(requests)
+        rounds, seconds = 0, 0.0
+        deadline = time.monotonic() + timeout_s
+        while any(h < 0 for h in hits):
+            if rounds >= max_rounds or time.monotonic() > deadline:
+                raise TimeoutError(f"lookups unresolved after {rounds} rounds")
+            rounds += 1
+            t0 = time.perf_counter()
+            with self.manager.lock:
+                for i, (keys, ctx) in enumerate(zip(requests, contexts)):
+                    if hits[i] >= 0:
+                        continue
+                    found, waiting = 0, False
+                    for key in keys:
+                        result = self.manager.lookup(key, ctx)
+                        if result is LookupResult.HIT:
+                            found += 1
+                            continue
+                        if result is LookupResult.MISS:
+                            break
+                        waiting = True
+                    if not waiting:
+                        hits[i] = found
+            seconds += time.perf_counter() - t0
+            if any(h < 0 for h in hits):
+                t0 = time.perf_counter()
+                self.step()
+                seconds += time.perf_counter() - t0
+                time.sleep(self.step_sleep_s)
+        return LookupOutcome(hits=hits, rounds=rounds, seconds=seconds)
+
+    def read(self, keys: Sequence[Key], ctx: Any) -> list[bytes]:
+        """Load HIT keys primary -> "GPU": ``prepare_load``, copy the rows out, ``complete_load``."""
+        with self.manager.lock:
+            spec = self.manager.prepare_load(list(keys), ctx)
+        rows = [self.row(chunk_id).tobytes() for chunk_id in spec.chunk_ids]
+        with self.manager.lock:
+            self.manager.complete_load(list(keys), ctx)
+        return rows
+
+    def evict_all(self) -> None:
+        """Empty the primary tier (vLLM's ``reset_cache``: drains every tier first) and zero it."""
+        with self.manager.lock:
+            self.manager.reset_cache()
+            self.manager.on_reset_flushed()
+        zeros = bytes(self.row_bytes)
+        for start in range(0, len(self.flat), self.row_bytes):
+            self.flat[start : start + self.row_bytes] = zeros
