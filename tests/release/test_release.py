@@ -119,7 +119,7 @@ def test_real_packages_are_releasable() -> None:
     "name", ["example", "tiering-example", "packages/tiering-example", "packages/tiering-example/"]
 )
 def test_bump_minor(repo: Path, name: str) -> None:
-    old = Version(load_script("_release").read_version(about_of(repo / "packages/tiering-example")))
+    old = load_script("_release").read_version(about_of(repo / "packages/tiering-example"))
     new = f"{old.major}.{old.minor + 1}.0"
     proc = run_script("bump", name, "minor", "--repo", str(repo))
     assert proc.returncode == 0, proc.stderr
@@ -219,7 +219,7 @@ def test_refuses_core_bump_outside_backend_range(repo: Path) -> None:
     assert "tiering-example requires tiering-core>=0.1,<0.2; widen it to admit 0.2.0" in proc.stderr
     assert "tiering-s3 requires tiering-core>=0.1,<0.2; widen it to admit 0.2.0" in proc.stderr
     assert "tiering-fs requires" not in proc.stderr  # its range admits 0.2.0
-    assert 'version = "0.1.0"' in about_of(repo / "packages/tiering-core").read_text(encoding="utf-8")
+    assert '__version__ = "0.1.0"' in about_of(repo / "packages/tiering-core").read_text(encoding="utf-8")
     assert git(repo, "tag", "--list") == ""
     # a patch release stays inside every range
     proc = run_script("bump", "core", "patch", "--repo", str(repo))

@@ -26,6 +26,7 @@ costs little next to the I/O.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import xxhash
 
@@ -104,6 +105,35 @@ def encode_header(namespace_digest: bytes, key: bytes, payload: bytes | bytearra
     return head + bytes(HEADER_SIZE - len(head))
 
 
+def parse_header(header: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Decode a header without expectations (for offline tools such as ``tiering verify``).
+
+    Returns:
+        ``{"version": int, "namespace_digest": bytes, "payload_len": int, "checksum": int, "key": bytes}``.
+
+    Raises:
+        TruncatedBlockError: fewer than :data:`HEADER_SIZE` bytes.
+        CorruptBlockError: the header checksum or magic does not match.
+    """
+    header = memoryview(header)
+    if header.nbytes < HEADER_SIZE:
+        raise TruncatedBlockError(f"header is {header.nbytes} bytes, expected {HEADER_SIZE}")
+    fields = header[:_CHECKED_END]
+    (stored_header_sum,) = _HEADER_CHECKSUM.unpack_from(header, _CHECKED_END)
+    if xxhash.xxh3_64_intdigest(fields) != stored_header_sum:
+        raise CorruptBlockError("header checksum mismatch")
+    magic, version, header_size, digest, length, payload_sum, key_len, key = _FIELDS.unpack(fields)
+    if magic != MAGIC or header_size != HEADER_SIZE:
+        raise CorruptBlockError(f"bad magic {magic!r} or header size {header_size}")
+    return {
+        "version": version,
+        "namespace_digest": digest,
+        "payload_len": length,
+        "checksum": payload_sum,
+        "key": key[:key_len],
+    }
+
+
 def verify_header(
     header: bytes | bytearray | memoryview,
     namespace_digest: bytes,
@@ -117,22 +147,15 @@ def verify_header(
         CorruptBlockError: the header checksum or magic does not match.
         ForeignBlockError: another format version, namespace, key or length.
     """
-    header = memoryview(header)
-    if header.nbytes < HEADER_SIZE:
-        raise TruncatedBlockError(f"header is {header.nbytes} bytes, expected {HEADER_SIZE}")
-    fields = header[:_CHECKED_END]
-    (stored_header_sum,) = _HEADER_CHECKSUM.unpack_from(header, _CHECKED_END)
-    if xxhash.xxh3_64_intdigest(fields) != stored_header_sum:
-        raise CorruptBlockError("header checksum mismatch")
-    magic, version, header_size, digest, length, payload_sum, key_len, stored_key = _FIELDS.unpack(fields)
-    if magic != MAGIC or header_size != HEADER_SIZE:
-        raise CorruptBlockError(f"bad magic {magic!r} or header size {header_size}")
+    fields = parse_header(header)
+    version, digest, length = fields["version"], fields["namespace_digest"], fields["payload_len"]
+    stored_key, payload_sum = fields["key"], fields["checksum"]
     if version != FORMAT_VERSION:
         raise ForeignBlockError(f"format version {version}, this reader supports {FORMAT_VERSION}")
     if digest != namespace_digest:
-        raise ForeignBlockError(f"block of namespace {digest.hex()}, expected {namespace_digest.hex()}")
-    if stored_key[:key_len] != key:
-        raise ForeignBlockError(f"block of key {stored_key[:key_len].hex()}, expected {key.hex()}")
+        raise ForeignBlockError(f"block of namespace {bytes(digest).hex()}, expected {namespace_digest.hex()}")
+    if stored_key != key:
+        raise ForeignBlockError(f"block of key {bytes(stored_key).hex()}, expected {key.hex()}")
     if length != payload_len:
         raise ForeignBlockError(f"payload of {length} bytes, expected {payload_len}")
     return int(payload_sum)

@@ -1,0 +1,155 @@
+"""Offline inspection of what a persistent tier holds: ``tiering ls / gc / verify``.
+
+A persistent tier class offers ``inspector(tier_config) -> TierInspector``
+(a classmethod) to walk its root or bucket without an engine: the
+namespaces present, their blocks, files that are not ours. Removal goes
+through the inspector too, so only block and namespace files of ours are
+ever deleted; foreign entries are reported and left alone.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tiering.core.format import HEADER_SIZE, BlockFormatError, parse_header, verify_block
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockInfo:
+    """One stored block.
+
+    Attributes:
+        name: the tier's name for it (a path or an object key), for messages and removal.
+        key: the block's OffloadKey (decoded from the name).
+        size: stored bytes (header + payload).
+        mtime: last modification, seconds since the epoch.
+    """
+
+    name: str
+    key: bytes
+    size: int
+    mtime: float
+
+
+@dataclasses.dataclass
+class NamespaceSummary:
+    """A namespace present in a tier: its fields (from ``namespace.json``) and usage."""
+
+    digest: str
+    fields: dict[str, Any] | None
+    blocks: int = 0
+    bytes: int = 0
+    oldest: float | None = None
+    newest: float | None = None
+
+    def add(self, block: BlockInfo) -> None:
+        """Count ``block``."""
+        self.blocks += 1
+        self.bytes += block.size
+        self.oldest = block.mtime if self.oldest is None else min(self.oldest, block.mtime)
+        self.newest = block.mtime if self.newest is None else max(self.newest, block.mtime)
+
+
+class TierInspector(abc.ABC):
+    """Walks and prunes one persistent tier's root or bucket."""
+
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the tier lives (a path or URL, a bucket and prefix), without credentials."""
+
+    @abc.abstractmethod
+    def namespaces(self) -> list[str]:
+        """Digests of the namespaces present."""
+
+    @abc.abstractmethod
+    def namespace_fields(self, digest: str) -> dict[str, Any] | None:
+        """The fields recorded in the namespace's ``namespace.json`` (None if missing or unreadable)."""
+
+    @abc.abstractmethod
+    def blocks(self, digest: str) -> Iterator[BlockInfo]:
+        """Every block of the namespace."""
+
+    @abc.abstractmethod
+    def foreign(self) -> Iterator[str]:
+        """Entries under the root that are neither blocks nor namespace files of ours (never deleted)."""
+
+    @abc.abstractmethod
+    def read_block(self, digest: str, block: BlockInfo) -> bytes:
+        """The stored bytes of ``block`` (header + payload)."""
+
+    @abc.abstractmethod
+    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
+        """Remove ``blocks``; returns how many were removed (a block already gone is not an error)."""
+
+    @abc.abstractmethod
+    def remove_namespace(self, digest: str) -> int:
+        """Remove every block and the namespace file of ``digest``; returns the blocks removed."""
+
+    def summary(self, digest: str) -> NamespaceSummary:
+        """Block count, bytes, oldest and newest block of a namespace."""
+        out = NamespaceSummary(digest, self.namespace_fields(digest))
+        for block in self.blocks(digest):
+            out.add(block)
+        return out
+
+    def verify(self, digest: str, block: BlockInfo) -> str | None:
+        """Check one block's header and checksum; returns None when sound, else the reason.
+
+        Raises:
+            OSError: the block cannot be read (it may have been removed meanwhile).
+        """
+        data = memoryview(self.read_block(digest, block))
+        try:
+            fields = parse_header(data[:HEADER_SIZE])
+            verify_block(
+                data[:HEADER_SIZE],
+                data[HEADER_SIZE:],
+                bytes.fromhex(digest),
+                block.key,
+                stored_size=HEADER_SIZE + int(fields["payload_len"]),
+            )
+        except BlockFormatError as exc:
+            return f"{exc.reason}: {exc}"
+        return None
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
+
+    Raises:
+        ValueError: another form; the message names the value.
+    """
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector:
+    """The inspector of a ``secondary_tiers`` entry.
+
+    Raises:
+        ValueError: the tier type offers no inspection (not a persistent tier).
+        ImportError, TypeError: see :func:`tiering.core.factory.create_secondary_tier`.
+    """
+    from tiering.core.factory import SecondaryTierFactory
+
+    config = dict(tier_config)
+    tier_type = config.pop("type", None)
+    module_path = config.pop("module_path", None)
+    if not isinstance(tier_type, str) or not tier_type:
+        raise ValueError(f"secondary_tiers[{index}] has no 'type' (got {tier_type!r})")
+    cls = SecondaryTierFactory.get_class(tier_type, module_path)
+    factory = getattr(cls, "inspector", None)
+    if factory is None:
+        raise ValueError(f"secondary_tiers[{index}] (type {tier_type!r}) keeps nothing to inspect")
+    inspector: TierInspector = factory(config)
+    return inspector

@@ -1,0 +1,348 @@
+"""The vLLM binding against the real vLLM 0.33 package (scheduler side, on CPU).
+
+Needs the environment of tests/vllm-requirements.txt; without vLLM every
+vLLM test skips with the reason, and the two import-hygiene tests still run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(
+    not HAS_VLLM,
+    reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
+)
+HAS_FS = importlib.util.find_spec("tiering.fs") is not None
+HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
+
+MODULE = "tiering.core.vllm.tiers"
+ROW = 16384  # worker bytes per block in the default geometry (page aligned, world size 1)
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_import_tiering_core_does_not_import_vllm() -> None:
+    proc = _run(
+        """
+        import sys
+        import tiering.core, tiering.core.vllm
+        bad = sorted(m for m in sys.modules if m == "vllm" or m.startswith(("vllm.", "torch")))
+        print(bad)
+        assert not bad, bad
+        """
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("version", "fragment"),
+    [("0.34.1", "vLLM 0.34.1 is installed"), ("0.32.9+cu130", "vLLM 0.32.9+cu130 is installed"), (None, "not installed")],
+)
+def test_unsupported_vllm_version_fails_import_naming_it(monkeypatch: pytest.MonkeyPatch, version: Any, fragment: str) -> None:
+    real_version = importlib.metadata.version
+
+    def fake_version(name: str) -> str:
+        if name == "vllm":
+            if version is None:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return str(version)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", fake_version)
+    monkeypatch.delenv("TIERING_VLLM_SKIP_VERSION_CHECK", raising=False)
+    for name in ("tiering.core.vllm.binding", "tiering.core.vllm.tiers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ImportError) as info:
+        importlib.import_module(MODULE)
+    assert type(info.value).__name__ == "UnsupportedVLLMVersionError"
+    assert fragment in str(info.value)
+    assert "0.33.x" in str(info.value)
+
+
+@needs_vllm
+def test_supported_version_parses() -> None:
+    from tiering.core.vllm import binding
+
+    binding.check_vllm_version("0.33.0")
+    binding.check_vllm_version("0.33.2+cu130")
+    assert binding.installed_vllm_version() == "0.33.0"
+
+
+# -- fixtures over the real vLLM --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[dict[str, Any]]:
+    if not HAS_S3:
+        pytest.skip("tiering-s3 or moto is not installed")
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    creds = {"aws_access_key_id": "testing-key-id", "aws_secret_access_key": "testing-secret"}
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds).create_bucket(Bucket="kv")
+    try:
+        yield {"bucket": "kv", "endpoint_url": endpoint, "region_name": "us-east-1", **creds}
+    finally:
+        server.stop()
+
+
+def tier_entry(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The secondary_tiers entry a user writes for our tier ``kind``."""
+    entry: dict[str, Any] = {"type": f"tiering_{kind}", "module_path": MODULE, "model_revision": "r1"}
+    if kind == "fs":
+        if not HAS_FS:
+            pytest.skip("tiering-fs is not installed")
+        entry["root"] = str(tmp_path / "kv")
+    elif kind == "s3":
+        s3 = request.getfixturevalue("s3_endpoint")
+        entry.update(s3, prefix=f"t-{uuid.uuid4().hex[:8]}")
+    return entry
+
+
+def extra(*entries: dict[str, Any], cpu_rows: int = 64, row: int = ROW) -> dict[str, Any]:
+    return {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": cpu_rows * row,
+        "secondary_tiers": [dict(e) for e in entries],
+    }
+
+
+KINDS = ["example", "fs", "s3"]
+
+
+# -- resolution through vLLM's own factory ---------------------------------------------
+
+
+@needs_vllm
+@pytest.mark.parametrize("kind", KINDS)
+def test_vllm_factory_resolves_our_tiers_by_module_path(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
+
+    from tiering.core import SecondaryTierFactory
+    from tiering.core.vllm import testing, tiers
+
+    entry = tier_entry(kind, tmp_path, request)
+    cls = VllmFactory.get_tier_class(entry)
+    assert issubclass(cls, SecondaryTierManager)
+    assert cls is getattr(tiers, f"tiering_{kind}") is getattr(tiers, "Tiering" + kind.capitalize())
+    inner_cls = SecondaryTierFactory.get_class(kind)
+    assert cls.tiering_class is inner_cls
+    assert getattr(tiers, inner_cls.__name__) is cls  # the class-name form
+    with testing.vllm_manager(extra(), worker_kv_bytes_per_block=ROW) as (spec, manager, _):
+        view = manager.primary_tier.get_kv_memoryview()
+        tier = VllmFactory.create_secondary_tier(dict(entry), view, spec)
+        try:
+            assert isinstance(tier, cls)
+            assert isinstance(tier.tier, inner_cls)
+            assert tier.tier_type == f"tiering_{kind}"
+            assert tier.block_size_bytes == ROW
+            assert tier.tier.block_bytes == ROW and tier.tier.primary_kv_view.shape == (view.shape[0], ROW)
+            ns = tier.tiering_spec.namespace
+            assert (ns.model, ns.revision, ns.kv_dtype, ns.block_bytes) == ("test/model", "r1", "bfloat16", ROW)
+        finally:
+            tier.shutdown()
+
+
+@needs_vllm
+def test_bare_names_stay_vllm_builtins_and_unknown_names_explain() -> None:
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
+
+    from tiering.core.vllm import tiers
+
+    # vLLM resolves its built-in names before it imports module_path: "fs" is never ours.
+    assert VllmFactory.get_tier_class({"type": "fs", "module_path": MODULE}).__module__.startswith("vllm.")
+    with pytest.raises(AttributeError, match="tiering_example"):
+        tiers.fs  # noqa: B018
+    with pytest.raises(AttributeError, match="no tier 'tiering_nope'"):
+        tiers.tiering_nope  # noqa: B018
+    assert "tiering_example" in dir(tiers)
+
+
+@needs_vllm
+def test_unknown_tier_key_is_named(tmp_path: Any) -> None:
+    from tiering.core.vllm import testing
+
+    entry = {"type": "tiering_example", "module_path": MODULE, "custom_parm": 3}
+    with pytest.raises(TypeError, match="custom_parm"):
+        with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW):
+            pass
+
+
+# -- vLLM's own manager driven as its scheduler does ------------------------------------
+
+
+GEOMETRIES = {
+    "aligned": {"worker_kv_bytes_per_block": ROW},
+    # two workers' slots of 6000 bytes plus 288 bytes of page padding per row
+    "padded-tp2": {"worker_kv_bytes_per_block": 6000, "world_size": 2},
+}
+
+
+@needs_vllm
+@pytest.mark.parametrize("geometry", sorted(GEOMETRIES))
+@pytest.mark.parametrize("kind", KINDS)
+def test_store_then_promote_byte_exact(kind: str, geometry: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    from tiering.core.vllm import testing
+
+    entry = tier_entry(kind, tmp_path, request)
+    geo = GEOMETRIES[geometry]
+    with testing.vllm_manager(extra(entry, row=ROW), **geo) as (_, manager, driver):
+        row = driver.row_bytes
+        assert row % 4096 == 0
+        if geometry == "padded-tp2":
+            assert row == 12288
+        keys = [testing.make_key(i, seed=kind.encode()) for i in range(24)]
+        requests = [keys[0:8], keys[8:16], keys[16:24]]
+        contexts = driver.store(requests, lambda k: testing.payload(k, row))
+        driver.finish(contexts)
+        # reset_cache drains every tier (drain_jobs) before it empties the primary tier
+        driver.evict_all()
+        with manager.lock:
+            assert not manager.has_pending_work()
+        stats = manager.get_stats().reduce()
+        label = f"('1:tiering_{kind}',)"
+        assert stats[f"vllm:kv_offload_tiering_write_bytes:{label}"] == 24 * row
+        assert stats[f"vllm:kv_offload_tiering_cascade_job_failures:{label}"] if (
+            f"vllm:kv_offload_tiering_cascade_job_failures:{label}" in stats
+        ) else True
+
+        contexts = [driver.new_context("load") for _ in requests]
+        outcome = driver.lookup(requests, contexts)
+        assert outcome.hits == [8, 8, 8]
+        for keys_, ctx in zip(requests, contexts):
+            assert driver.read(keys_, ctx) == [testing.payload(k, row) for k in keys_]
+        driver.finish(contexts)
+        stats = manager.get_stats().reduce()
+        assert stats[f"vllm:kv_offload_tiering_read_bytes:{label}"] == 24 * row
+        assert f"vllm:kv_offload_tiering_promotion_job_failures:{label}" not in stats
+        # a key never stored is a clean miss
+        ctx = driver.new_context("miss")
+        assert driver.lookup([[testing.make_key(999, seed=b"other")]], [ctx]).hits == [0]
+        driver.finish([ctx])
+        info = manager.config_info()[1]
+        assert info["tier"] == f"1:tiering_{kind}"
+        assert info["tiering_namespace"] == manager.secondary_tiers[0].tiering_spec.namespace.digest
+
+
+def _remove_backing_data(kind: str, tier: Any, entry: dict[str, Any]) -> None:
+    if kind == "example":
+        tier.tier._blocks.clear()
+    elif kind == "fs":
+        root = entry["root"]
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    else:
+        raise AssertionError(kind)
+
+
+@needs_vllm
+@pytest.mark.parametrize("kind", ["example", "fs"])
+def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    from tiering.core.vllm import testing
+
+    entry = tier_entry(kind, tmp_path, request)
+    with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
+        tier = manager.secondary_tiers[0]
+        keys = [testing.make_key(i) for i in range(6)]
+        driver.finish(driver.store([keys], lambda k: testing.payload(k, driver.row_bytes)))
+        driver.evict_all()
+
+        seen: list[Any] = []
+        original = tier.get_finished_jobs
+
+        def spy() -> Any:
+            results = list(original())
+            seen.extend(results)
+            return results
+
+        tier.get_finished_jobs = spy
+        ctx = driver.new_context("load")
+        with manager.lock:
+            # first pass: the tier says HIT, vLLM allocates primary slots and queues the promotion
+            first = [manager.lookup(k, ctx) for k in keys]
+        assert all(r is testing.LookupResult.HIT_PENDING for r in first), first
+        _remove_backing_data(kind, tier, entry)  # the blocks vanish before the load runs
+        outcome = driver.lookup([keys], [ctx], max_rounds=2000, timeout_s=60)
+        assert outcome.hits == [0]
+        assert seen and all(r.success is False for r in seen if r.job_id in {s.job_id for s in seen})
+        assert any(not r.success for r in seen)
+        driver.finish([ctx])
+        with manager.lock:
+            assert not manager.has_pending_work()
+        stats = manager.get_stats().reduce()
+        assert stats[f"vllm:kv_offload_tiering_promotion_job_failures:('1:tiering_{kind}',)"] >= 1
+
+
+@needs_vllm
+def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.core import SecondaryTierFactory
+    from tiering.core.vllm import testing, tiers
+    from tiering.example import ExampleSecondaryTierManager
+
+    class Flaky(ExampleSecondaryTierManager):
+        def submit_load(self, job: Any) -> None:
+            raise OSError("disk on fire")
+
+        def lookup(self, key: Any, req_context: Any) -> bool:
+            if key.endswith(b"\xff\xff\xff\xff"):
+                raise RuntimeError("lookup broke")
+            return super().lookup(key, req_context)
+
+    monkeypatch.setitem(SecondaryTierFactory._loaded, "flaky", Flaky)
+    assert tiers.tiering_flaky.tiering_class is Flaky
+    entry = {"type": "tiering_flaky", "module_path": MODULE}
+    with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
+        keys = [testing.make_key(i) for i in range(3)]
+        driver.finish(driver.store([keys], lambda k: testing.payload(k, driver.row_bytes)))
+        driver.evict_all()
+        ctx = driver.new_context()
+        assert driver.lookup([keys], [ctx], max_rounds=100).hits == [0]
+        broken = testing.make_key(7)[:-4] + b"\xff\xff\xff\xff"
+        assert driver.lookup([[broken]], [ctx]).hits == [0]
+        driver.finish([ctx])
+        with manager.lock:
+            assert not manager.has_pending_work()
+        stats = manager.get_stats().reduce()
+        assert stats["vllm:kv_offload_tiering_promotion_job_failures:('1:tiering_flaky',)"] >= 1
+        assert stats["vllm:kv_offload_tiering_backend_stat:('tiering_flaky', 'binding_errors')"] >= 2
+
+
+@needs_vllm
+def test_namespace_covers_revision_and_layout() -> None:
+    from tiering.core.vllm import testing
+
+    def digest(**entry_keys: Any) -> str:
+        entry = {"type": "tiering_example", "module_path": MODULE, **entry_keys}
+        with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, _d):
+            ns = manager.secondary_tiers[0].tiering_spec.namespace
+            assert ns.kv_layout.startswith(entry_keys.get("kv_layout", "opaque") + ";engine=vllm")
+            return str(ns.digest)
+
+    base = digest(model_revision="a", kv_layout="nhd")
+    assert base == digest(model_revision="a", kv_layout="nhd")
+    assert base != digest(model_revision="b", kv_layout="nhd")
+    assert base != digest(model_revision="a", kv_layout="hnd")
