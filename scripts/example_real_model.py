@@ -83,7 +83,9 @@ def paged_cache(model: LlamaForCausalLM, num_blocks: int, layout: str, fill: flo
     """Per-layer paged KV tensors in ``layout``."""
     cfg = model.config
     heads, head = cfg.num_key_value_heads, cfg.head_dim
-    shape = (2, num_blocks, BLOCK_SIZE, heads, head) if layout == "kv_first" else (num_blocks, 2, BLOCK_SIZE, heads, head)
+    shape = (
+        (2, num_blocks, BLOCK_SIZE, heads, head) if layout == "kv_first" else (num_blocks, 2, BLOCK_SIZE, heads, head)
+    )
     return [torch.full(shape, fill, dtype=torch.float32) for _ in range(cfg.num_hidden_layers)]
 
 

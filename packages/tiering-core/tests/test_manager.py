@@ -210,3 +210,23 @@ def test_cascade_skips_blocks_a_tier_already_holds(stack):
     assert manager.metrics.value("blocks_stored_total", index="0") == 2
     assert manager.metrics.value("blocks_stored_total", index="1") == 1
     assert tiers[1].data[keys[0]] == b"old" and touched == [keys[0]]
+
+
+def test_partial_promotion_keeps_the_verified_prefix(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(6)]
+    store_in_batches(manager, tiers, keys)
+    ctx = ReqContext("b")
+    original = tiers[0].submit_load
+
+    def partial(job):
+        original(job)
+        tiers[0].pending[-1] = JobResult(job.job_id, False, successful_keys=[job.keys[0]])
+
+    tiers[0].submit_load = partial
+    manager.prepare_load(keys[:3], ctx)
+    (result,) = finish(manager, tiers)
+    assert result.keys == keys[:1]
+    assert block_view(manager.primary.kv_view, result.block_ids[0]).tobytes() == block_payload(keys[0], BLOCK)
+    assert keys[1] not in manager.primary  # the failed block's slot was freed
+    assert manager.lookup(keys, ctx) == 1

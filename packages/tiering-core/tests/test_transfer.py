@@ -405,7 +405,7 @@ def test_driver_pins_held_until_both_hops_done(layout, device):
 
 def test_driver_primary_hit_and_partial_load():
     kv = make_kv("kv_first", torch.float32, "cpu")
-    manager, tier, handler, driver = make_stack(kv, 8)
+    manager, _, _, driver = make_stack(kv, 8)
     keys = block_keys(list(range(4 * BLOCK_SIZE)), BLOCK_SIZE)
     driver.store(keys[:3], [0, 1, 2], ReqContext("a"))
     driver.wait(timeout=10)
@@ -415,9 +415,7 @@ def test_driver_primary_hit_and_partial_load():
     with pytest.raises(ValueError, match="already has a load"):
         driver.load(keys, [5, 6, 7, 8], ctx)
     loads = driver.wait(timeout=10).loads
-    assert [(d.keys, d.block_ids, d.sources, d.requested) for d in loads] == [
-        (keys[:3], [5, 6, 7], [-1, -1, -1], 4)
-    ]
+    assert [(d.keys, d.block_ids, d.sources, d.requested) for d in loads] == [(keys[:3], [5, 6, 7], [-1, -1, -1], 4)]
     assert all(manager.primary.pins(k) == 0 for k in keys[:3])
     for b, t in zip([0, 1, 2], [5, 6, 7]):
         assert expected_slot(kv, "kv_first", t) == expected_slot(kv, "kv_first", b)

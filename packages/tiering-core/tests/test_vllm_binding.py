@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -101,9 +102,9 @@ def s3_endpoint() -> Iterator[dict[str, Any]]:
     host, port = server.get_host_and_port()
     creds = {"aws_access_key_id": "testing-key-id", "aws_secret_access_key": "testing-secret"}
     endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds).create_bucket(Bucket="kv")
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds).create_bucket(Bucket="tiering-kv")
     try:
-        yield {"bucket": "kv", "endpoint_url": endpoint, "region_name": "us-east-1", **creds}
+        yield {"bucket": "tiering-kv", "endpoint_url": endpoint, "region_name": "us-east-1", **creds}
     finally:
         server.stop()
 
@@ -225,9 +226,7 @@ def test_store_then_promote_byte_exact(kind: str, geometry: str, tmp_path: Any, 
         stats = manager.get_stats().reduce()
         label = f"('1:tiering_{kind}',)"
         assert stats[f"vllm:kv_offload_tiering_write_bytes:{label}"] == 24 * row
-        assert stats[f"vllm:kv_offload_tiering_cascade_job_failures:{label}"] if (
-            f"vllm:kv_offload_tiering_cascade_job_failures:{label}" in stats
-        ) else True
+        assert f"vllm:kv_offload_tiering_cascade_job_failures:{label}" not in stats
 
         contexts = [driver.new_context("load") for _ in requests]
         outcome = driver.lookup(requests, contexts)
@@ -288,8 +287,7 @@ def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, reques
         _remove_backing_data(kind, tier, entry)  # the blocks vanish before the load runs
         outcome = driver.lookup([keys], [ctx], max_rounds=2000, timeout_s=60)
         assert outcome.hits == [0]
-        assert seen and all(r.success is False for r in seen if r.job_id in {s.job_id for s in seen})
-        assert any(not r.success for r in seen)
+        assert [r.success for r in seen] == [False]  # the one promotion job, reported failed
         driver.finish([ctx])
         with manager.lock:
             assert not manager.has_pending_work()
@@ -312,7 +310,11 @@ def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.Monke
                 raise RuntimeError("lookup broke")
             return super().lookup(key, req_context)
 
-    monkeypatch.setitem(SecondaryTierFactory._loaded, "flaky", Flaky)
+    # an in-process registration (register_tier), without leaking it into other tests
+    module = types.ModuleType("tiering_test_flaky_tier")
+    module.Flaky = Flaky  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(SecondaryTierFactory._lazy, "flaky", (module.__name__, "Flaky"))
     assert tiers.tiering_flaky.tiering_class is Flaky
     entry = {"type": "tiering_flaky", "module_path": MODULE}
     with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):

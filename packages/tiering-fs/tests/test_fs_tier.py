@@ -17,7 +17,14 @@ import fsspec
 import pytest
 
 import tiering.fs.tier as fs_tier
-from tiering.core import JobMetadata, OffloadingSpec, ReqContext, SecondaryTierFactory, TieringManager
+from tiering.core import (
+    JobMetadata,
+    OffloadingSpec,
+    ReqContext,
+    SecondaryTierFactory,
+    TieringManager,
+    TieringOffloadingSpec,
+)
 from tiering.core.base import block_view
 from tiering.core.factory import create_secondary_tier
 from tiering.core.format import HEADER_SIZE
@@ -338,6 +345,54 @@ def test_C06_truncated_file_is_a_miss_once(tmp_path, open_tier, monkeypatch):
     # The intact blocks stay: a job without K4 succeeds.
     assert load(tier, view, keys[4:], list(range(8, 12)))
     assert block_view(view, 8).tobytes() == block_payload(keys[4], bb)
+
+
+def _manager_store(manager, keys, bb, deadline):
+    ctx = ReqContext("store")
+    alloc = manager.prepare_store(keys, ctx)
+    for key, slot in zip(alloc.keys, alloc.block_ids):
+        block_view(manager.primary.kv_view, slot)[:] = block_payload(key, bb)
+    manager.complete_store(alloc.keys, ctx)
+    while manager.has_pending_work() and time.monotonic() < deadline:
+        manager.get_finished()
+        time.sleep(0.005)
+
+
+def test_C06_through_the_manager_k1_to_k3_load_k4_on_are_misses(tmp_path):
+    bb = 256 * 1024
+    spec = TieringOffloadingSpec(
+        {
+            "cpu_bytes_to_use": 8 * bb,
+            "block_bytes": bb,
+            "secondary_tiers": [{"type": "fs", "root": str(tmp_path), "n_read_threads": 4}],
+        }
+    )
+    manager = spec.get_manager()
+    tier = manager.secondary_tiers[0]
+    keys = [make_key(i, b"c06m") for i in range(8)]
+    deadline = time.monotonic() + 30
+    try:
+        _manager_store(manager, keys, bb, deadline)
+        _manager_store(manager, [make_key(i, b"c06-other") for i in range(8)], bb, deadline)
+        assert not any(manager.primary.lookup(k) for k in keys)  # evicted: loads come from fs
+        ctx = ReqContext("load")
+        assert manager.lookup(keys, ctx) == 8
+        os.truncate(tier.block_path(keys[3]), 100)
+        manager.prepare_load(keys, ctx)
+        results = []
+        while not results and time.monotonic() < deadline:
+            results = manager.get_finished()
+            time.sleep(0.005)
+        (result,) = results
+        assert result.keys == keys[:3]
+        for key, slot in zip(result.keys, result.block_ids):
+            assert block_view(manager.primary.kv_view, slot).tobytes() == block_payload(key, bb)
+        manager.complete_load(ctx)
+        assert tier.lookup(keys[3], ctx) is False
+        assert manager.lookup(keys, ctx) == 3  # K4 is now a miss for this request: no second read
+        assert tier.stats()["load_failed_truncated"] == 1
+    finally:
+        manager.shutdown()
 
 
 @pytest.mark.parametrize(

@@ -129,7 +129,7 @@ class S3Env:
         config.update(overrides)
         return {k: v for k, v in config.items() if v is not None}
 
-    def keys(self, prefix: str = "") -> list[str]:
+    def list_keys(self, prefix: str = "") -> list[str]:
         out = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             out.extend(obj["Key"] for obj in page.get("Contents", ()))
@@ -137,7 +137,7 @@ class S3Env:
 
     def cleanup(self) -> None:
         if self.server.external:
-            keys = self.keys(self.prefix + "/")
+            keys = self.list_keys(self.prefix + "/")
             for i in range(0, len(keys), 1000):
                 self.client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}

@@ -62,7 +62,7 @@ def wait_until(predicate, timeout_s=10.0):
 
 
 def block_keys(env, prefix):
-    return [k for k in env.keys(prefix) if not k.endswith("namespace.json")]
+    return [k for k in env.list_keys(prefix) if not k.endswith("namespace.json")]
 
 
 # -- factory and configuration ------------------------------------------------------------
@@ -255,7 +255,7 @@ def exercise(tier, view, n=12):
     keys = [make_key(i, b"c08") for i in range(n)]
     assert store(tier, view, keys[: n // 2]) and store(tier, view, keys[n // 2 :])
     assert all(wait_for_lookup(tier, k, CTX) for k in keys[-4:])
-    assert load(tier, view, keys[-4:], [12, 13, 14, 15])
+    assert load(tier, view, keys[-4:], [12, 13, 14, 15]), tier.stats()
     assert wait_for_lookup(tier, make_key(99, b"absent"), CTX) is False
     assert not load(tier, view, [make_key(98, b"absent")], [0])
     return keys
@@ -264,7 +264,7 @@ def exercise(tier, view, n=12):
 def check_foreign_untouched(env, etags):
     for name, etag in etags.items():
         assert env.client.head_object(Bucket=env.bucket, Key=name)["ETag"] == etag
-    inside = [k for k in env if k not in etags]
+    inside = [k for k in env.list_keys() if k not in etags]
     assert inside and all(k.startswith("kv/tenantA/") for k in inside), inside
 
 

@@ -86,10 +86,16 @@ class JobResult:
         job_id: the id of the finished :class:`JobMetadata`.
         success: True when every block of the job was transferred (and, on a
             load, verified).
+        successful_keys: for a failed load only, the keys whose blocks were
+            read and verified into their slots anyway (a subset of the job's
+            keys); None means none. The caller keeps those blocks and
+            recomputes from the first key not in it (vLLM's
+            ``JobResult.successful_keys`` has the same meaning).
     """
 
     job_id: int
     success: bool
+    successful_keys: Sequence[OffloadKey] | None = None
 
 
 class SecondaryTierManager(abc.ABC):
@@ -186,7 +192,15 @@ class SecondaryTierManager(abc.ABC):
         return False
 
     def stats(self) -> dict[str, int | float]:
-        """Counters of the tier (hits, failures by cause, bytes, ...). Default: none."""
+        """Figures of the tier for metrics and ``tiering stat``. Default: none.
+
+        Keys with a meaning to :mod:`tiering.core.metrics`: ``resident_blocks``,
+        ``resident_bytes``, ``capacity_bytes`` (0: unbounded), ``evictions``,
+        and ``store_failed_<cause>`` / ``load_failed_<cause>`` (blocks, by
+        cause: ``checksum``, ``truncated``, ``foreign``, ``io_error``,
+        ``timeout``, ``throttled``, ``no_space``, ...). Other keys are shown
+        as they are. Must be safe to call from another thread.
+        """
         return {}
 
     def shutdown(self) -> None:  # noqa: B027

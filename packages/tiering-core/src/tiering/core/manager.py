@@ -310,16 +310,19 @@ class TieringManager:
         if not meta.is_promotion:
             self.primary.unpin(meta.keys)
             return
-        self.primary.complete_write(meta.keys, result.success)
         load = job.load
         assert load is not None
         load.jobs.discard(meta.job_id)
-        if result.success:
-            self.primary.pin(meta.keys, record_access=False)
-            load.pinned.extend(meta.keys)
-        else:
-            self._failed_keys[meta.req_context.req_id].update(meta.keys)
-            first = min(load.keys.index(k) for k in meta.keys)
+        kept = set(meta.keys) if result.success else set(result.successful_keys or ()) & set(meta.keys)
+        ok = [key for key in meta.keys if key in kept]
+        failed = [key for key in meta.keys if key not in kept]
+        self.primary.complete_write(ok, True)
+        self.primary.complete_write(failed, False)
+        self.primary.pin(ok, record_access=False)
+        load.pinned.extend(ok)
+        if failed:
+            self._failed_keys[meta.req_context.req_id].update(failed)
+            first = min(load.keys.index(k) for k in failed)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
         self._maybe_finish_load(load)
 

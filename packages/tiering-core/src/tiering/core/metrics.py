@@ -11,8 +11,8 @@ position in ``secondary_tiers``, ``primary`` for the CPU tier).
 Tiers contribute their own figures through
 :meth:`~tiering.core.base.SecondaryTierManager.stats`: the keys
 ``resident_blocks``, ``resident_bytes``, ``capacity_bytes`` (gauges),
-``evictions`` and ``store_failures.<cause>`` / ``load_failures.<cause>``
-(counters; causes such as ``checksum``, ``truncated``, ``foreign``,
+``evictions`` and ``store_failed_<cause>`` / ``load_failed_<cause>``
+(counters of blocks; causes such as ``checksum``, ``truncated``, ``foreign``,
 ``io_error``, ``timeout``, ``throttled``, ``no_space``).
 """
 
@@ -187,10 +187,11 @@ def collect(
         if "evictions" in stats:
             counters.setdefault("evictions_total", {})[key] = float(stats["evictions"])
         for stat, value in stats.items():
-            kind, _, cause = stat.partition(".")
-            if kind in ("store_failures", "load_failures") and cause:
-                labels = tuple(sorted((*key, ("cause", cause))))
-                counters.setdefault(f"{kind}_total", {})[labels] = float(value)
+            for kind in ("store", "load"):
+                cause = stat.removeprefix(f"{kind}_failed_")
+                if cause != stat and cause:
+                    labels = tuple(sorted((*key, ("cause", cause))))
+                    counters.setdefault(f"{kind}_failures_total", {})[labels] = float(value)
     return counters, dict(gauges), histograms
 
 

@@ -62,9 +62,7 @@ from typing import Any, Literal
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "tiering.core.transfer needs torch; install it with: pip install 'tiering-core[torch]'"
-    ) from exc
+    raise ImportError("tiering.core.transfer needs torch; install it with: pip install 'tiering-core[torch]'") from exc
 
 from tiering.core.base import JobResult, OffloadKey, ReqContext
 from tiering.core.manager import TieringManager
@@ -304,7 +302,7 @@ def plan_copies(slot_ids: Sequence[int], block_ids: Sequence[int]) -> _Plan:
         blocks are consecutive, and whose ``slot_runs`` are maximal runs of
         consecutive slots (the host-side copies of the CUDA path).
     """
-    pairs = sorted(zip(slot_ids, block_ids))
+    pairs = sorted(zip(slot_ids, block_ids, strict=True))
     slots = [s for s, _ in pairs]
     blocks = [b for _, b in pairs]
     runs: list[tuple[int, int, int, int]] = []
@@ -391,7 +389,8 @@ class TransferHandler:
         self._staging: torch.Tensor | None = None
         self._staging_blocks = max(1, staging_bytes // geo.block_bytes)
         if self.is_cuda:
-            self._stream = torch.cuda.Stream(device=self.device)
+            stream_cls: Any = torch.cuda.Stream  # untyped in torch's stubs
+            self._stream = stream_cls(device=self.device)
             if not host.is_pinned():
                 logger.warning("host buffer is not pinned: device<->host copies will not be asynchronous")
 
@@ -452,7 +451,10 @@ class TransferHandler:
             raise ValueError(f"transfer job {job_id} is already in flight")
         if len(block_ids) != len(slot_ids):
             raise ValueError(f"transfer job {job_id}: {len(block_ids)} device blocks but {len(slot_ids)} slots")
-        for name, ids, bound in (("device block", block_ids, self.geometry.num_blocks), ("slot", slot_ids, self.num_slots)):
+        for name, ids, bound in (
+            ("device block", block_ids, self.geometry.num_blocks),
+            ("slot", slot_ids, self.num_slots),
+        ):
             if len(set(ids)) != len(ids):
                 raise ValueError(f"transfer job {job_id}: repeated {name} ids")
             for i in ids:
@@ -473,7 +475,9 @@ class TransferHandler:
             else:
                 self._copy_direct(plan, store)
         except Exception:
-            logger.exception("transfer job %d (%s, %d blocks) failed", job_id, "store" if store else "load", len(slot_ids))
+            logger.exception(
+                "transfer job %d (%s, %d blocks) failed", job_id, "store" if store else "load", len(slot_ids)
+            )
             success, event = False, None
         if success:
             if store:
@@ -520,12 +524,12 @@ class TransferHandler:
 
     def _copy_cuda(self, plan: _Plan, store: bool) -> Any:
         """Issue the copies of a job on the transfer stream; return the event marking their end."""
-        geo = self.geometry
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             self._copy_staged(plan, store)
-            event = torch.cuda.Event()
+            event_cls: Any = torch.cuda.Event
+            event = event_cls()
             event.record(stream)
         return event
 
@@ -687,7 +691,7 @@ class OffloadingDriver:
         """
         if len(keys) != len(block_ids):
             raise ValueError(f"{len(keys)} keys but {len(block_ids)} device blocks")
-        device_block = dict(zip(keys, block_ids))
+        device_block = dict(zip(keys, block_ids, strict=True))
         alloc = self.manager.prepare_store(keys, req_context)
         if not alloc.keys:
             return []

@@ -116,13 +116,15 @@ class RootNotUsableError(OSError):
 class _Job:
     """Book-keeping of one submitted job, split into one task per block."""
 
-    __slots__ = ("cause", "lock", "meta", "ok", "remaining")
+    __slots__ = ("cause", "failed_at", "lock", "loaded", "meta", "ok", "remaining")
 
     def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
         self.remaining = len(meta.keys)
         self.ok = True
         self.cause = ""
+        self.failed_at: int | None = None  # lowest block index that failed
+        self.loaded: list[int] = []  # indices of blocks loaded and verified
         self.lock = threading.Lock()
 
 
@@ -567,8 +569,9 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                     self._finish_block(payload[0], payload[1], False, "internal")
 
     def _run_block(self, state: _Job, i: int, load: bool) -> None:
-        if load and not state.ok:
-            # The job already failed: one read attempt per key per job, no more.
+        if load and state.failed_at is not None and i > state.failed_at:
+            # Blocks after a failed one are not used by the request (it recomputes from there):
+            # skip them, so each key gets at most one read attempt per job.
             self._finish_block(state, i, False, "")
             return
         try:
@@ -606,16 +609,23 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 self._counters[f"{prefix}_failed_{cause}"] += 1
         with state.lock:
             state.remaining -= 1
-            if not ok and state.ok:
-                state.ok = False
-                state.cause = cause
+            if ok and meta.is_promotion:
+                state.loaded.append(i)
+            if not ok:
+                state.failed_at = i if state.failed_at is None else min(state.failed_at, i)
+                if state.ok:
+                    state.ok = False
+                    state.cause = cause
             done = state.remaining == 0
         if done:
             with self._lock:
                 self._in_flight_jobs -= 1
                 if not state.ok:
                     self._counters["load_jobs_failed" if meta.is_promotion else "store_jobs_failed"] += 1
-                self._finished.append(JobResult(meta.job_id, state.ok))
+                successful = None
+                if not state.ok and meta.is_promotion and state.loaded:
+                    successful = [meta.keys[i] for i in sorted(state.loaded)]
+                self._finished.append(JobResult(meta.job_id, state.ok, successful))
 
     def _ensure_dir(self, directory: str) -> None:
         if directory in self._made_dirs:
