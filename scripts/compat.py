@@ -238,6 +238,7 @@ def compat(repo: Path, names: list[str], workdir: Path, python: str, pytest_args
     rows: list[Row] = []
     for backend in backends:
         spec = backend.core_specifier
+        declared = backend.core_requirement_text or "-"
         log = workdir / f"{backend.dist}.log"
         if spec is None:
             rows.append(Row(backend.dist, "-", "-", "-", "-", f"no {CORE} dependency", 0.0, False))
@@ -250,11 +251,11 @@ def compat(repo: Path, names: list[str], workdir: Path, python: str, pytest_args
         for bound, choice in (("oldest", oldest), ("newest", newest)):
             if choice is None:
                 why = f"range excludes current {current}" if bound == "newest" else "no admitted core"
-                rows.append(Row(backend.dist, bound, str(spec), "-", "-", why, 0.0, False))
+                rows.append(Row(backend.dist, bound, declared, "-", "-", why, 0.0, False))
                 continue
             if choice.version in done:
                 ok, result = done[choice.version]
-                rows.append(Row(backend.dist, bound, str(spec), str(choice.version), choice.source,
+                rows.append(Row(backend.dist, bound, declared, str(choice.version), choice.source,
                                 f"same build as oldest: {result}", 0.0, ok))  # fmt: skip
                 continue
             t0 = time.monotonic()
@@ -267,13 +268,13 @@ def compat(repo: Path, names: list[str], workdir: Path, python: str, pytest_args
             secs = time.monotonic() - t0
             done[choice.version] = (ok, result)
             print(f"::: {backend.dist} vs {CORE} {choice.version} ({choice.source}): {result} [{secs:.0f} s]")
-            rows.append(Row(backend.dist, bound, str(spec), str(choice.version), choice.source, result, secs, ok))
+            rows.append(Row(backend.dist, bound, declared, str(choice.version), choice.source, result, secs, ok))
     return rows
 
 
 def print_table(rows: list[Row]) -> None:
     """Print the result rows as an aligned table."""
-    header = ("backend", "run", "tiering-core range", "core", "built from", "status", "result", "time")
+    header = ("backend", "run", "declares", "core", "built from", "status", "result", "time")
     table = [header] + [
         (r.backend, r.bound, r.spec, r.core, r.source, "ok" if r.ok else "FAIL", r.result, f"{r.seconds:.0f}s")
         for r in rows

@@ -200,7 +200,8 @@ def run(layout: str = "blocks_first", decode_steps: int = 4, verbose: bool = Tru
     last_r, last_c = suffix_logits[:, -1], recompute_logits[:, -1]
     for _ in range(decode_steps):
         nxt_r, nxt_c = last_r.argmax(-1, keepdim=True), last_c.argmax(-1, keepdim=True)
-        tokens_restored.append(int(nxt_r)), tokens_recompute.append(int(nxt_c))
+        tokens_restored.append(int(nxt_r))
+        tokens_recompute.append(int(nxt_c))
         last_r = forward(model, nxt_r, cache_b)[:, -1]
         last_c = forward(model, nxt_c, recompute)[:, -1]
         assert torch.equal(last_r, last_c), "decode logits differ from a full recompute"

@@ -1,4 +1,4 @@
-"""The ``tiering`` command: ``tiering bench`` and ``tiering check``.
+"""The ``tiering`` command: ``bench``, ``check``, and ``ls`` / ``stat`` / ``gc`` / ``verify`` (see :mod:`tiering.core.commands`).
 
 Exit status: 0 on success, 1 when a replay fails (a loaded byte differs, a
 request hangs), 2 on a bad configuration or bad arguments.
@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, ver
 from pathlib import Path
 from typing import Any
 
+from tiering.core.commands import add_commands
 from tiering.core.factory import CachePolicyFactory, SecondaryTierFactory, check_tier_keys, create_spec
 
 logger = logging.getLogger("tiering.core.cli")
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config", help="JSON config file")
     check.add_argument("--probe", action="store_true", help="also construct each tier (probes roots, buckets)")
     check.set_defaults(func=cmd_check)
+    add_commands(sub)
     return parser
 
 

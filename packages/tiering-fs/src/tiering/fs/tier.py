@@ -30,11 +30,12 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.format import HEADER_SIZE, MAX_KEY_BYTES, BlockFormatError, checksum, encode_header, verify_block
+from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.fs.backend import Backend, FsspecBackend, LocalBackend
 
@@ -116,7 +117,7 @@ class RootNotUsableError(OSError):
 class _Job:
     """Book-keeping of one submitted job, split into one task per block."""
 
-    __slots__ = ("cause", "failed_at", "lock", "loaded", "meta", "ok", "remaining")
+    __slots__ = ("cause", "failed_at", "loaded", "lock", "meta", "ok", "remaining")
 
     def __init__(self, meta: JobMetadata) -> None:
         self.meta = meta
@@ -343,6 +344,13 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._threads.append(thread)
 
     # -- paths -----------------------------------------------------------------
+    @classmethod
+    def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector:
+        """A :class:`~tiering.fs.inspection.FsInspector` of a config entry's root (``tiering ls/gc/verify``)."""
+        from tiering.fs.inspection import FsInspector
+
+        return FsInspector.from_config(tier_config)
+
     def block_path(self, key: bytes) -> str:
         """Path of ``key``'s block file: ``<namespace dir>/<ab>/<cd>/<key hex>.kvb``."""
         shard = f"{checksum(key):016x}"

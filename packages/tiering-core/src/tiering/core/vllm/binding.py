@@ -404,8 +404,11 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         check_tier_keys(inner_cls, tier_kwargs, f"secondary tier {tier_type!r} (tiering {self.tiering_name!r})")
         self.tier: TieringTierManager = inner_cls(self.tiering_spec, view, self.tiering_name, **tier_kwargs)
         self._view = view
-        # job_id -> (number of keys, is_promotion), for every job vLLM handed over and not yet reported.
-        self._inflight: dict[int, tuple[int, bool]] = {}
+        # Every job vLLM handed over and that was not yet reported back to it, by id.
+        self._inflight: dict[int, JobMetadata] = {}
+        # Keys whose promotion failed, per request: MISS for the rest of the request (else a tier
+        # that still answers HIT would be asked to load the same block again every step, forever).
+        self._failed_keys: dict[str, set[bytes]] = {}
         # Results already taken from the tier (by drain_jobs, or synthesized) but not yet given to vLLM.
         self._ready: list[TieringJobResult] = []
         self._contexts: dict[str, TieringReqContext] = {}
@@ -439,7 +442,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def _submit(self, job: Any, promotion: bool) -> None:
         meta = self._job(job)
-        self._inflight[meta.job_id] = (len(meta.keys), promotion)
+        self._inflight[meta.job_id] = meta
         try:
             (self.tier.submit_load if promotion else self.tier.submit_store)(meta)
         except Exception:
@@ -456,7 +459,14 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     # -- vLLM SecondaryTierManager ----------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
-        """HIT, MISS or RETRY for ``key``; an exception of the tier is a MISS."""
+        """HIT, MISS or RETRY for ``key``.
+
+        An exception of the tier is a MISS, and so is a key whose promotion
+        already failed for this request.
+        """
+        failed = self._failed_keys.get(req_context.req_id)
+        if failed is not None and key in failed:
+            return LookupResult.MISS
         try:
             verdict = self.tier.lookup(TieringOffloadKey(bytes(key)), self._context(req_context))
         except Exception:
@@ -477,6 +487,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """Jobs finished since the last call, as vLLM ``JobResult`` with ``transfer_bytes``.
 
         A successful job moved ``len(keys)`` rows of :attr:`block_size_bytes`.
+        The keys of a failed promotion read as MISS for the rest of their
+        request.
         Results for job ids vLLM never submitted, or reported twice, are
         dropped with an error log.
         """
@@ -489,12 +501,13 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
                 self._errors += 1
                 logger.error("tiering tier %r reported unknown job %d; dropped", self.tiering_name, result.job_id)
                 continue
-            num_keys, _ = job
+            if job.is_promotion and not result.success:
+                self._failed_keys.setdefault(job.req_context.req_id, set()).update(job.keys)
             results.append(
                 JobResult(
                     job_id=result.job_id,
                     success=bool(result.success),
-                    transfer_bytes=num_keys * self.block_size_bytes if result.success else None,
+                    transfer_bytes=len(job.keys) * self.block_size_bytes if result.success else None,
                 )
             )
         return results
@@ -509,9 +522,10 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        """Forward to the tier and forget the request's translated context."""
+        """Forward to the tier and forget the request's context and failed keys."""
         ctx = self._context(req_context)
         del self._contexts[req_context.req_id]
+        self._failed_keys.pop(req_context.req_id, None)
         try:
             self.tier.on_request_finished(ctx)
         except Exception:

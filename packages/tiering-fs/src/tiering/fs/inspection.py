@@ -1,0 +1,131 @@
+"""Offline inspection of an fs tier root for ``tiering ls / gc / verify``.
+
+Only files laid out by this package are blocks or namespace files
+(``<root>/<32 hex digest>/namespace.json`` and
+``<root>/<digest>/<ab>/<cd>/<key hex>.kvb``); temporaries of writers in
+flight (``*.kvb.tmp.<host>.<pid>.<token>``) are neither reported as foreign
+nor removed here (the tier's own start-up scan cleans stale ones); anything
+else is foreign and is never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.fs.backend import Backend, StoredFile
+
+_DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_BLOCK = re.compile(r"^([0-9a-f]{2})/([0-9a-f]{2})/((?:[0-9a-f]{2})+)\.kvb$")
+_TEMP = re.compile(r"\.kvb\.tmp\.[A-Za-z0-9_-]+\.\d+\.[0-9a-f]+$")
+
+
+class FsInspector(TierInspector):
+    """Walks an fs tier root (local path or fsspec URL).
+
+    Args:
+        backend: the tier's storage back end for the root.
+        root: the root path in the back end's syntax.
+        display_root: the root as configured, for messages.
+    """
+
+    def __init__(self, backend: Backend, root: str, display_root: str) -> None:
+        self.backend = backend
+        self.root = root.rstrip("/") or "/"
+        self.display_root = display_root
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> FsInspector:
+        """Open the root of an ``fs`` tier config entry (``root``, ``storage_options``).
+
+        Raises:
+            ValueError: no ``root`` or an unknown protocol.
+            FileNotFoundError: the root does not exist.
+        """
+        from tiering.fs.tier import FsspecSecondaryTierManager
+
+        root = config.get("root")
+        if not isinstance(root, str) or not root:
+            raise ValueError(f"fs tier: 'root' must be a non-empty path or URL, got {root!r}")
+        backend, base = FsspecSecondaryTierManager._open_backend(root, dict(config.get("storage_options") or {}))
+        if backend.is_local and not os.path.isdir(base):
+            raise FileNotFoundError(f"fs tier root {root!r} does not exist")
+        return cls(backend, base, root)
+
+    def location(self) -> str:
+        return self.display_root
+
+    def _files(self) -> Iterator[tuple[str, StoredFile]]:
+        prefix = self.root + "/"
+        for stored in self.backend.scan(self.root):
+            path = stored.path.replace(os.sep, "/")
+            if path.startswith(prefix):
+                yield path[len(prefix) :], stored
+
+    def namespaces(self) -> list[str]:
+        found = set()
+        for rel, _ in self._files():
+            top = rel.split("/", 1)[0]
+            if _DIGEST.match(top):
+                found.add(top)
+        return sorted(found)
+
+    def namespace_fields(self, digest: str) -> dict[str, Any] | None:
+        raw = self.backend.read_small(f"{self.root}/{digest}/namespace.json")
+        if raw is None:
+            return None
+        try:
+            fields = json.loads(raw)
+        except ValueError:
+            return None
+        return fields if isinstance(fields, dict) else None
+
+    def blocks(self, digest: str) -> Iterator[BlockInfo]:
+        for stored in self.backend.scan(f"{self.root}/{digest}"):
+            rel = stored.path.replace(os.sep, "/").split(f"/{digest}/", 1)[-1]
+            match = _BLOCK.match(rel)
+            if match:
+                yield BlockInfo(stored.path, bytes.fromhex(match.group(3)), stored.size, stored.mtime)
+
+    def foreign(self) -> Iterator[str]:
+        for rel, stored in self._files():
+            top, _, rest = rel.partition("/")
+            ours = _DIGEST.match(top) and (rest == "namespace.json" or _BLOCK.match(rest) or _TEMP.search(rest))
+            if not ours:
+                yield stored.path
+
+    def read_block(self, digest: str, block: BlockInfo) -> bytes:
+        data = self.backend.read_small(block.name)
+        if data is None:
+            raise FileNotFoundError(block.name)
+        return data
+
+    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
+        removed = 0
+        for block in blocks:
+            if not _BLOCK.match(block.name.replace(os.sep, "/").split(f"/{digest}/", 1)[-1]):
+                raise ValueError(f"refusing to remove {block.name!r}: not a block file of this tier")
+            if self.backend.remove(block.name):
+                removed += 1
+        return removed
+
+    def remove_namespace(self, digest: str) -> int:
+        if not _DIGEST.match(digest):
+            raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
+        removed = self.remove_blocks(digest, list(self.blocks(digest)))
+        self.backend.remove(f"{self.root}/{digest}/namespace.json")
+        if self.backend.is_local:
+            _remove_empty_dirs(os.path.join(self.root, digest))
+        return removed
+
+
+def _remove_empty_dirs(top: str) -> None:
+    """Remove empty directories below and including ``top`` (a directory with anything left stays)."""
+    for current, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(current)
