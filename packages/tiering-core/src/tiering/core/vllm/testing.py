@@ -83,11 +83,16 @@ class LookupOutcome:
         hits: per request, the number of leading keys found (HIT).
         rounds: scheduler steps until every request resolved.
         seconds: wall time of the lookup calls and step ends (scheduler time).
+        probe_rounds: rounds until no lookup answered RETRY any more (every
+            key's presence known; promotions may still be in flight).
+        probe_seconds: scheduler time of those rounds.
     """
 
     hits: list[int]
     rounds: int
     seconds: float
+    probe_rounds: int = 0
+    probe_seconds: float = 0.0
 
 
 class SchedulerDriver:
@@ -199,12 +204,14 @@ class SchedulerDriver:
         """
         hits = [-1] * len(requests)
         rounds, seconds = 0, 0.0
+        probe_rounds, probe_seconds = 0, 0.0
         deadline = time.monotonic() + timeout_s
         while any(h < 0 for h in hits):
             if rounds >= max_rounds or time.monotonic() > deadline:
                 raise TimeoutError(f"lookups unresolved after {rounds} rounds")
             rounds += 1
             t0 = time.perf_counter()
+            any_retry = False
             with self.manager.lock:
                 for i, (keys, ctx) in enumerate(zip(requests, contexts)):
                     if hits[i] >= 0:
@@ -218,15 +225,18 @@ class SchedulerDriver:
                         if result is LookupResult.MISS:
                             break
                         waiting = True
+                        any_retry = any_retry or result is LookupResult.RETRY
                     if not waiting:
                         hits[i] = found
             seconds += time.perf_counter() - t0
+            if not any_retry and not probe_rounds:
+                probe_rounds, probe_seconds = rounds, seconds
             if any(h < 0 for h in hits):
                 t0 = time.perf_counter()
                 self.step()
                 seconds += time.perf_counter() - t0
                 time.sleep(self.step_sleep_s)
-        return LookupOutcome(hits=hits, rounds=rounds, seconds=seconds)
+        return LookupOutcome(hits, rounds, seconds, probe_rounds, probe_seconds)
 
     def read(self, keys: Sequence[Key], ctx: Any) -> list[bytes]:
         """Load HIT keys primary -> "GPU": ``prepare_load``, copy the rows out, ``complete_load``."""
