@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup-blocks", type=int, default=4096, help="keys of the single-request lookup phase")
     parser.add_argument("--repeat", type=int, default=3, help="runs per backend; the median is printed")
     parser.add_argument("--dir", default=None, help="directory on the disk to test (default: a temp dir)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset of " + ",".join(BACKENDS))
+    parser.add_argument(
+        "--backends", default=",".join(BACKENDS), help="comma-separated subset of " + ",".join(BACKENDS)
+    )
     args = parser.parse_args(argv)
     args.lookup_blocks = min(args.lookup_blocks, args.blocks)
     base = tempfile.mkdtemp(prefix="bench-vs-vllm-", dir=args.dir)

@@ -155,7 +155,7 @@ def range_problems(package: Package, new: Version, packages: dict[str, Package])
             if spec is not None and not admits(spec, new):
                 problems.append(
                     f"{other.dist} requires {other.core_requirement_text}; widen it to admit {new} "
-                    f"(in {other.path.name}/pyproject.toml) before releasing {CORE} {new}"
+                    f"(packages/{other.path.name}/pyproject.toml) before releasing {CORE} {new}"
                 )
     else:
         spec = package.core_specifier

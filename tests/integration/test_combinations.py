@@ -51,7 +51,7 @@ def s3_endpoint():
     endpoint = f"http://{host}:{port}"
     boto3.client(
         "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
-    ).create_bucket(Bucket="it")
+    ).create_bucket(Bucket="tiering-it")
     yield endpoint
     server.stop()
 
@@ -64,7 +64,7 @@ def tier_config(name, tmp_path, request):
     endpoint = request.getfixturevalue("s3_endpoint")
     return {
         "type": "s3",
-        "bucket": "it",
+        "bucket": "tiering-it",
         "prefix": f"it/{tmp_path.name}",
         "endpoint_url": endpoint,
         "region_name": "us-east-1",

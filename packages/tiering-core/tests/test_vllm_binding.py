@@ -54,9 +54,15 @@ def test_import_tiering_core_does_not_import_vllm() -> None:
 
 @pytest.mark.parametrize(
     ("version", "fragment"),
-    [("0.34.1", "vLLM 0.34.1 is installed"), ("0.32.9+cu130", "vLLM 0.32.9+cu130 is installed"), (None, "not installed")],
+    [
+        ("0.34.1", "vLLM 0.34.1 is installed"),
+        ("0.32.9+cu130", "vLLM 0.32.9+cu130 is installed"),
+        (None, "not installed"),
+    ],
 )
-def test_unsupported_vllm_version_fails_import_naming_it(monkeypatch: pytest.MonkeyPatch, version: Any, fragment: str) -> None:
+def test_unsupported_vllm_version_fails_import_naming_it(
+    monkeypatch: pytest.MonkeyPatch, version: Any, fragment: str
+) -> None:
     real_version = importlib.metadata.version
 
     def fake_version(name: str) -> str:
@@ -138,7 +144,9 @@ KINDS = ["example", "fs", "s3"]
 
 @needs_vllm
 @pytest.mark.parametrize("kind", KINDS)
-def test_vllm_factory_resolves_our_tiers_by_module_path(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+def test_vllm_factory_resolves_our_tiers_by_module_path(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
     from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
 
@@ -187,9 +195,11 @@ def test_unknown_tier_key_is_named(tmp_path: Any) -> None:
     from tiering.core.vllm import testing
 
     entry = {"type": "tiering_example", "module_path": MODULE, "custom_parm": 3}
-    with pytest.raises(TypeError, match="custom_parm"):
-        with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW):
-            pass
+    with (
+        pytest.raises(TypeError, match="custom_parm"),
+        testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW),
+    ):
+        pass
 
 
 # -- vLLM's own manager driven as its scheduler does ------------------------------------

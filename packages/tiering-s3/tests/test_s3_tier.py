@@ -515,7 +515,7 @@ def test_corrupted_objects_are_misses_deleted_and_counted(s3):
         assert not load(tier, view, keys, [4, 5, 6, 7])
         stats = tier.stats()
         assert (stats["corrupt_truncated"], stats["corrupt_checksum"], stats["corrupt_foreign"]) == (1, 1, 1)
-        assert stats["blocks_loaded"] == 1
+        assert stats["blocks_loaded"] == 1 and stats["load_failed_checksum"] == 1
         for k in keys[1:]:
             assert tier.lookup(k, CTX) is False
         wait_until(lambda: set(block_keys(s3, f"{s3.prefix}/")) == {names[0]})
@@ -619,3 +619,18 @@ def test_submit_after_shutdown_reports_failure(s3):
     tier.submit_store(job)
     assert wait_for_jobs(tier, [job.job_id]) == {job.job_id: False}
     assert tier.lookup(make_key(1), CTX) is False
+
+
+def test_partly_failed_load_reports_successful_keys(s3):
+    tier, view = build(s3.tier_config())
+    try:
+        keys = [make_key(i, b"partial") for i in range(3)]
+        assert store(tier, view, keys[:2])
+        job = JobMetadata(next(_ids), keys, [5, 6, 7], True, CTX)
+        tier.submit_load(job)
+        results = []
+        wait_until(lambda: results.extend(tier.get_finished()) or results)
+        assert results[0].success is False and list(results[0].successful_keys) == keys[:2]
+        assert tier.stats()["load_failed_missing"] == 1
+    finally:
+        tier.shutdown()

@@ -114,12 +114,14 @@ def _check_seconds(name: str, value: Any) -> None:
 class _Job:
     """Bookkeeping of one submitted job: blocks left and whether all succeeded."""
 
-    __slots__ = ("job_id", "ok", "remaining")
+    __slots__ = ("job_id", "keys", "loaded", "ok", "remaining")
 
-    def __init__(self, job_id: int, remaining: int) -> None:
+    def __init__(self, job_id: int, keys: Sequence[OffloadKey], is_load: bool) -> None:
         self.job_id = job_id
-        self.remaining = remaining
+        self.keys = keys
+        self.remaining = len(keys)
         self.ok = True
+        self.loaded: set[bytes] | None = set() if is_load else None
 
 
 class S3SecondaryTierManager(SecondaryTierManager):
@@ -635,19 +637,24 @@ class S3SecondaryTierManager(SecondaryTierManager):
                     self._index.move_to_end(key)
 
     def _new_job(self, job: JobMetadata) -> _Job:
-        tracker = _Job(job.job_id, len(job.keys))
+        tracker = _Job(job.job_id, job.keys, job.is_promotion)
         self._jobs[job.job_id] = tracker
         if not job.keys:
             self._finish_block(tracker, True)
         return tracker
 
-    def _finish_block(self, tracker: _Job, ok: bool) -> None:
+    def _finish_block(self, tracker: _Job, ok: bool, key: bytes | None = None) -> None:
         """Record one block's outcome (lock held); report the job when its last block is done."""
         tracker.ok = tracker.ok and ok
         tracker.remaining -= 1
+        if ok and tracker.loaded is not None and key is not None:
+            tracker.loaded.add(key)
         if tracker.remaining <= 0:
             self._jobs.pop(tracker.job_id, None)
-            self._finished.append(JobResult(tracker.job_id, tracker.ok))
+            successful = None
+            if not tracker.ok and tracker.loaded:
+                successful = [k for k in tracker.keys if k in tracker.loaded]
+            self._finished.append(JobResult(tracker.job_id, tracker.ok, successful))
 
     def _spawn(self, tracker: _Job, fn: Callable[[bytes, int], bool], key: bytes, block_id: int) -> None:
         """Run ``fn(key, block_id)`` on the pool; any exception becomes a failed block, counted."""
@@ -657,11 +664,13 @@ class S3SecondaryTierManager(SecondaryTierManager):
             try:
                 ok = (not self._closed) and fn(key, block_id)
             except BaseException as exc:
-                self._count_error(exc, f"{fn.__name__.strip('_')} of block {key.hex()[:16]}")
+                cause = self._count_error(exc, f"{fn.__name__.strip('_')} of block {key.hex()[:16]}")
+                with self._lock:
+                    self._stats[f"{'store' if fn == self._put else 'load'}_failed_{cause}"] += 1
             finally:
                 with self._lock:
                     self._after_block(fn, key, ok)
-                    self._finish_block(tracker, ok)
+                    self._finish_block(tracker, ok, key)
 
         try:
             self._executor.submit(run)
@@ -719,6 +728,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 if key not in self._reserved:
                     if not self._make_room(self.object_bytes):
                         self._stats["stores_rejected_capacity"] += 1
+                        self._stats["store_failed_no_space"] += 1
                         self._finish_block(tracker, False)
                         continue
                     self._reserved[key] = self.object_bytes
@@ -768,6 +778,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 raise
             with self._lock:
                 self._stats["loads_missing"] += 1
+                self._stats["load_failed_missing"] += 1
                 self._index_remove(key)
                 self._heads[key] = time.monotonic()
             return False
@@ -783,6 +794,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
             logger.warning("s3 tier: block %s is unusable (%s): %s; deleting it", self.object_key(key), exc.reason, exc)
             with self._lock:
                 self._stats[f"corrupt_{exc.reason}"] += 1
+                self._stats[f"load_failed_{exc.reason}"] += 1
                 self._index_remove(key)
                 self._queue_delete(key, exc.reason)
                 self._heads[key] = time.monotonic()  # absent for the negative-lookup TTL
@@ -819,11 +831,16 @@ class S3SecondaryTierManager(SecondaryTierManager):
         ``resident_bytes``, ``capacity_bytes`` (0: unbounded),
         ``inflight_jobs``, ``inflight_stores``, ``inflight_loads``,
         ``startup_listed_blocks``, ``startup_seconds``,
-        ``conditional_put_supported`` (1/0).
+        ``conditional_put_supported`` (1/0); and, per the core convention,
+        ``store_failed_<cause>`` / ``load_failed_<cause>`` (blocks; cause: an
+        error class, ``no_space``, ``missing``, ``checksum``, ``truncated``,
+        ``foreign``), present once non-zero.
         """
         with self._lock:
             out: dict[str, int | float] = {name: self._stats[name] for name in _STAT_NAMES}
-            out.update({k: v for k, v in self._stats.items() if k.startswith("corrupt_")})
+            out.update(
+                {k: v for k, v in self._stats.items() if k.startswith(("corrupt_", "store_failed_", "load_failed_"))}
+            )
             out.update({f"errors_{c}": self._stats[f"errors_{c}"] for c in ERROR_CLASSES})
             out["resident_blocks"] = len(self._index)
             out["resident_bytes"] = sum(self._index.values())

@@ -297,7 +297,8 @@ def offloading_config(
         extra_config: ``kv_connector_extra_config``.
         worker_kv_bytes_per_block: KV bytes one worker stores per GPU block.
         engine_id: names the /dev/shm region; unique per live manager.
-        model, dtype: the model identity vLLM reports.
+        model: the model name vLLM reports.
+        dtype: the KV-cache dtype name vLLM reports.
         tokens_per_block: tokens per GPU block.
         blocks_per_chunk: GPU blocks per offloaded chunk.
         world_size: tensor-parallel workers (each has a slot in every row).
@@ -326,12 +327,12 @@ def offloading_config(
 
 
 def tiering_offloading_spec(config: Any) -> Any:
-    """vLLM's own ``TieringOffloadingSpec(config)``; ``.get_manager()`` builds its scheduler side."""
+    """Build vLLM's own ``TieringOffloadingSpec(config)``; ``.get_manager()`` builds its scheduler side."""
     return importlib.import_module(VLLM_TIERING_SPEC).TieringOffloadingSpec(config)
 
 
 def vllm_tier_factory() -> Any:
-    """vLLM's own ``SecondaryTierFactory`` class."""
+    """Return vLLM's own ``SecondaryTierFactory`` class."""
     return importlib.import_module(VLLM_TIER_FACTORY).SecondaryTierFactory
 
 

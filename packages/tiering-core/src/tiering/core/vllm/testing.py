@@ -107,7 +107,7 @@ class SchedulerDriver:
         self.manager = manager
         self.view = manager.primary_tier.get_kv_memoryview()
         self.row_bytes = int(self.view.strides[0])
-        self.flat = self.view.cast("B")
+        self.flat: memoryview = self.view.cast("B")
         self.step_sleep_s = step_sleep_s
         self._req = 0
 
@@ -172,7 +172,7 @@ class SchedulerDriver:
                 out = self.manager.prepare_store(list(keys), ctx)
             if out is None:
                 raise RuntimeError("primary tier full: prepare_store returned None")
-            for key, chunk_id in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            for key, chunk_id in zip(out.keys_to_store, out.store_spec.chunk_ids, strict=True):
                 self.row(chunk_id)[:] = data(key)
             with self.manager.lock:
                 self.manager.complete_store(out.keys_to_store, ctx, True)
@@ -213,7 +213,7 @@ class SchedulerDriver:
             t0 = time.perf_counter()
             any_retry = False
             with self.manager.lock:
-                for i, (keys, ctx) in enumerate(zip(requests, contexts)):
+                for i, (keys, ctx) in enumerate(zip(requests, contexts, strict=True)):
                     if hits[i] >= 0:
                         continue
                     found, waiting = 0, False
