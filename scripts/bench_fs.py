@@ -51,9 +51,7 @@ def fill(view: memoryview, n: int, size: int) -> None:
 
 def tier_pass(root: str, view: memoryview, n: int, size: int, threads: int) -> tuple[float, float]:
     spec = OffloadingSpec({"cpu_bytes_to_use": n * size, "block_bytes": size, "model": "bench"})
-    tier = FsspecSecondaryTierManager(
-        spec, view, "fs", root=root, n_read_threads=threads, n_write_threads=threads
-    )
+    tier = FsspecSecondaryTierManager(spec, view, "fs", root=root, n_read_threads=threads, n_write_threads=threads)
     keys = [make_key(i, b"bench") for i in range(n)]
     try:
         t0 = time.perf_counter()

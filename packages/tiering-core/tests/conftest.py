@@ -12,4 +12,3 @@ def small_spec():
 @pytest.fixture
 def small_view():
     return allocate_host_buffer(8, 4096)
-

@@ -51,7 +51,6 @@ def test_check_prints_resolved_classes_and_versions(tmp_path, capsys):
         ({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "nfs"}]}, "unknown secondary tier type 'nfs'"),
         ({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{}]}, "secondary_tiers[0] has no 'type'"),
         ({"cpu_bytes_to_use": 1 << 20, "eviction_policy": "mru"}, "'eviction_policy' is 'mru'"),
-        ({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example", "bogus": 1}]}, "unknown key 'bogus'"),
     ],
 )
 def test_check_bad_config_exits_2_with_message(tmp_path, capsys, config, message):
@@ -64,3 +63,11 @@ def test_check_bad_config_exits_2_with_message(tmp_path, capsys, config, message
 def test_check_unreadable_config(tmp_path, capsys):
     assert main(["check", str(tmp_path / "missing.json")]) == 2
     assert "cannot read config" in capsys.readouterr().err
+
+
+@requires_tier("example")
+def test_check_unknown_tier_key_exits_2(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example", "bogus": 1}]}))
+    assert main(["check", str(path)]) == 2
+    assert "secondary_tiers[0] (type 'example'): unknown key 'bogus'" in capsys.readouterr().err

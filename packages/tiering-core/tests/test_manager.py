@@ -150,7 +150,9 @@ def test_failed_promotion_truncates_run_and_is_not_retried(stack):
     (result,) = finish(manager, tiers)
     # keys 0 and 1 were promoted by one job from tier 0, which failed as a whole.
     assert result.keys == [] and result.requested == 3
-    assert manager.metrics.value("jobs_total", index="0", kind="load", outcome="failed") == 1 and tiers[0].loads == [keys[:2]]
+    assert manager.metrics.value("jobs_total", index="0", kind="load", outcome="failed") == 1 and tiers[0].loads == [
+        keys[:2]
+    ]
     assert manager.primary.pins(keys[2]) == 0  # the resident block after the failure was unpinned
     # The failed keys are misses for this request from now on: one attempt per key per request.
     assert manager.lookup(keys, ctx) == 0

@@ -143,6 +143,6 @@ def test_commands_fail_clearly_on_unreachable_root_or_bad_config(tmp_path, capsy
         argv = [command, write_config(tmp_path, missing)] + (["--to-bytes", "0"] if command == "gc" else [])
         assert main(argv) == 2
         assert "does not exist" in capsys.readouterr().err
-    example_only = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example"}]}
-    assert main(["ls", write_config(tmp_path, example_only)]) == 2
+    no_tiers = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": []}
+    assert main(["ls", write_config(tmp_path, no_tiers)]) == 2
     assert "no persistent secondary tier" in capsys.readouterr().err

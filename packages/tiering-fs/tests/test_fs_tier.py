@@ -42,8 +42,9 @@ _ids = itertools.count(1)
 
 
 def make_spec(block_bytes=BB, num_blocks=16, **extra):
-    return OffloadingSpec({"cpu_bytes_to_use": num_blocks * block_bytes, "block_bytes": block_bytes,
-                           "model": "fs-test", **extra})
+    return OffloadingSpec(
+        {"cpu_bytes_to_use": num_blocks * block_bytes, "block_bytes": block_bytes, "model": "fs-test", **extra}
+    )
 
 
 @pytest.fixture
@@ -117,8 +118,7 @@ def temp_files(root):
 
 
 def run_worker(cfg, **popen):
-    return subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=subprocess.PIPE, text=True,
-                            **popen)
+    return subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=subprocess.PIPE, text=True, **popen)
 
 
 # -- config and construction ----------------------------------------------------------
@@ -191,8 +191,17 @@ def test_namespace_json_lists_every_field_and_layout_is_sharded(tmp_path, open_t
     ns = tier.namespace
     ns_file = tmp_path / ns.digest / "namespace.json"
     assert json.loads(ns_file.read_text()) == dict(ns.to_dict(), digest=ns.digest)
-    for field in ("model", "revision", "kv_dtype", "kv_layout", "block_size", "block_bytes", "rank", "world_size",
-                  "format_version"):
+    for field in (
+        "model",
+        "revision",
+        "kv_dtype",
+        "kv_layout",
+        "block_size",
+        "block_bytes",
+        "rank",
+        "world_size",
+        "format_version",
+    ):
         assert f'"{field}"' in ns_file.read_text()
     (path,) = block_files(tmp_path)
     rel = path.relative_to(tmp_path).as_posix()
@@ -217,11 +226,22 @@ def test_stats_has_every_counter(tmp_path, open_tier):
     assert tier.lookup(make_key(0), CTX) is True and tier.lookup(make_key(99), CTX) is False
     s = tier.stats()
     expected = {
-        "lookups_hit": 1, "lookups_miss": 1, "blocks_stored": 3, "bytes_stored": 3 * BB, "blocks_loaded": 1,
-        "bytes_loaded": BB, "resident_blocks": 3, "resident_bytes": 3 * (HEADER_SIZE + BB),
-        "capacity_bytes": 10 * (HEADER_SIZE + BB), "in_flight_jobs": 0, "load_failed_checksum": 0,
-        "load_failed_truncated": 0, "load_failed_foreign": 0, "load_failed_io_error": 0,
-        "store_failed_no_space": 0, "store_failed_io_error": 0,
+        "lookups_hit": 1,
+        "lookups_miss": 1,
+        "blocks_stored": 3,
+        "bytes_stored": 3 * BB,
+        "blocks_loaded": 1,
+        "bytes_loaded": BB,
+        "resident_blocks": 3,
+        "resident_bytes": 3 * (HEADER_SIZE + BB),
+        "capacity_bytes": 10 * (HEADER_SIZE + BB),
+        "in_flight_jobs": 0,
+        "load_failed_checksum": 0,
+        "load_failed_truncated": 0,
+        "load_failed_foreign": 0,
+        "load_failed_io_error": 0,
+        "store_failed_no_space": 0,
+        "store_failed_io_error": 0,
     }
     assert {k: s[k] for k in expected} == expected
     assert s["evictions"] == 0 and s["lookups_pending"] == 0
@@ -537,8 +557,19 @@ def test_C07_eight_processes_open_the_same_new_root_at_once(tmp_path, open_tier)
     root = tmp_path / "new" / "root"
     go = tmp_path / "go"
     salts = ["shared", "shared"] + [f"p{i}" for i in range(2, 8)]
-    procs = [run_worker({"root": str(root), "block_bytes": BB, "n": 50, "salt": s, "go_file": str(go),
-                         "tier": {"n_write_threads": 2, "n_read_threads": 1}}) for s in salts]
+    procs = [
+        run_worker(
+            {
+                "root": str(root),
+                "block_bytes": BB,
+                "n": 50,
+                "salt": s,
+                "go_file": str(go),
+                "tier": {"n_write_threads": 2, "n_read_threads": 1},
+            }
+        )
+        for s in salts
+    ]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"
     go.touch()
@@ -656,8 +687,9 @@ def test_slow_startup_scan_does_not_block_construction_or_lookups(tmp_path, open
 # -- failures --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("err", "cause"), [(errno.ENOSPC, "no_space"), (errno.EIO, "io_error"),
-                                            (errno.EACCES, "permission")])
+@pytest.mark.parametrize(
+    ("err", "cause"), [(errno.ENOSPC, "no_space"), (errno.EIO, "io_error"), (errno.EACCES, "permission")]
+)
 def test_injected_write_errors_fail_the_job_and_remove_the_temp(tmp_path, open_tier, monkeypatch, err, cause):
     tier, view = open_tier(tmp_path)
     keys = [make_key(i, b"enospc") for i in range(3)]

@@ -1,4 +1,4 @@
-"""The ``tiering`` command: ``bench``, ``check``, and ``ls`` / ``stat`` / ``gc`` / ``verify`` (see :mod:`tiering.core.commands`).
+"""The ``tiering`` command: ``bench`` and ``check`` (``ls``/``stat``/``gc``/``verify``: :mod:`tiering.core.commands`).
 
 Exit status: 0 on success, 1 when a replay fails (a loaded byte differs, a
 request hangs), 2 on a bad configuration or bad arguments.

@@ -239,7 +239,7 @@ class TieringManager:
             return
         self.metrics.inc("blocks_stored_total", self._primary_labels, len(keys))
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
-        for idx, tier in enumerate(self.secondary_tiers):
+        for idx in range(len(self.secondary_tiers)):
             held = [key for key in keys if self._tier_holds(idx, key, req_context)]
             held_set = set(held)
             missing = [key for key in keys if key not in held_set]

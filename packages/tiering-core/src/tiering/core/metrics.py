@@ -36,7 +36,7 @@ COUNTERS = {
     "lookups_total": "Block lookups answered by the tier, by outcome (hit, miss, in_flight).",
     "blocks_stored_total": "Blocks written into the tier.",
     "stored_bytes_total": "Bytes written into the tier.",
-    "blocks_loaded_total": "Blocks read out of the tier (promotions; for the primary tier, blocks handed to the engine).",
+    "blocks_loaded_total": "Blocks read out of the tier (promotions; primary tier: blocks handed to the engine).",
     "loaded_bytes_total": "Bytes read out of the tier.",
     "store_failures_total": "Blocks or jobs that failed to store, by cause.",
     "load_failures_total": "Blocks or jobs that failed to load, by cause.",

@@ -18,9 +18,7 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - exercised in the core-only environment
-    raise ImportError(
-        "Prometheus metrics need prometheus_client: pip install 'tiering-core[metrics]'"
-    ) from exc
+    raise ImportError("Prometheus metrics need prometheus_client: pip install 'tiering-core[metrics]'") from exc
 
 if TYPE_CHECKING:
     from tiering.core.manager import TieringManager

@@ -219,9 +219,7 @@ class Replayer:
             tier = self.manager.secondary_tiers[idx]
             self.report.tier_stats[name] = dict(tier.stats())
             for kind in ("store", "load"):
-                hist = self.manager.metrics.histogram(
-                    f"{kind}_duration_seconds", **tier_labels(tier.tier_type, idx)
-                )
+                hist = self.manager.metrics.histogram(f"{kind}_duration_seconds", **tier_labels(tier.tier_type, idx))
                 if hist is not None and hist.count:
                     self.report.latency.append(
                         {
