@@ -43,12 +43,16 @@ def test_pinned_blocks_are_never_evicted_or_reused():
     a, b, c = (make_key(i) for i in range(3))
     store(tier, [a, b])
     slots = tier.pin([a, b])
+    assert tier.num_pinned == 2
     alloc = tier.allocate([c])
     assert alloc.rejected == [c] and alloc.keys == []
     tier.unpin([a])
     alloc = tier.allocate([c])
     assert alloc.evicted == [a] and alloc.block_ids == [slots[0]]
-    assert tier.pins(b) == 1
+    assert tier.pins(b) == 1 and tier.num_pinned == 2  # b, and c being written
+    tier.complete_write([c], False)
+    tier.unpin([b])
+    assert tier.num_pinned == 0
 
 
 def test_C09_all_slots_pinned_by_loads_store_batch_reports_rejections():

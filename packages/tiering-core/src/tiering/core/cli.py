@@ -22,7 +22,7 @@ from tiering.core.factory import CachePolicyFactory, SecondaryTierFactory, check
 logger = logging.getLogger("tiering.core.cli")
 
 DEFAULT_BENCH_BLOCK_BYTES = 16 * 1024
-DEFAULT_BENCH_PRIMARY_BLOCKS = 256
+DEFAULT_BENCH_PRIMARY_BLOCKS = 1024
 DEFAULT_REQUESTS = 2000
 
 
@@ -34,7 +34,7 @@ def default_cache_dir() -> Path:
 
 
 def default_bench_config(block_bytes: int) -> dict[str, Any]:
-    """CPU primary of 256 blocks plus the fs tier under the cache dir (the example tier without tiering-fs)."""
+    """CPU primary of 1024 blocks plus the fs tier under the cache dir (the example tier without tiering-fs)."""
     tier: dict[str, Any]
     if "fs" in SecondaryTierFactory.known_names():
         tier = {"type": "fs", "root": str(default_cache_dir() / "bench")}

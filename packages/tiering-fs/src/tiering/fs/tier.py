@@ -141,8 +141,9 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
     for the full reference, the layout and the multi-process semantics.
 
     Args:
-        offloading_spec, primary_kv_view, tier_type: see
-            :class:`~tiering.core.SecondaryTierManager`.
+        offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).
+        primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` view.
+        tier_type: the name the factory resolved this tier by.
         root: a local directory path or an fsspec URL (``file://...``,
             ``memory://...``, ``s3://bucket/prefix`` with s3fs installed...).
             Created when absent.

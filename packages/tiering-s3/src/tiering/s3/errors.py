@@ -154,11 +154,13 @@ class Redactor:
         return f"Redactor({len(self._secrets)} secrets)"
 
 
-class S3StartupError(RuntimeError):
+class S3StartupError(RuntimeError, OSError):
     """The startup probe failed: the tier cannot work with this configuration.
 
     The message says what is wrong (endpoint, bucket, region, credentials,
-    permissions, TLS) and never contains credentials.
+    permissions, TLS) and never contains credentials. It is also an
+    ``OSError`` (the bucket is unreachable or unusable), so ``tiering``
+    commands report it as a clear error with exit status 2.
 
     Attributes:
         cause: one of ``"endpoint"``, ``"bucket"``, ``"region"``,

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import boto3
@@ -44,6 +45,7 @@ from tiering.core.format import (
     encode_header,
     verify_block,
 )
+from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.s3.errors import (
     ERROR_CLASSES,
@@ -64,6 +66,8 @@ NEGATIVE_LOOKUP_TTL_S = 5.0
 DELETE_BATCH = 1000
 """Keys per DeleteObjects request (the S3 maximum)."""
 NAMESPACE_OBJECT = "namespace.json"
+PROBE_PREFIX = ".probe-"
+"""Name start of the startup probe object ``<prefix>/<digest>/.probe-<32 hex>`` (written and deleted at once)."""
 _HEX = frozenset("0123456789abcdef")
 _STAT_NAMES = (
     "lookups_hit",
@@ -111,6 +115,231 @@ def _check_seconds(name: str, value: Any) -> None:
         raise ValueError(f"s3 tier: config key {name!r} must be a number of seconds > 0, got {value!r}")
 
 
+def parse_block_name(base: str, name: str) -> bytes | None:
+    """The key of a block object named ``name`` under ``base`` (``<prefix>/<digest>``), else None.
+
+    Only ``<base>/<shard>/<key hex>`` whose shard is the one :meth:`S3SecondaryTierManager.object_key`
+    gives the key is a block object; anything else (``namespace.json``, probe objects, foreign
+    objects) answers None.
+    """
+    if not name.startswith(base + "/"):
+        return None
+    rest = name[len(base) + 1 :]
+    shard, _, keyhex = rest.partition("/")
+    if len(shard) != 2 or not keyhex or len(keyhex) % 2 or not set(keyhex) <= _HEX:
+        return None
+    key = bytes.fromhex(keyhex)
+    return key if f"{checksum(key) & 0xFF:02x}" == shard else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionSettings:
+    """The keys of an ``s3`` tier entry that say where the bucket is and how to talk to it.
+
+    Shared by the tier and its offline inspector (:mod:`tiering.s3.inspection`), so both
+    validate the same keys alike, build the same client and classify startup failures the
+    same way. The credentials are kept out of ``repr``. Fields: the constructor keys of
+    :class:`S3SecondaryTierManager` of the same names (whose defaults are the only ones).
+    """
+
+    bucket: str | None
+    prefix: str
+    endpoint_url: str | None
+    region_name: str | None
+    addressing_style: str
+    aws_access_key_id: str | None = dataclasses.field(repr=False)
+    aws_secret_access_key: str | None = dataclasses.field(repr=False)
+    aws_session_token: str | None = dataclasses.field(repr=False)
+    profile_name: str | None
+    ca_bundle: str | None
+    verify: bool
+    max_concurrency: int
+    retry_mode: str
+    max_attempts: int
+    connect_timeout: float
+    read_timeout: float
+    request_checksum_calculation: str | None
+    response_checksum_validation: str | None
+
+    @property
+    def redact(self) -> Redactor:
+        """A redactor of the configured secrets."""
+        return Redactor([self.aws_access_key_id, self.aws_secret_access_key, self.aws_session_token])
+
+    @property
+    def bucket_name(self) -> str:
+        """The bucket (call :meth:`validate` first)."""
+        if not isinstance(self.bucket, str) or not self.bucket:
+            raise ValueError("s3 tier: config key 'bucket' is required")
+        return self.bucket
+
+    @property
+    def normalized_prefix(self) -> str:
+        """The prefix without empty parts (no leading, trailing or doubled ``/``)."""
+        return "/".join(part for part in self.prefix.split("/") if part)
+
+    def validate(self) -> None:
+        """Check every value's type and range.
+
+        Raises:
+            ValueError: a wrong value; the message names the key (never a secret's value).
+        """
+        if self.bucket is None:
+            raise ValueError("s3 tier: config key 'bucket' is required")
+        _check_str("bucket", self.bucket, allow_none=False)
+        if not isinstance(self.prefix, str):
+            raise ValueError(f"s3 tier: config key 'prefix' must be a string, got {type(self.prefix).__name__}")
+        endpoint_url = self.endpoint_url
+        _check_str("endpoint_url", endpoint_url)
+        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"s3 tier: config key 'endpoint_url' must start with http:// or https://, got {endpoint_url!r}"
+            )
+        _check_str("region_name", self.region_name)
+        _check_str("addressing_style", self.addressing_style, allow_none=False, choices=ADDRESSING_STYLES)
+        for name, secret in (
+            ("aws_access_key_id", self.aws_access_key_id),
+            ("aws_secret_access_key", self.aws_secret_access_key),
+            ("aws_session_token", self.aws_session_token),
+        ):
+            if secret is not None and (not isinstance(secret, str) or not secret):
+                raise ValueError(f"s3 tier: config key {name!r} must be a non-empty string")
+        if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
+            raise ValueError("s3 tier: 'aws_access_key_id' and 'aws_secret_access_key' must be given together")
+        _check_str("profile_name", self.profile_name)
+        _check_str("ca_bundle", self.ca_bundle)
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"s3 tier: config key 'verify' must be true or false, got {self.verify!r}")
+        if self.ca_bundle is not None:
+            if not self.verify:
+                raise ValueError("s3 tier: 'ca_bundle' is set but 'verify' is false; set one or the other")
+            if not os.path.isfile(self.ca_bundle):
+                raise ValueError(f"s3 tier: config key 'ca_bundle' names {self.ca_bundle!r}, which is not a file")
+        _check_int("max_concurrency", self.max_concurrency, 1, 1024)
+        _check_str("retry_mode", self.retry_mode, allow_none=False, choices=RETRY_MODES)
+        _check_int("max_attempts", self.max_attempts, 1, 100)
+        _check_seconds("connect_timeout", self.connect_timeout)
+        _check_seconds("read_timeout", self.read_timeout)
+        _check_str("request_checksum_calculation", self.request_checksum_calculation, choices=CHECKSUM_MODES)
+        _check_str("response_checksum_validation", self.response_checksum_validation, choices=CHECKSUM_MODES)
+
+    def make_client(self, max_pool_connections: int) -> Any:
+        """A boto3 S3 client configured through :class:`botocore.config.Config` (no request is sent).
+
+        Raises:
+            S3StartupError: botocore refused the configuration (e.g. an unknown profile).
+        """
+        default_checksum = "when_required" if self.endpoint_url else "when_supported"
+        config = Config(
+            region_name=self.region_name,
+            max_pool_connections=max_pool_connections,
+            retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            s3={"addressing_style": self.addressing_style},
+            request_checksum_calculation=self.request_checksum_calculation or default_checksum,
+            response_checksum_validation=self.response_checksum_validation or default_checksum,
+        )
+        try:
+            session = boto3.session.Session(
+                aws_access_key_id=self.aws_access_key_id,
+                aws_secret_access_key=self.aws_secret_access_key,
+                aws_session_token=self.aws_session_token,
+                profile_name=self.profile_name,
+                region_name=self.region_name,
+            )
+            return session.client(
+                "s3",
+                endpoint_url=self.endpoint_url,
+                verify=self.ca_bundle if self.ca_bundle else self.verify,
+                config=config,
+            )
+        except BotoCoreError as exc:
+            raise S3StartupError(
+                f"s3 tier: cannot create the S3 client: {self.redact(exc)}", classify_error(exc)
+            ) from None
+
+    def check_bucket(self, client: Any, list_prefix: str) -> None:
+        """``HeadBucket``; on 403, a one-key ``ListObjectsV2`` of ``list_prefix`` tells credentials from permissions.
+
+        Raises:
+            S3StartupError: see :meth:`startup_error`.
+        """
+        try:
+            client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if http_status(exc) == 403:
+                # HEAD responses carry no error code: ask again with a GET to learn
+                # whether the credentials or the permissions are at fault.
+                try:
+                    client.list_objects_v2(Bucket=self.bucket, Prefix=list_prefix, MaxKeys=1)
+                except (ClientError, BotoCoreError) as inner:
+                    raise self.startup_error("ListObjectsV2", inner, client, list_prefix) from None
+            raise self.startup_error("HeadBucket", exc, client, list_prefix) from None
+        except BotoCoreError as exc:
+            raise self.startup_error("HeadBucket", exc, client, list_prefix) from None
+
+    def startup_error(self, what: str, exc: BaseException, client: Any, scope: str) -> S3StartupError:
+        """An :class:`S3StartupError` saying what is wrong (endpoint, bucket, region, credentials, ...).
+
+        Args:
+            what: the request that failed (``"HeadBucket"``), for the message.
+            exc: what it raised.
+            client: the client that sent it (its region is named on a region mismatch).
+            scope: the keys it concerned (``"<prefix>/<digest>/"``), named on access denied.
+        """
+        where = f"endpoint {self.endpoint_url!r}" if self.endpoint_url else "AWS"
+        code, status, cls = error_code(exc), http_status(exc), classify_error(exc)
+        detail = self.redact(exc)
+        if isinstance(exc, NoCredentialsError):
+            return S3StartupError(
+                "s3 tier: no credentials found in boto3's default chain (environment, shared config files, "
+                "instance or container role); set aws_access_key_id / aws_secret_access_key or profile_name",
+                "credentials",
+            )
+        if cls == "credentials":
+            return S3StartupError(
+                f"s3 tier: credentials were rejected by {where} during {what} ({code or type(exc).__name__}): "
+                "check aws_access_key_id / aws_secret_access_key / aws_session_token / profile_name "
+                "or the environment's AWS credentials",
+                "credentials",
+            )
+        if cls == "tls":
+            return S3StartupError(
+                f"s3 tier: TLS certificate verification of {where} failed during {what}: {detail}; "
+                "check 'ca_bundle' (or 'verify')",
+                "tls",
+            )
+        if cls == "timeout":
+            return S3StartupError(f"s3 tier: {where} did not answer in time during {what}: {detail}", "timeout")
+        if cls == "connection":
+            return S3StartupError(
+                f"s3 tier: cannot reach {where} during {what}: {detail}; check 'endpoint_url' and the network",
+                "endpoint",
+            )
+        if code in ("NoSuchBucket", "404", "NotFound") or status == 404:
+            return S3StartupError(
+                f"s3 tier: bucket {self.bucket!r} does not exist at {where} (HTTP {status or code}); check 'bucket'",
+                "bucket",
+            )
+        if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraint"):
+            headers = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            actual = headers.get("x-amz-bucket-region", "another region")
+            return S3StartupError(
+                f"s3 tier: bucket {self.bucket!r} is in {actual}, not the configured region "
+                f"{client.meta.region_name!r}; check 'region_name'",
+                "region",
+            )
+        if cls == "access_denied":
+            return S3StartupError(
+                f"s3 tier: access denied to s3://{self.bucket}/{scope} at {where} during {what} "
+                f"({code or status}): the credentials are valid but lack permission "
+                "(s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject needed)",
+                "permission",
+            )
+        return S3StartupError(f"s3 tier: startup probe failed at {where} during {what}: {detail}", "other")
+
+
 class _Job:
     """Bookkeeping of one submitted job: blocks left and whether all succeeded."""
 
@@ -140,9 +369,10 @@ class S3SecondaryTierManager(SecondaryTierManager):
         endpoint_url: ``http(s)://host:port`` of a non-AWS server; None: AWS.
         region_name: the bucket's region; None: boto3's default chain.
         addressing_style: ``"auto"``, ``"path"`` or ``"virtual"``.
-        aws_access_key_id, aws_secret_access_key, aws_session_token: explicit
-            credentials; None: boto3's default chain (environment, profile,
-            instance role). Never logged or shown.
+        aws_access_key_id: explicit access key id; None: boto3's default
+            chain (environment, profile, instance role). Never logged or shown.
+        aws_secret_access_key: the secret of ``aws_access_key_id``. Never logged or shown.
+        aws_session_token: the session token of temporary credentials. Never logged or shown.
         profile_name: a profile of the shared AWS config files.
         ca_bundle: path of a PEM CA bundle to verify the endpoint's TLS certificate.
         verify: False turns TLS certificate verification off (test servers only).
@@ -193,52 +423,36 @@ class S3SecondaryTierManager(SecondaryTierManager):
         head_fallback: bool = True,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
-        self._redact = Redactor([aws_access_key_id, aws_secret_access_key, aws_session_token])
-        if bucket is None:
-            raise ValueError("s3 tier: config key 'bucket' is required")
-        _check_str("bucket", bucket, allow_none=False)
-        if not isinstance(prefix, str):
-            raise ValueError(f"s3 tier: config key 'prefix' must be a string, got {type(prefix).__name__}")
-        _check_str("endpoint_url", endpoint_url)
-        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"s3 tier: config key 'endpoint_url' must start with http:// or https://, got {endpoint_url!r}"
-            )
-        _check_str("region_name", region_name)
-        _check_str("addressing_style", addressing_style, allow_none=False, choices=ADDRESSING_STYLES)
-        for name, secret in (
-            ("aws_access_key_id", aws_access_key_id),
-            ("aws_secret_access_key", aws_secret_access_key),
-            ("aws_session_token", aws_session_token),
-        ):
-            if secret is not None and (not isinstance(secret, str) or not secret):
-                raise ValueError(f"s3 tier: config key {name!r} must be a non-empty string")
-        if (aws_access_key_id is None) != (aws_secret_access_key is None):
-            raise ValueError("s3 tier: 'aws_access_key_id' and 'aws_secret_access_key' must be given together")
-        _check_str("profile_name", profile_name)
-        _check_str("ca_bundle", ca_bundle)
-        if not isinstance(verify, bool):
-            raise ValueError(f"s3 tier: config key 'verify' must be true or false, got {verify!r}")
-        if ca_bundle is not None:
-            if not verify:
-                raise ValueError("s3 tier: 'ca_bundle' is set but 'verify' is false; set one or the other")
-            if not os.path.isfile(ca_bundle):
-                raise ValueError(f"s3 tier: config key 'ca_bundle' names {ca_bundle!r}, which is not a file")
-        _check_int("max_concurrency", max_concurrency, 1, 1024)
-        _check_str("retry_mode", retry_mode, allow_none=False, choices=RETRY_MODES)
-        _check_int("max_attempts", max_attempts, 1, 100)
-        _check_seconds("connect_timeout", connect_timeout)
-        _check_seconds("read_timeout", read_timeout)
-        _check_str("request_checksum_calculation", request_checksum_calculation, choices=CHECKSUM_MODES)
-        _check_str("response_checksum_validation", response_checksum_validation, choices=CHECKSUM_MODES)
+        self._conn = conn = ConnectionSettings(
+            bucket=bucket,
+            prefix=prefix,
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            addressing_style=addressing_style,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            profile_name=profile_name,
+            ca_bundle=ca_bundle,
+            verify=verify,
+            max_concurrency=max_concurrency,
+            retry_mode=retry_mode,
+            max_attempts=max_attempts,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            request_checksum_calculation=request_checksum_calculation,
+            response_checksum_validation=response_checksum_validation,
+        )
+        self._redact = conn.redact
+        conn.validate()
         self.object_bytes = HEADER_SIZE + self.block_bytes
         if capacity_bytes is not None:
             _check_int("capacity_bytes", capacity_bytes, self.object_bytes)
         if not isinstance(head_fallback, bool):
             raise ValueError(f"s3 tier: config key 'head_fallback' must be true or false, got {head_fallback!r}")
 
-        self.bucket = bucket
-        self.prefix = "/".join(part for part in prefix.split("/") if part)
+        self.bucket = conn.bucket_name
+        self.prefix = conn.normalized_prefix
         self.endpoint_url = endpoint_url
         self.capacity_bytes = capacity_bytes
         self.head_fallback = head_fallback
@@ -247,33 +461,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._namespace = namespace
         self._digest = namespace.digest_bytes
         self.base = f"{self.prefix}/{namespace.digest}" if self.prefix else namespace.digest
-
-        default_checksum = "when_required" if endpoint_url else "when_supported"
-        config = Config(
-            region_name=region_name,
-            max_pool_connections=max_concurrency + 1,  # + the deleter thread
-            retries={"mode": retry_mode, "total_max_attempts": max_attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            s3={"addressing_style": addressing_style},
-            request_checksum_calculation=request_checksum_calculation or default_checksum,
-            response_checksum_validation=response_checksum_validation or default_checksum,
-        )
-        try:
-            session = boto3.session.Session(
-                aws_access_key_id=aws_access_key_id,
-                aws_secret_access_key=aws_secret_access_key,
-                aws_session_token=aws_session_token,
-                profile_name=profile_name,
-                region_name=region_name,
-            )
-            self._client: Any = session.client(
-                "s3", endpoint_url=endpoint_url, verify=ca_bundle if ca_bundle else verify, config=config
-            )
-        except BotoCoreError as exc:
-            raise S3StartupError(
-                f"s3 tier: cannot create the S3 client: {self._redact(exc)}", classify_error(exc)
-            ) from None
+        self._client: Any = conn.make_client(max_concurrency + 1)  # + the deleter thread
 
         # -- state, all guarded by self._lock ---------------------------------
         self._lock = threading.Lock()
@@ -320,18 +508,20 @@ class S3SecondaryTierManager(SecondaryTierManager):
             capacity_bytes if capacity_bytes is not None else "unbounded",
         )
 
+    @classmethod
+    def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector:
+        """An :class:`~tiering.s3.inspection.S3Inspector` of a config entry's prefix (``tiering ls/gc/verify``)."""
+        from tiering.s3.inspection import S3Inspector
+
+        return S3Inspector.from_config(tier_config)
+
     # -- naming ------------------------------------------------------------
     def object_key(self, key: bytes) -> str:
         """The object key of block ``key``: ``<prefix>/<digest>/<shard>/<key hex>``."""
         return f"{self.base}/{checksum(key) & 0xFF:02x}/{key.hex()}"
 
     def _parse_object_key(self, name: str) -> bytes | None:
-        rest = name[len(self.base) + 1 :]
-        shard, _, keyhex = rest.partition("/")
-        if len(shard) != 2 or not keyhex or len(keyhex) % 2 or not set(keyhex) <= _HEX:
-            return None
-        key = bytes.fromhex(keyhex)
-        return key if f"{checksum(key) & 0xFF:02x}" == shard else None
+        return parse_block_name(self.base, name)
 
     def __repr__(self) -> str:
         return (
@@ -341,76 +531,15 @@ class S3SecondaryTierManager(SecondaryTierManager):
 
     # -- startup -----------------------------------------------------------
     def _startup_error(self, what: str, exc: BaseException) -> S3StartupError:
-        where = f"endpoint {self.endpoint_url!r}" if self.endpoint_url else "AWS"
-        code, status, cls = error_code(exc), http_status(exc), classify_error(exc)
-        detail = self._redact(exc)
-        if isinstance(exc, NoCredentialsError):
-            return S3StartupError(
-                "s3 tier: no credentials found in boto3's default chain (environment, shared config files, "
-                "instance or container role); set aws_access_key_id / aws_secret_access_key or profile_name",
-                "credentials",
-            )
-        if cls == "credentials":
-            return S3StartupError(
-                f"s3 tier: credentials were rejected by {where} during {what} ({code or type(exc).__name__}): "
-                "check aws_access_key_id / aws_secret_access_key / aws_session_token / profile_name "
-                "or the environment's AWS credentials",
-                "credentials",
-            )
-        if cls == "tls":
-            return S3StartupError(
-                f"s3 tier: TLS certificate verification of {where} failed during {what}: {detail}; "
-                "check 'ca_bundle' (or 'verify')",
-                "tls",
-            )
-        if cls == "timeout":
-            return S3StartupError(f"s3 tier: {where} did not answer in time during {what}: {detail}", "timeout")
-        if cls == "connection":
-            return S3StartupError(
-                f"s3 tier: cannot reach {where} during {what}: {detail}; check 'endpoint_url' and the network",
-                "endpoint",
-            )
-        if code in ("NoSuchBucket", "404", "NotFound") or status == 404:
-            return S3StartupError(
-                f"s3 tier: bucket {self.bucket!r} does not exist at {where} (HTTP {status or code}); check 'bucket'",
-                "bucket",
-            )
-        if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraint"):
-            headers = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            actual = headers.get("x-amz-bucket-region", "another region")
-            return S3StartupError(
-                f"s3 tier: bucket {self.bucket!r} is in {actual}, not the configured region "
-                f"{self._client.meta.region_name!r}; check 'region_name'",
-                "region",
-            )
-        if cls == "access_denied":
-            return S3StartupError(
-                f"s3 tier: access denied to s3://{self.bucket}/{self.base}/ at {where} during {what} "
-                f"({code or status}): the credentials are valid but lack permission "
-                "(s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject needed)",
-                "permission",
-            )
-        return S3StartupError(f"s3 tier: startup probe failed at {where} during {what}: {detail}", "other")
+        return self._conn.startup_error(what, exc, self._client, f"{self.base}/")
 
     def _probe(self, region_name: str | None) -> None:
         client, bucket = self._client, self.bucket
-        try:
-            client.head_bucket(Bucket=bucket)
-        except ClientError as exc:
-            if http_status(exc) == 403:
-                # HEAD responses carry no error code: ask again with a GET to learn
-                # whether the credentials or the permissions are at fault.
-                try:
-                    client.list_objects_v2(Bucket=bucket, Prefix=self.base + "/", MaxKeys=1)
-                except (ClientError, BotoCoreError) as inner:
-                    raise self._startup_error("ListObjectsV2", inner) from None
-            raise self._startup_error("HeadBucket", exc) from None
-        except BotoCoreError as exc:
-            raise self._startup_error("HeadBucket", exc) from None
+        self._conn.check_bucket(client, self.base + "/")
         body = json.dumps(
             {**self._namespace.to_dict(), "digest": self._namespace.digest}, indent=1, sort_keys=True
         ).encode()
-        probe_key = f"{self.base}/.probe-{uuid.uuid4().hex}"
+        probe_key = f"{self.base}/{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             self._put_if_absent(f"{self.base}/{NAMESPACE_OBJECT}", body, content_type="application/json")
             client.put_object(Bucket=bucket, Key=probe_key, Body=b"probe", IfNoneMatch="*")

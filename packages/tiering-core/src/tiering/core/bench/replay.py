@@ -27,6 +27,11 @@ T = TypeVar("T")
 
 POLL_INTERVAL_S = 0.0002
 DEFAULT_TIMEOUT_S = 60.0
+MAX_PINNED_FRACTION = 0.5
+"""Before a request, the replay waits for in-flight transfers while more than this
+fraction of the primary tier is pinned (an engine's backpressure: without it a
+replay that issues requests faster than the secondary tiers write would find
+the primary full of pinned slots and drop its stores)."""
 
 
 class VerificationError(RuntimeError):
@@ -149,6 +154,7 @@ class Replayer:
             VerificationError: a loaded block differs from its payload.
             TimeoutError: a lookup or load never finished.
         """
+        self._backpressure()
         rep = self.report
         ctx = ReqContext(req.req_id)
         rep.requests += 1
@@ -195,6 +201,15 @@ class Replayer:
         self.report.series.record(
             self.report.requests - 1, req.timestamp_ms, hits, len(req.keys), stored, loaded, tiers
         )
+
+    def _backpressure(self) -> None:
+        primary = self.manager.primary
+        deadline = time.monotonic() + self.timeout_s
+        while primary.num_pinned > MAX_PINNED_FRACTION * primary.num_blocks and self.manager.has_pending_work():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"transfers still pinning {primary.num_pinned} slots after {self.timeout_s}s")
+            self._timed(self.manager.get_finished)
+            time.sleep(POLL_INTERVAL_S)
 
     def drain(self) -> None:
         """Wait until every cascade job has been reported (bounded by ``timeout_s``)."""

@@ -74,6 +74,7 @@ class CPUPrimaryTier:
         )
         self._slots: dict[OffloadKey, _Slot] = {}
         self._free = list(range(num_blocks - 1, -1, -1))
+        self._pinned = 0  # slots with pins > 0
         self.evictions = 0
 
     # -- queries ------------------------------------------------------------
@@ -93,6 +94,11 @@ class CPUPrimaryTier:
         """Current pin count of ``key`` (0 when absent)."""
         slot = self._slots.get(key)
         return slot.pins if slot else 0
+
+    @property
+    def num_pinned(self) -> int:
+        """Slots pinned by a transfer in flight (not evictable)."""
+        return self._pinned
 
     @property
     def num_resident(self) -> int:
@@ -119,6 +125,7 @@ class CPUPrimaryTier:
                 out.rejected.append(key)
                 continue
             self._slots[key] = _Slot(block_id, ready=False, pins=1)
+            self._pinned += 1
             out.keys.append(key)
             out.block_ids.append(block_id)
         return out
@@ -144,6 +151,7 @@ class CPUPrimaryTier:
             if slot is None or slot.ready:
                 continue
             slot.pins -= 1
+            self._pinned -= slot.pins == 0
             if success:
                 slot.ready = True
                 self.policy.insert(key)
@@ -169,6 +177,7 @@ class CPUPrimaryTier:
             if slot is None or not slot.ready:
                 raise KeyError(f"block {key.hex()} is not resident in the primary tier")
             slot.pins += 1
+            self._pinned += slot.pins == 1
             if record_access:
                 self.policy.access(key)
             block_ids.append(slot.block_id)
@@ -180,6 +189,7 @@ class CPUPrimaryTier:
             slot = self._slots.get(key)
             if slot is not None and slot.pins > 0:
                 slot.pins -= 1
+                self._pinned -= slot.pins == 0
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         """Record a use of each resident, ready key."""
