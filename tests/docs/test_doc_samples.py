@@ -7,7 +7,11 @@
   ``tiering check`` does (tiers whose package is not installed are skipped);
 - ``toml`` blocks parse;
 - ``console`` blocks: the ``tiering ...`` command runs against the installed
-  command; ``bash .ci/run`` (the CI run itself) is the one sample not run here.
+  command; ``bash .ci/run`` (the CI run itself) is the one sample not run here;
+- ``bash`` blocks: every ``--kv-transfer-config`` JSON for ``vllm serve``
+  parses and each of its tiers resolves, through the binding's names, to an
+  installed tiering tier that accepts its keys (vLLM itself runs in the
+  vllm environment's tests); scripts named exist.
 """
 
 import json
@@ -24,7 +28,11 @@ import pytest
 from tiering.core.cli import main as tiering_main
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [*sorted((REPO / "docs" / "content").rglob("*.md")), REPO / "README.md"]
+PAGES = [
+    *sorted((REPO / "docs" / "content").rglob("*.md")),
+    REPO / "README.md",
+    *sorted(REPO.glob("packages/*/README.md")),
+]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 TRACE = REPO / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -105,3 +113,44 @@ def test_console_tiering_commands_run(page, command, tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     if argv[0] == "bench":
         assert "every loaded byte matched" in proc.stdout
+
+
+VLLM_CONFIG = re.compile(r"--kv-transfer-config\s+'(\{.*?\})'", re.S)
+VLLM_OWN_KEYS = {"type", "module_path", "model_revision", "kv_layout", "locality", "backpressure"}
+
+
+def vllm_configs():
+    for page in PAGES:
+        for body in blocks(page, "bash"):
+            for match in VLLM_CONFIG.finditer(body.replace("\\\n", " ")):
+                yield pytest.param(page, match.group(1), id=page_id(page))
+
+
+@pytest.mark.parametrize(("page", "text"), list(vllm_configs()))
+def test_vllm_serve_configs_name_installed_tiers_with_valid_keys(page, text):
+    from tiering.core import SecondaryTierFactory
+    from tiering.core.factory import check_tier_keys
+
+    config = json.loads(text)
+    assert config["kv_connector"] == "OffloadingConnector"
+    extra = config["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] > 0
+    for index, tier in enumerate(extra["secondary_tiers"]):
+        assert tier["module_path"] == "tiering.core.vllm.tiers"
+        assert tier["type"].startswith("tiering_")
+        name = tier["type"].removeprefix("tiering_")
+        if name not in installed_types():
+            pytest.skip(f"tier {name!r} not installed here")
+        cls = SecondaryTierFactory.get_class(name)
+        check_tier_keys(cls, {k: v for k, v in tier.items() if k not in VLLM_OWN_KEYS}, f"{page.name}[{index}]")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "bash")], ids=page_id)
+def test_bash_samples_name_existing_scripts_and_our_packages(page):
+    for body in blocks(page, "bash"):
+        for script in re.findall(r"(scripts/[\w./-]+)", body):
+            assert (REPO / script).exists(), script
+        for line in body.splitlines():
+            if line.strip().startswith("pip install"):
+                for dist in re.findall(r"\b(tiering-[a-z0-9]+)", line):
+                    assert (REPO / "packages" / dist).is_dir(), dist

@@ -279,7 +279,9 @@ class ConnectionSettings:
         except BotoCoreError as exc:
             raise self.startup_error("HeadBucket", exc, client, list_prefix) from None
 
-    def startup_error(self, what: str, exc: BaseException, client: Any, scope: str) -> S3StartupError:
+    def startup_error(
+        self, what: str, exc: BaseException, client: Any, scope: str, action: str = "startup probe"
+    ) -> S3StartupError:
         """An :class:`S3StartupError` saying what is wrong (endpoint, bucket, region, credentials, ...).
 
         Args:
@@ -287,6 +289,7 @@ class ConnectionSettings:
             exc: what it raised.
             client: the client that sent it (its region is named on a region mismatch).
             scope: the keys it concerned (``"<prefix>/<digest>/"``), named on access denied.
+            action: what was under way, for the message of an unclassified failure.
         """
         where = f"endpoint {self.endpoint_url!r}" if self.endpoint_url else "AWS"
         code, status, cls = error_code(exc), http_status(exc), classify_error(exc)
@@ -337,7 +340,7 @@ class ConnectionSettings:
                 "(s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject needed)",
                 "permission",
             )
-        return S3StartupError(f"s3 tier: startup probe failed at {where} during {what}: {detail}", "other")
+        return S3StartupError(f"s3 tier: {action} failed at {where} during {what}: {detail}", "other")
 
 
 class _Job:

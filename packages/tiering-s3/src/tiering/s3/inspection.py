@@ -1,0 +1,216 @@
+"""Offline inspection of an s3 tier's prefix for ``tiering ls / gc / verify``.
+
+Only objects laid out by this package are ours: ``<prefix>/<32 hex digest>/namespace.json``,
+block objects ``<prefix>/<digest>/<shard>/<key hex>`` (the shard being the one the tier gives
+the key) and the startup probe ``<prefix>/<digest>/.probe-<32 hex>`` that a starting tier
+writes and deletes at once. Anything else under the prefix is foreign: reported, never
+deleted. Nothing outside ``<prefix>/`` is listed, read or deleted.
+
+Removing blocks while engines use the bucket is safe: S3 serves a GET from one version of
+an object, so a block being read is either read whole or not found (a miss for the engine).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import re
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.core.factory import check_tier_keys
+from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.s3.errors import S3StartupError, classify_error
+from tiering.s3.tier import (
+    DELETE_BATCH,
+    NAMESPACE_OBJECT,
+    PROBE_PREFIX,
+    ConnectionSettings,
+    S3SecondaryTierManager,
+    parse_block_name,
+)
+
+logger = logging.getLogger(__name__)
+
+_DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_PROBE = re.compile(rf"^{re.escape(PROBE_PREFIX)}[0-9a-f]{{32}}$")
+
+
+class S3Inspector(TierInspector):
+    """Walks and prunes the prefix of an s3 tier.
+
+    Args:
+        client: a boto3 S3 client.
+        settings: the validated connection settings (bucket, prefix, endpoint, redaction).
+    """
+
+    def __init__(self, client: Any, settings: ConnectionSettings) -> None:
+        self._client = client
+        self._settings = settings
+        self.bucket = settings.bucket_name
+        self.prefix = settings.normalized_prefix
+        self.root = f"{self.prefix}/" if self.prefix else ""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> S3Inspector:
+        """Open the prefix of an ``s3`` tier config entry (the tier's keys and defaults).
+
+        Only the keys that say where the bucket is and how to reach it are used;
+        ``capacity_bytes`` and ``head_fallback`` are accepted and ignored.
+
+        Raises:
+            ValueError: a wrong value (the message names the key).
+            TypeError: a key the tier does not accept.
+            S3StartupError: (an ``OSError``) the endpoint, bucket, region, credentials,
+                permissions or TLS are wrong; the message says which, without credentials.
+        """
+        entry = {k: v for k, v in config.items() if k not in ("type", "module_path")}
+        check_tier_keys(S3SecondaryTierManager, entry, "s3 tier")
+        params = inspect.signature(S3SecondaryTierManager).parameters
+        names = ConnectionSettings.__dataclass_fields__
+        settings = ConnectionSettings(**{name: entry.get(name, params[name].default) for name in names})
+        settings.validate()
+        client = settings.make_client(2)
+        inspector = cls(client, settings)
+        try:
+            settings.check_bucket(client, inspector.root)
+        except BaseException:
+            client.close()
+            raise
+        return inspector
+
+    # -- helpers -------------------------------------------------------------
+    def _fail(self, what: str, exc: BaseException) -> S3StartupError:
+        return self._settings.startup_error(what, exc, self._client, self.root, action="inspection")
+
+    def _list(self, prefix: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
+        """Pages of ListObjectsV2 under ``prefix`` (which is always inside the tier's prefix)."""
+        assert prefix.startswith(self.root)
+        kwargs = {"Bucket": self.bucket, "Prefix": prefix}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        try:
+            yield from self._client.get_paginator("list_objects_v2").paginate(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(f"ListObjectsV2 of {prefix!r}", exc) from None
+
+    def _base(self, digest: str) -> str:
+        if not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
+        return f"{self.root}{digest}"
+
+    def _delete(self, names: list[str]) -> int:
+        """DeleteObjects in batches of :data:`DELETE_BATCH`; returns the keys the server did not refuse."""
+        removed = 0
+        for start in range(0, len(names), DELETE_BATCH):
+            batch = names[start : start + DELETE_BATCH]
+            try:
+                response = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+                )
+            except (ClientError, BotoCoreError) as exc:
+                raise self._fail(f"DeleteObjects of {len(batch)} keys", exc) from None
+            errors = response.get("Errors", [])
+            for err in errors[:3]:
+                logger.warning("s3 tier: delete of %s failed: %s", err.get("Key"), err.get("Code"))
+            removed += len(batch) - len(errors)
+        return removed
+
+    # -- TierInspector -------------------------------------------------------------
+    def location(self) -> str:
+        where = f"s3://{self.bucket}/{self.prefix}"
+        endpoint = self._settings.endpoint_url
+        if endpoint:
+            parts = urllib.parse.urlsplit(endpoint)
+            netloc = parts.netloc.rpartition("@")[2]  # never user:password@
+            where += f" at {self._settings.redact(parts._replace(netloc=netloc).geturl())}"
+        return where
+
+    def namespaces(self) -> list[str]:
+        found = set()
+        for page in self._list(self.root, delimiter="/"):
+            for common in page.get("CommonPrefixes", ()):
+                name = common["Prefix"][len(self.root) :].rstrip("/")
+                if _DIGEST.match(name):
+                    found.add(name)
+        return sorted(found)
+
+    def namespace_fields(self, digest: str) -> dict[str, Any] | None:
+        name = f"{self._base(digest)}/{NAMESPACE_OBJECT}"
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=name)
+            with response["Body"] as stream:
+                raw = stream.read()
+        except (ClientError, BotoCoreError) as exc:
+            if classify_error(exc) == "not_found":
+                return None
+            raise self._fail(f"GetObject of {name!r}", exc) from None
+        try:
+            fields = json.loads(raw)
+        except ValueError:
+            return None
+        return fields if isinstance(fields, dict) else None
+
+    def blocks(self, digest: str) -> Iterator[BlockInfo]:
+        base = self._base(digest)
+        for page in self._list(base + "/"):
+            for obj in page.get("Contents", ()):
+                key = parse_block_name(base, obj["Key"])
+                if key is not None:
+                    yield BlockInfo(obj["Key"], key, int(obj["Size"]), obj["LastModified"].timestamp())
+
+    def foreign(self) -> Iterator[str]:
+        for page in self._list(self.root):
+            for obj in page.get("Contents", ()):
+                name = obj["Key"]
+                top, _, rest = name[len(self.root) :].partition("/")
+                ours = _DIGEST.match(top) and (
+                    rest == NAMESPACE_OBJECT
+                    or _PROBE.match(rest)
+                    or parse_block_name(f"{self.root}{top}", name) is not None
+                )
+                if not ours:
+                    yield name
+
+    def _check_block(self, digest: str, block: BlockInfo) -> None:
+        if parse_block_name(self._base(digest), block.name) is None:
+            raise ValueError(
+                f"refusing to touch {block.name!r}: not a block object of namespace {digest} "
+                f"under s3://{self.bucket}/{self.prefix}"
+            )
+
+    def read_block(self, digest: str, block: BlockInfo) -> bytes:
+        self._check_block(digest, block)
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=block.name)
+            with response["Body"] as stream:
+                data: bytes = stream.read()
+        except (ClientError, BotoCoreError) as exc:
+            if classify_error(exc) == "not_found":
+                raise FileNotFoundError(block.name) from None
+            raise self._fail(f"GetObject of {block.name!r}", exc) from None
+        return data
+
+    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
+        for block in blocks:  # all checked before anything is deleted
+            self._check_block(digest, block)
+        return self._delete([block.name for block in blocks])
+
+    def remove_namespace(self, digest: str) -> int:
+        base = self._base(digest)
+        blocks, leftovers = [], []
+        for page in self._list(base + "/"):
+            for obj in page.get("Contents", ()):
+                name = obj["Key"]
+                key = parse_block_name(base, name)
+                if key is not None:
+                    blocks.append(BlockInfo(name, key, int(obj["Size"]), obj["LastModified"].timestamp()))
+                elif _PROBE.match(name[len(base) + 1 :]):
+                    leftovers.append(name)  # a probe left by a tier that died while starting
+        removed = self.remove_blocks(digest, blocks)
+        self._delete([f"{base}/{NAMESPACE_OBJECT}", *leftovers])
+        return removed

@@ -1,0 +1,379 @@
+"""tiering ls / stat / gc / verify on an s3 tier (moto on loopback, or TIERING_S3_ENDPOINT)."""
+
+import json
+import socket
+import types
+
+import pytest
+
+from tiering.core import JobMetadata, ReqContext, TieringOffloadingSpec, create_secondary_tier
+from tiering.core import commands as core_commands
+from tiering.core.base import block_view
+from tiering.core.cli import main
+from tiering.core.format import HEADER_SIZE, checksum
+from tiering.core.inspection import BlockInfo
+from tiering.core.primary import allocate_host_buffer
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.s3 import S3SecondaryTierManager
+from tiering.s3 import inspection as s3_inspection
+from tiering.s3.inspection import S3Inspector
+
+BLOCK = 4096
+OBJ = BLOCK + HEADER_SIZE
+CTX = ReqContext("test")
+_ids = iter(range(1, 10**9))
+
+
+def stack_config(s3, revision="r1", **tier_overrides):
+    return {
+        "cpu_bytes_to_use": 16 * BLOCK,
+        "block_bytes": BLOCK,
+        "model": "test/model",
+        "model_revision": revision,
+        "secondary_tiers": [s3.tier_config(**tier_overrides)],
+    }
+
+
+def populate(s3, revision="r1", n=8, salt=b""):
+    """Store ``n`` blocks through the tier itself; returns (stack config, namespace digest, keys)."""
+    config = stack_config(s3, revision)
+    spec = TieringOffloadingSpec(config)
+    view = allocate_host_buffer(spec.num_primary_blocks, spec.block_bytes)
+    tier = create_secondary_tier(config["secondary_tiers"][0], view, spec)
+    keys = [make_key(i, salt + revision.encode()) for i in range(n)]
+    try:
+        for start in range(0, n, 16):
+            chunk = keys[start : start + 16]
+            for slot, key in enumerate(chunk):
+                block_view(view, slot)[:] = block_payload(key, BLOCK)
+            job = JobMetadata(next(_ids), chunk, list(range(len(chunk))), False, CTX)
+            tier.submit_store(job)
+            assert wait_for_jobs(tier, [job.job_id], 30.0)[job.job_id]
+    finally:
+        tier.shutdown()
+    return config, spec.namespace.digest, keys
+
+
+def write_config(tmp_path, config, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def block_name(s3, digest, key):
+    return f"{s3.prefix}/{digest}/{checksum(key) & 0xFF:02x}/{key.hex()}"
+
+
+def block_objects(s3, digest=""):
+    """Block objects under the prefix (or one namespace): name -> listing entry."""
+    out = {}
+    for page in s3.client.get_paginator("list_objects_v2").paginate(
+        Bucket=s3.bucket, Prefix=f"{s3.prefix}/{digest}" if digest else f"{s3.prefix}/"
+    ):
+        for obj in page.get("Contents", ()):
+            _, ns, shard, rest = (obj["Key"].split("/", 3) + ["", "", ""])[:4]
+            if len(shard) == 2 and rest and "/" not in rest and not rest.endswith(".json"):
+                out[obj["Key"]] = obj
+    return out
+
+
+@pytest.fixture
+def beside(s3):
+    """Objects next to the prefix (and one copy of the layout outside it); yields name -> ETag."""
+    created = {}
+
+    def put(name, body=b"not ours"):
+        created[name] = s3.client.put_object(Bucket=s3.bucket, Key=name, Body=body)["ETag"]
+        return name
+
+    put.created = created
+    yield put
+    if created:
+        s3.client.delete_objects(Bucket=s3.bucket, Delete={"Objects": [{"Key": k} for k in created]})
+
+
+def plant_beside(s3, beside, digest, key):
+    """Objects a careless prefix match would take for ours: beside the prefix and inside it."""
+    body = s3.client.get_object(Bucket=s3.bucket, Key=block_name(s3, digest, key))["Body"].read()
+    shard = f"{checksum(key) & 0xFF:02x}"
+    outside = [
+        beside(s3.prefix),  # an object named like the prefix itself
+        beside(f"{s3.prefix}-other/{digest}/namespace.json"),
+        beside(f"{s3.prefix}x/{digest}/{shard}/{key.hex()}", body),  # a valid block, one letter beside
+        beside(f"elsewhere/{s3.prefix}/{digest}/{shard}/{key.hex()}", body),
+    ]
+    wrong_shard = f"{int(shard, 16) ^ 1:02x}"
+    inside_foreign = [
+        beside(f"{s3.prefix}/notes.txt"),
+        beside(f"{s3.prefix}/{digest}/operator-note.txt"),
+        beside(f"{s3.prefix}/{digest}/{wrong_shard}/{key.hex()}", body),  # not where the tier puts this key
+        beside(f"{s3.prefix}/{'0' * 31}/namespace.json"),  # not a digest
+    ]
+    return outside, inside_foreign
+
+
+def etags(s3, names):
+    return {name: s3.client.head_object(Bucket=s3.bucket, Key=name)["ETag"] for name in names}
+
+
+# -- ls -----------------------------------------------------------------------------------
+def test_ls_lists_namespaces_fields_counts_and_foreign(tmp_path, s3, beside, capsys):
+    config, d1, keys1 = populate(s3, "r1", n=8)
+    _, d2, _ = populate(s3, "r2", n=3)
+    outside, inside_foreign = plant_beside(s3, beside, d1, keys1[0])
+    # a probe object a tier that died while starting left behind: ours, not foreign
+    probe = beside(f"{s3.prefix}/{d1}/.probe-{'ab' * 16}", b"probe")
+    assert main(["ls", write_config(tmp_path, config), "--json"]) == 0
+    out = capsys.readouterr().out
+    (tier,) = json.loads(out)
+    assert tier["type"] == "s3"
+    assert tier["location"] == f"s3://{s3.bucket}/{s3.prefix} at {s3.endpoint_url}"
+    by_revision = {ns["fields"]["revision"]: ns for ns in tier["namespaces"]}
+    assert set(by_revision) == {"r1", "r2"}
+    assert by_revision["r1"]["digest"] == d1 and by_revision["r2"]["digest"] == d2
+    assert by_revision["r1"]["fields"]["model"] == "test/model"
+    assert by_revision["r1"]["fields"]["digest"] == d1
+    for ns, n in ((by_revision["r1"], 8), (by_revision["r2"], 3)):
+        objects = block_objects(s3, ns["digest"])
+        assert ns["blocks"] == len(objects) == n
+        assert ns["bytes"] == sum(o["Size"] for o in objects.values()) == n * OBJ
+        assert ns["oldest"] <= ns["newest"]
+    assert tier["foreign"] == sorted(inside_foreign)
+    assert probe not in tier["foreign"] and not set(outside) & set(tier["foreign"])
+    assert s3.server.secret_key not in out and s3.server.access_key not in out
+
+    assert main(["ls", write_config(tmp_path, config)]) == 0
+    text = capsys.readouterr().out
+    assert f"{d1}  8 blocks  {8 * OBJ} bytes" in text and "revision=r1" in text
+    assert f"{len(inside_foreign)} foreign entries" in text
+
+
+def test_ls_paginates_and_treats_an_empty_prefix_as_empty(tmp_path, s3, monkeypatch, capsys):
+    config = stack_config(s3)
+    assert main(["ls", write_config(tmp_path, config), "--json"]) == 0
+    (tier,) = json.loads(capsys.readouterr().out)
+    assert tier["namespaces"] == [] and tier["foreign"] == []
+    _, digest, _ = populate(s3, n=7)
+    populate(s3, "r2", n=1)
+    populate(s3, "r3", n=1)
+    inspector = S3Inspector.from_config(s3.tier_config())
+    paginate = inspector._client.get_paginator("list_objects_v2").paginate
+    pages = []
+
+    def small_pages(**kwargs):
+        for page in paginate(**kwargs, PaginationConfig={"PageSize": 2}):
+            pages.append(kwargs["Prefix"])
+            yield page
+
+    monkeypatch.setattr(inspector._client, "get_paginator", lambda name: types.SimpleNamespace(paginate=small_pages))
+    assert len(inspector.namespaces()) == 3  # three namespaces listed two common prefixes a page
+    assert pages.count(f"{s3.prefix}/") == 2
+    assert len(list(inspector.blocks(digest))) == 7
+    assert pages.count(f"{s3.prefix}/{digest}/") == 4  # 7 blocks + namespace.json, two a page
+
+
+# -- gc -----------------------------------------------------------------------------------
+def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside(tmp_path, s3, beside, capsys):
+    config, keep, keep_keys = populate(s3, "r1", n=6)
+    _, old, old_keys = populate(s3, "r0", n=5)
+    outside, inside_foreign = plant_beside(s3, beside, old, old_keys[0])
+    before = etags(s3, outside + inside_foreign)
+    kept_before = etags(s3, list(block_objects(s3, keep)) + [f"{s3.prefix}/{keep}/namespace.json"])
+    path = write_config(tmp_path, config)
+
+    assert main(["gc", path, "--namespace", old, "--dry-run"]) == 0
+    assert f"would remove namespace {old} (5 blocks, {5 * OBJ} bytes)" in capsys.readouterr().out
+    assert len(block_objects(s3, old)) == 5
+
+    assert main(["gc", path, "--namespace", old]) == 0
+    out = capsys.readouterr().out
+    assert f"removed namespace {old} (5 blocks, {5 * OBJ} bytes)" in out
+    assert f"left {len(inside_foreign)} foreign entries alone" in out
+    assert block_objects(s3, old) == {}
+    assert f"{s3.prefix}/{old}/namespace.json" not in s3.list_keys(f"{s3.prefix}/{old}/")
+    assert etags(s3, outside + inside_foreign) == before  # every foreign and outside object untouched
+    assert etags(s3, list(kept_before)) == kept_before
+
+    assert main(["gc", path, "--namespace", old]) == 0
+    assert f"no namespace {old}" in capsys.readouterr().out
+    assert main(["gc", path, "--namespace", "../etc"]) == 0  # not present: nothing listed outside
+    assert etags(s3, outside + inside_foreign) == before
+
+
+def test_gc_older_than_uses_last_modified(tmp_path, s3, beside, monkeypatch, capsys):
+    """Moto's LastModified cannot be set back: store two batches a second apart and move gc's clock.
+
+    The cut-off is compared with the real LastModified values of the listing; only ``time.time``
+    as seen by the gc command is moved forward, so ``--older-than 1h`` cuts between the batches.
+    """
+    config, digest, old_keys = populate(s3, n=5, salt=b"old")
+    old_names = set(block_objects(s3, digest))
+    newest_old = max(o["LastModified"].timestamp() for o in block_objects(s3, digest).values())
+    deadline = newest_old + 1.05
+    while True:  # LastModified has one-second resolution on some servers
+        _, _, new_keys = populate(s3, n=1, salt=b"probe-clock")
+        stamps = {k: o["LastModified"].timestamp() for k, o in block_objects(s3, digest).items()}
+        if min(v for k, v in stamps.items() if k not in old_names) > newest_old:
+            break
+        s3.client.delete_objects(
+            Bucket=s3.bucket, Delete={"Objects": [{"Key": k} for k in stamps if k not in old_names]}
+        )
+        assert newest_old + 10 > deadline
+        deadline += 0.2
+        import time
+
+        time.sleep(0.3)
+    populate(s3, n=3, salt=b"new")
+    stamps = {k: o["LastModified"].timestamp() for k, o in block_objects(s3, digest).items()}
+    new_names = set(stamps) - old_names
+    split = min(stamps[k] for k in new_names)
+    assert max(stamps[k] for k in old_names) < split
+    outside, inside_foreign = plant_beside(s3, beside, digest, old_keys[0])
+    before = etags(s3, outside + inside_foreign)
+    path = write_config(tmp_path, config)
+
+    assert main(["gc", path, "--older-than", "1h"]) == 0  # the real clock: everything is fresh
+    assert "removed 0 blocks" in capsys.readouterr().out
+    monkeypatch.setattr(core_commands, "time", types.SimpleNamespace(time=lambda: split + 3600))
+    assert main(["gc", path, "--older-than", "1h", "--dry-run"]) == 0
+    assert f"would remove 5 blocks ({5 * OBJ} bytes)" in capsys.readouterr().out
+    assert set(block_objects(s3, digest)) == old_names | new_names
+    assert main(["gc", path, "--older-than", "1h"]) == 0
+    assert f"removed 5 blocks ({5 * OBJ} bytes)" in capsys.readouterr().out
+    assert set(block_objects(s3, digest)) == new_names
+    assert etags(s3, outside + inside_foreign) == before
+
+
+def test_gc_to_bytes_evicts_oldest_down_to_the_size(tmp_path, s3, beside, capsys):
+    config, digest, keys = populate(s3, n=6)
+    _, other, _ = populate(s3, "r2", n=4)
+    outside, inside_foreign = plant_beside(s3, beside, digest, keys[0])
+    before = etags(s3, outside + inside_foreign)
+    path = write_config(tmp_path, config)
+    assert main(["gc", path, "--to-bytes", str(3 * OBJ), "--dry-run"]) == 0
+    assert f"would remove 7 blocks ({7 * OBJ} bytes)" in capsys.readouterr().out
+    assert len(block_objects(s3)) == 10
+    assert main(["gc", path, "--to-bytes", str(3 * OBJ + 10)]) == 0
+    assert f"removed 7 blocks ({7 * OBJ} bytes)" in capsys.readouterr().out
+    remaining = block_objects(s3)
+    assert len(remaining) == 3 and sum(o["Size"] for o in remaining.values()) <= 3 * OBJ + 10
+    assert etags(s3, outside + inside_foreign) == before
+    assert main(["gc", path, "--to-bytes", "0"]) == 0
+    assert block_objects(s3) == {}
+    # namespace files stay (gc by age or size removes blocks only) and foreign objects too
+    assert {f"{s3.prefix}/{digest}/namespace.json", f"{s3.prefix}/{other}/namespace.json"} <= set(s3.list_keys())
+    assert etags(s3, outside + inside_foreign) == before
+
+
+def test_removal_is_batched_and_refuses_what_is_not_a_block(s3, beside, monkeypatch):
+    _, digest, keys = populate(s3, n=7)
+    outside, inside_foreign = plant_beside(s3, beside, digest, keys[0])
+    before = etags(s3, outside + inside_foreign)
+    inspector = S3Inspector.from_config(s3.tier_config())
+    blocks = list(inspector.blocks(digest))
+    assert sorted(b.key for b in blocks) == sorted(keys)
+    assert all(b.size == OBJ and b.name == block_name(s3, digest, b.key) for b in blocks)
+    for name in outside + inside_foreign + [f"{s3.prefix}/{digest}/namespace.json"]:
+        with pytest.raises(ValueError, match="refusing to touch"):
+            inspector.remove_blocks(digest, [blocks[0], BlockInfo(name, keys[0], OBJ, 0.0)])
+        with pytest.raises(ValueError, match="refusing to touch"):
+            inspector.read_block(digest, BlockInfo(name, keys[0], OBJ, 0.0))
+    _, other, _ = populate(s3, "r2", n=1)
+    with pytest.raises(ValueError, match="refusing to touch"):  # a block of another namespace
+        inspector.remove_blocks(other, blocks[:1])
+    for bad in ("", "..", f"{digest}/..", digest.upper(), f"../{digest}"):
+        with pytest.raises(ValueError, match="not a namespace digest"):
+            inspector.remove_namespace(bad)
+    assert len(block_objects(s3, digest)) == 7  # nothing went before the refusals
+
+    monkeypatch.setattr(s3_inspection, "DELETE_BATCH", 3)
+    real = inspector._client.delete_objects
+    sizes = []
+
+    def recording(**kwargs):
+        sizes.append(len(kwargs["Delete"]["Objects"]))
+        assert all(o["Key"].startswith(f"{s3.prefix}/{digest}/") for o in kwargs["Delete"]["Objects"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(inspector._client, "delete_objects", recording)
+    assert inspector.remove_blocks(digest, blocks[:2] + blocks[:2]) == 4  # already gone: not an error
+    assert inspector.remove_namespace(digest) == 5
+    assert sizes == [3, 1, 3, 2, 1]  # 4 keys; 5 blocks; namespace.json
+    assert s3.list_keys(f"{s3.prefix}/{digest}/") == [
+        n for n in inside_foreign if n.startswith(f"{s3.prefix}/{digest}/")
+    ]
+    assert etags(s3, outside + inside_foreign) == before
+
+
+# -- verify -------------------------------------------------------------------------------
+def test_verify_finds_planted_corruption_and_removes_it(tmp_path, s3, beside, capsys):
+    config, digest, keys = populate(s3, n=6)
+    flipped, truncated = block_name(s3, digest, keys[0]), block_name(s3, digest, keys[1])
+    data = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=flipped)["Body"].read())
+    data[HEADER_SIZE + 10] ^= 0xFF
+    s3.client.put_object(Bucket=s3.bucket, Key=flipped, Body=bytes(data))
+    s3.client.put_object(Bucket=s3.bucket, Key=truncated, Body=bytes(data[:50]))
+    outside, inside_foreign = plant_beside(s3, beside, digest, keys[2])
+    before = etags(s3, outside + inside_foreign)
+    path = write_config(tmp_path, config)
+
+    assert main(["verify", path]) == 1
+    out = capsys.readouterr().out
+    assert f"CORRUPT {flipped}: checksum" in out and f"CORRUPT {truncated}: truncated" in out
+    assert f"namespace {digest}: 6 verified, 2 corrupt" in out
+    assert {flipped, truncated} <= set(block_objects(s3, digest))  # report only without --remove
+
+    assert main(["verify", path, "--remove"]) == 1
+    assert "2 corrupt (removed)" in capsys.readouterr().out
+    assert set(block_objects(s3, digest)) == {block_name(s3, digest, k) for k in keys[2:]}
+    assert etags(s3, outside + inside_foreign) == before
+    assert main(["verify", path, "--sample", "3"]) == 0
+    assert "3 verified, 0 corrupt" in capsys.readouterr().out
+
+
+# -- stat ---------------------------------------------------------------------------------
+def test_stat_reports_resident_blocks(tmp_path, s3, capsys):
+    config, digest, keys = populate(s3, n=9)
+    assert main(["stat", write_config(tmp_path, config), "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    (tier,) = report["tiers"]
+    assert tier["type"] == "s3"
+    assert tier["stats"]["resident_blocks"] == len(block_objects(s3, digest)) == 9
+    assert tier["stats"]["resident_bytes"] == 9 * OBJ
+    assert report["namespace"] == digest
+    assert s3.server.secret_key not in out
+
+
+# -- errors -------------------------------------------------------------------------------
+def test_commands_fail_clearly_on_a_missing_bucket(tmp_path, s3, capsys):
+    path = write_config(tmp_path, stack_config(s3, bucket="no-such-bucket"))
+    for argv in (["ls"], ["gc", "--to-bytes", "0"], ["verify"], ["stat"]):
+        assert main([argv[0], path, *argv[1:]]) == 2
+        err = capsys.readouterr().err
+        assert f"tiering {argv[0]}: error: s3 tier: bucket 'no-such-bucket' does not exist" in err
+        assert s3.server.secret_key not in err and s3.server.access_key not in err
+
+
+def test_commands_fail_clearly_on_an_unreachable_endpoint_or_bad_config(tmp_path, s3, capsys):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = write_config(tmp_path, stack_config(s3, endpoint_url=f"http://127.0.0.1:{port}", max_attempts=1))
+    assert main(["ls", path]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach endpoint 'http://127.0.0.1:{port}'" in err and s3.server.secret_key not in err
+
+    assert main(["ls", write_config(tmp_path, stack_config(s3, retry_mode="sometimes"))]) == 2
+    assert "'retry_mode' is 'sometimes'" in capsys.readouterr().err
+    assert main(["ls", write_config(tmp_path, stack_config(s3, colour="blue"))]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+    assert main(["ls", write_config(tmp_path, stack_config(s3, bucket=None))]) == 2
+    assert "'bucket' is required" in capsys.readouterr().err
+
+
+def test_inspector_is_offered_by_the_tier_class(s3):
+    inspector = S3SecondaryTierManager.inspector(s3.tier_config(prefix=f"/{s3.prefix}//"))
+    assert isinstance(inspector, S3Inspector)
+    assert inspector.location() == f"s3://{s3.bucket}/{s3.prefix} at {s3.endpoint_url}"
+    assert s3.server.secret_key not in repr(vars(inspector))
