@@ -72,7 +72,7 @@ def block_objects(s3, digest=""):
         Bucket=s3.bucket, Prefix=f"{s3.prefix}/{digest}" if digest else f"{s3.prefix}/"
     ):
         for obj in page.get("Contents", ()):
-            _, _, shard, keyhex = (obj["Key"].split("/", 3) + ["", "", ""])[:4]
+            _, _, shard, keyhex = [*obj["Key"].split("/", 3), "", "", ""][:4]
             try:
                 key = bytes.fromhex(keyhex)
             except ValueError:
@@ -179,11 +179,11 @@ def test_ls_paginates_and_treats_an_empty_prefix_as_empty(tmp_path, s3, monkeypa
 
 # -- gc -----------------------------------------------------------------------------------
 def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside(tmp_path, s3, beside, capsys):
-    config, keep, keep_keys = populate(s3, "r1", n=6)
+    config, keep, _ = populate(s3, "r1", n=6)
     _, old, old_keys = populate(s3, "r0", n=5)
     outside, inside_foreign = plant_beside(s3, beside, old, old_keys[0])
     before = etags(s3, outside + inside_foreign)
-    kept_before = etags(s3, list(block_objects(s3, keep)) + [f"{s3.prefix}/{keep}/namespace.json"])
+    kept_before = etags(s3, [*block_objects(s3, keep), f"{s3.prefix}/{keep}/namespace.json"])
     path = write_config(tmp_path, config)
 
     assert main(["gc", path, "--namespace", old, "--dry-run"]) == 0
@@ -199,8 +199,10 @@ def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside
     assert etags(s3, outside + inside_foreign) == before  # every foreign and outside object untouched
     assert etags(s3, list(kept_before)) == kept_before
 
-    assert main(["gc", path, "--namespace", old]) == 0
-    assert f"no namespace {old}" in capsys.readouterr().out
+    assert main(["gc", path, "--namespace", old]) == 0  # the foreign objects left in it keep it listed
+    assert f"removed namespace {old} (0 blocks, 0 bytes)" in capsys.readouterr().out
+    assert main(["gc", path, "--namespace", "f" * 32]) == 0
+    assert f"no namespace {'f' * 32}" in capsys.readouterr().out
     assert main(["gc", path, "--namespace", "../etc"]) == 0  # not present: nothing listed outside
     assert etags(s3, outside + inside_foreign) == before
 
@@ -324,7 +326,7 @@ def test_verify_finds_planted_corruption_and_removes_it(tmp_path, s3, beside, ca
 
 # -- stat ---------------------------------------------------------------------------------
 def test_stat_reports_resident_blocks(tmp_path, s3, capsys):
-    config, digest, keys = populate(s3, n=9)
+    config, digest, _ = populate(s3, n=9)
     assert main(["stat", write_config(tmp_path, config), "--json"]) == 0
     out = capsys.readouterr().out
     report = json.loads(out)
