@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
-from tiering.core.metrics import StackMetrics, tier_labels
+from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,12 @@ class TieringManager:
         self.metrics = StackMetrics()
         self._primary_labels = tier_labels("primary", None)
         self._tier_labels = [tier_labels(t.tier_type, i) for i, t in enumerate(self.secondary_tiers)]
+        # Label tuples of the per-block lookup counters, made once (scheduler hot path).
+        self._lookup_labels = {
+            (idx, outcome): label_key({**labels, "outcome": outcome})
+            for idx, labels in [(PRIMARY, self._primary_labels), *enumerate(self._tier_labels)]
+            for outcome in ("hit", "miss", "in_flight")
+        }
 
     # -- lookup -------------------------------------------------------------
     def lookup(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> int | None:
@@ -111,7 +117,7 @@ class TieringManager:
             if key in failed:
                 return n
             hit = self.primary.lookup(key)
-            self.metrics.inc("lookups_total", {**self._primary_labels, "outcome": "hit" if hit else "miss"})
+            self.metrics.inc("lookups_total", self._lookup_labels[PRIMARY, "hit" if hit else "miss"])
             if hit:
                 continue
             verdict = self._secondary_lookup(key, req_context, record=True)[0]
@@ -134,7 +140,7 @@ class TieringManager:
                 verdict = False
             if record:
                 outcome = "in_flight" if verdict is None else "hit" if verdict else "miss"
-                self.metrics.inc("lookups_total", {**self._tier_labels[idx], "outcome": outcome})
+                self.metrics.inc("lookups_total", self._lookup_labels[idx, outcome])
             if verdict:
                 return True, idx
             pending = pending or verdict is None

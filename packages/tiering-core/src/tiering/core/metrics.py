@@ -101,6 +101,11 @@ class Histogram:
         return float("inf")
 
 
+def label_key(labels: dict[str, str]) -> Labels:
+    """The canonical (sorted) tuple form of ``labels``."""
+    return tuple(sorted(labels.items()))
+
+
 def tier_labels(tier: str, index: int | None) -> dict[str, str]:
     """Labels of a tier: ``index`` None means the CPU primary tier."""
     return {"tier": tier, "index": "primary" if index is None else str(index)}
@@ -114,15 +119,21 @@ class StackMetrics:
         self._counters: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
         self._histograms: dict[str, dict[Labels, Histogram]] = defaultdict(dict)
 
-    def inc(self, name: str, labels: dict[str, str], value: float = 1.0) -> None:
+    def inc(self, name: str, labels: dict[str, str] | Labels, value: float = 1.0) -> None:
         """Add ``value`` to counter ``name`` (a key of :data:`COUNTERS`).
+
+        Args:
+            name: the counter.
+            labels: a dict, or a tuple made once by :func:`label_key` (the
+                fast path for per-block calls on the scheduler's thread).
+            value: the increment.
 
         Raises:
             KeyError: ``name`` is not a declared counter.
         """
         if name not in COUNTERS:
             raise KeyError(f"unknown counter {name!r}")
-        key = tuple(sorted(labels.items()))
+        key = labels if isinstance(labels, tuple) else label_key(labels)
         with self._lock:
             self._counters[name][key] += value
 
@@ -134,7 +145,7 @@ class StackMetrics:
         """
         if name not in HISTOGRAMS:
             raise KeyError(f"unknown histogram {name!r}")
-        key = tuple(sorted(labels.items()))
+        key = label_key(labels)
         with self._lock:
             self._histograms[name].setdefault(key, Histogram()).observe(seconds)
 
@@ -147,7 +158,7 @@ class StackMetrics:
     def histogram(self, name: str, **labels: str) -> Histogram | None:
         """The histogram ``name`` with exactly ``labels``, if anything was observed."""
         with self._lock:
-            return self._histograms.get(name, {}).get(tuple(sorted(labels.items())))
+            return self._histograms.get(name, {}).get(label_key(labels))
 
     def samples(self) -> tuple[dict[str, dict[Labels, float]], dict[str, dict[Labels, Histogram]]]:
         """Copies of every counter and histogram sample, taken under the lock."""

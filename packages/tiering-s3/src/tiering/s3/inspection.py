@@ -89,7 +89,8 @@ class S3Inspector(TierInspector):
 
     def _list(self, prefix: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
         """Pages of ListObjectsV2 under ``prefix`` (which is always inside the tier's prefix)."""
-        assert prefix.startswith(self.root)
+        if not prefix.startswith(self.root):
+            raise ValueError(f"refusing to list {prefix!r}: outside s3://{self.bucket}/{self.prefix}")
         kwargs = {"Bucket": self.bucket, "Prefix": prefix}
         if delimiter:
             kwargs["Delimiter"] = delimiter
