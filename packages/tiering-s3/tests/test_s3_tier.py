@@ -254,8 +254,11 @@ def seed_foreign_objects(env):
 def exercise(tier, view, n=12):
     keys = [make_key(i, b"c08") for i in range(n)]
     assert store(tier, view, keys[: n // 2]) and store(tier, view, keys[n // 2 :])
-    assert all(wait_for_lookup(tier, k, CTX) for k in keys[-4:])
-    assert load(tier, view, keys[-4:], [12, 13, 14, 15]), tier.stats()
+    # Under a cap, which blocks of one job stay resident depends on the order its
+    # concurrent stores finish: load four of those the tier reports present.
+    resident = [k for k in keys if wait_for_lookup(tier, k, CTX)]
+    assert len(resident) >= 4, tier.stats()
+    assert load(tier, view, resident[-4:], [12, 13, 14, 15]), tier.stats()
     assert wait_for_lookup(tier, make_key(99, b"absent"), CTX) is False
     assert not load(tier, view, [make_key(98, b"absent")], [0])
     return keys
