@@ -495,7 +495,10 @@ def test_same_length_block_of_another_namespace_is_foreign(tmp_path, open_tier):
     assert store(t1, v1, [key])
     t2, v2 = open_tier(tmp_path, spec=make_spec(model_revision="r2"))
     os.makedirs(os.path.dirname(t2.block_path(key)), exist_ok=True)
-    shutil.copyfile(t1.block_path(key), t2.block_path(key))
+    # Publish the copy atomically, as a writer would: the start-up scan may be
+    # running and removes final files of the wrong size (a half-copied one).
+    shutil.copyfile(t1.block_path(key), t2.block_path(key) + ".copy")
+    os.replace(t2.block_path(key) + ".copy", t2.block_path(key))
     assert t2.lookup(key, CTX) is True  # right size: only the header can tell
     assert load(t2, v2, [key]) is False
     assert t2.stats()["load_failed_foreign"] == 1
