@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.core.commands import add_commands
-from tiering.core.factory import CachePolicyFactory, SecondaryTierFactory, check_tier_keys, create_spec
+from tiering.core.factory import CachePolicyFactory, SecondaryTierFactory, create_spec, resolve_tier
 
 logger = logging.getLogger("tiering.core.cli")
 
@@ -97,12 +97,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
         print(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
     for index, tier_config in enumerate(getattr(spec, "secondary_tiers", [])):
-        rest = dict(tier_config)
-        tier_type, module_path = rest.pop("type", None), rest.pop("module_path", None)
-        if not isinstance(tier_type, str) or not tier_type:
-            raise ValueError(f"secondary_tiers[{index}] has no 'type' (got {tier_type!r})")
-        tier_cls = SecondaryTierFactory.get_class(tier_type, module_path)
-        check_tier_keys(tier_cls, rest, f"secondary_tiers[{index}] (type {tier_type!r})")
+        tier_cls, tier_type, _ = resolve_tier(tier_config, index)
         print(
             f"secondary_tiers[{index}] type {tier_type!r}: "
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)})"

@@ -28,18 +28,16 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _inspectors(config: dict[str, Any]) -> list[tuple[int, dict[str, Any], TierInspector]]:
-    from tiering.core.factory import SecondaryTierFactory
-
     tiers = config.get("secondary_tiers", [])
     if not isinstance(tiers, list):
         raise ValueError("config key 'secondary_tiers' must be a list of objects")
     out = []
     for index, tier_config in enumerate(tiers):
-        cls = SecondaryTierFactory.get_class(str(tier_config.get("type")), tier_config.get("module_path"))
-        if getattr(cls, "inspector", None) is None:
+        inspector = inspector_for(tier_config, index)
+        if inspector is None:
             print(f"secondary_tiers[{index}] ({tier_config.get('type')}): nothing persistent to inspect")
-            continue
-        out.append((index, tier_config, inspector_for(tier_config, index)))
+        else:
+            out.append((index, tier_config, inspector))
     if not out:
         raise ValueError("the config has no persistent secondary tier to inspect")
     return out

@@ -284,13 +284,30 @@ def create_secondary_tier(
         ImportError, AttributeError, TypeError: see :meth:`Registry.get_class`;
             TypeError also for an unknown constructor key (naming tier and key).
     """
+    cls, tier_type, kwargs = resolve_tier(tier_config, index)
+    return cls(offloading_spec, primary_kv_view, tier_type, **kwargs)
+
+
+def resolve_tier(
+    tier_config: Mapping[str, Any], index: int = 0
+) -> tuple[type[SecondaryTierManager], str, dict[str, Any]]:
+    """Resolve one ``secondary_tiers`` entry without building the tier.
+
+    Returns:
+        ``(class, tier_type, constructor keywords)``: ``type`` and
+        ``module_path`` removed, every other key checked against the class.
+
+    Raises:
+        ValueError, ImportError, AttributeError, TypeError: as
+            :func:`create_secondary_tier`.
+    """
     if not isinstance(tier_config, Mapping):
         raise ValueError(f"secondary_tiers[{index}] must be an object, got {tier_config!r}")
-    config = dict(tier_config)
-    tier_type = config.pop("type", None)
-    module_path = config.pop("module_path", None)
+    kwargs = dict(tier_config)
+    tier_type = kwargs.pop("type", None)
+    module_path = kwargs.pop("module_path", None)
     if not isinstance(tier_type, str) or not tier_type:
         raise ValueError(f'secondary_tiers[{index}] has no \'type\' (got {tier_type!r}); e.g. "type": "fs"')
     cls = SecondaryTierFactory.get_class(tier_type, module_path)
-    check_tier_keys(cls, config, f"secondary_tiers[{index}] (type {tier_type!r})")
-    return cls(offloading_spec, primary_kv_view, tier_type, **config)
+    check_tier_keys(cls, kwargs, f"secondary_tiers[{index}] (type {tier_type!r})")
+    return cls, tier_type, kwargs

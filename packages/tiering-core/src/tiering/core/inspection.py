@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -66,8 +67,19 @@ class TierInspector(abc.ABC):
         """Digests of the namespaces present."""
 
     @abc.abstractmethod
+    def read_namespace_file(self, digest: str) -> bytes | None:
+        """The raw ``namespace.json`` of the namespace, None when absent."""
+
     def namespace_fields(self, digest: str) -> dict[str, Any] | None:
-        """The fields recorded in the namespace's ``namespace.json`` (None if missing or unreadable)."""
+        """The fields recorded in the namespace's ``namespace.json`` (None if missing or not a JSON object)."""
+        raw = self.read_namespace_file(digest)
+        if raw is None:
+            return None
+        try:
+            fields = json.loads(raw)
+        except ValueError:
+            return None
+        return fields if isinstance(fields, dict) else None
 
     @abc.abstractmethod
     def blocks(self, digest: str) -> Iterator[BlockInfo]:
@@ -133,23 +145,19 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
-def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector:
-    """The inspector of a ``secondary_tiers`` entry.
+def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector | None:
+    """The inspector of a ``secondary_tiers`` entry, or None for a tier that keeps nothing.
 
     Raises:
-        ValueError: the tier type offers no inspection (not a persistent tier).
-        ImportError, TypeError: see :func:`tiering.core.factory.create_secondary_tier`.
+        ValueError, ImportError, AttributeError, TypeError: see
+            :func:`tiering.core.factory.resolve_tier`; the inspector's own
+            errors for an unreachable root or bucket.
     """
-    from tiering.core.factory import SecondaryTierFactory
+    from tiering.core.factory import resolve_tier
 
-    config = dict(tier_config)
-    tier_type = config.pop("type", None)
-    module_path = config.pop("module_path", None)
-    if not isinstance(tier_type, str) or not tier_type:
-        raise ValueError(f"secondary_tiers[{index}] has no 'type' (got {tier_type!r})")
-    cls = SecondaryTierFactory.get_class(tier_type, module_path)
+    cls, _, kwargs = resolve_tier(tier_config, index)
     factory = getattr(cls, "inspector", None)
     if factory is None:
-        raise ValueError(f"secondary_tiers[{index}] (type {tier_type!r}) keeps nothing to inspect")
-    inspector: TierInspector = factory(config)
+        return None
+    inspector: TierInspector = factory(kwargs)
     return inspector

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tiering.core.metrics import COUNTERS, GAUGES, HISTOGRAMS, PREFIX, collect
+from tiering.core.metrics import COUNTERS, GAUGES, HISTOGRAMS, PREFIX, Labels, collect
 
 try:
     from prometheus_client import CollectorRegistry, start_http_server
@@ -40,32 +40,38 @@ class StackCollector(Collector):
             samples = counters.get(name, {})
             if not samples:
                 continue
-            labels = sorted({k for key in samples for k, _ in key})
+            labels = _label_names(samples)
             # CounterMetricFamily adds the _total suffix itself.
             family = CounterMetricFamily(PREFIX + name.removesuffix("_total"), doc, labels=labels)
             for key, value in sorted(samples.items()):
-                family.add_metric([dict(key).get(label, "") for label in labels], value)
+                family.add_metric(_label_values(key, labels), value)
             yield family
         for name, doc in GAUGES.items():
             samples = gauges.get(name, {})
             if not samples:
                 continue
-            labels = sorted({k for key in samples for k, _ in key})
+            labels = _label_names(samples)
             gauge = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
             for key, value in sorted(samples.items()):
-                gauge.add_metric([dict(key).get(label, "") for label in labels], value)
+                gauge.add_metric(_label_values(key, labels), value)
             yield gauge
         for name, doc in HISTOGRAMS.items():
             hists = histograms.get(name, {})
             if not hists:
                 continue
-            labels = sorted({k for key in hists for k, _ in key})
+            labels = _label_names(hists)
             histogram = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
             for key, hist in sorted(hists.items()):
-                histogram.add_metric(
-                    [dict(key).get(label, "") for label in labels], hist.cumulative(), sum_value=hist.total
-                )
+                histogram.add_metric(_label_values(key, labels), hist.cumulative(), sum_value=hist.total)
             yield histogram
+
+
+def _label_names(samples: dict[Labels, Any]) -> list[str]:
+    return sorted({name for key in samples for name, _ in key})
+
+
+def _label_values(key: Labels, names: list[str]) -> list[str]:
+    return [dict(key).get(name, "") for name in names]
 
 
 def registry_for(manager: TieringManager) -> CollectorRegistry:

@@ -11,7 +11,6 @@ else is foreign and is never deleted.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -75,15 +74,8 @@ class FsInspector(TierInspector):
                 found.add(top)
         return sorted(found)
 
-    def namespace_fields(self, digest: str) -> dict[str, Any] | None:
-        raw = self.backend.read_small(f"{self.root}/{digest}/namespace.json")
-        if raw is None:
-            return None
-        try:
-            fields = json.loads(raw)
-        except ValueError:
-            return None
-        return fields if isinstance(fields, dict) else None
+    def read_namespace_file(self, digest: str) -> bytes | None:
+        return self.backend.read_small(f"{self.root}/{digest}/namespace.json")
 
     def blocks(self, digest: str) -> Iterator[BlockInfo]:
         for stored in self.backend.scan(f"{self.root}/{digest}"):

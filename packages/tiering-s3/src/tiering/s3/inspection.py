@@ -13,7 +13,6 @@ an object, so a block being read is either read whole or not found (a miss for t
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import re
 import urllib.parse
@@ -140,21 +139,17 @@ class S3Inspector(TierInspector):
                     found.add(name)
         return sorted(found)
 
-    def namespace_fields(self, digest: str) -> dict[str, Any] | None:
+    def read_namespace_file(self, digest: str) -> bytes | None:
         name = f"{self._base(digest)}/{NAMESPACE_OBJECT}"
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=name)
             with response["Body"] as stream:
-                raw = stream.read()
+                raw: bytes = stream.read()
         except (ClientError, BotoCoreError) as exc:
             if classify_error(exc) == "not_found":
                 return None
             raise self._fail(f"GetObject of {name!r}", exc) from None
-        try:
-            fields = json.loads(raw)
-        except ValueError:
-            return None
-        return fields if isinstance(fields, dict) else None
+        return raw
 
     def blocks(self, digest: str) -> Iterator[BlockInfo]:
         base = self._base(digest)
