@@ -106,6 +106,8 @@ def test_console_tiering_commands_run(page, command, tmp_path, monkeypatch):
     if "../shared/traces" in command and not TRACE.exists():
         pytest.skip("the shared traces are not beside this checkout")
     argv = shlex.split(command)[1:]
+    # Outputs the sample names (--json, --plot) go to a scratch folder, not into the checkout.
+    argv = [str(tmp_path / a) if i and argv[i - 1] in ("--json", "--plot") else a for i, a in enumerate(argv)]
     monkeypatch.chdir(REPO)
     env = dict(os.environ, TIERING_CACHE_DIR=str(tmp_path / "cache"))
     exe = Path(sys.executable).parent / "tiering"
