@@ -239,3 +239,17 @@ def test_missing_backend_gets_an_install_hint(small_spec, small_view):
     name = missing[0]
     with pytest.raises(ValueError, match=f"pip install tiering-{name}"):
         create_secondary_tier({"type": name}, small_view, small_spec)
+
+
+def test_unknown_top_level_key_is_named_with_a_suggestion():
+    with pytest.raises(ValueError, match=r"unknown config key 'secondary_tier' \(did you mean 'secondary_tiers'\?\)"):
+        TieringOffloadingSpec({"cpu_bytes_to_use": 1 << 20, "secondary_tier": []})
+    # vLLM's own keys are accepted, so one kv_connector_extra_config serves both
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": 1 << 20, "tier_poll_interval_s": 0.001, "backpressure": {}})
+    assert spec.num_primary_blocks == (1 << 20) // spec.block_bytes
+    assert OffloadingSpec({"cpu_bytes_to_use": 1 << 20, "anything": 1}, strict=False).extra_config["anything"] == 1
+
+
+def test_vllm_tier_name_standalone_gets_a_hint(small_spec, small_view):
+    with pytest.raises(ValueError, match=r"vLLM binding's name of tier 'fs'.*standalone, write \"type\": 'fs'"):
+        create_secondary_tier({"type": "tiering_fs"}, small_view, small_spec)

@@ -122,10 +122,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tiering.core.bench.workload import MOONCAKE_BLOCK_TOKENS
     from tiering.core.spec import TieringOffloadingSpec
 
-    config = load_config(args.config) if args.config else default_bench_config(args.block_bytes)
-    config.setdefault("block_bytes", args.block_bytes)
-    if args.trace:
-        config.setdefault("block_size", MOONCAKE_BLOCK_TOKENS)
+    if args.config:
+        # A given config is used as it is, so bench stores blocks in the very
+        # namespace `tiering check`, `stat` and an engine use; --block-bytes
+        # overrides it only when given, and says so.
+        config = load_config(args.config)
+        if args.block_bytes is not None and config.get("block_bytes") != args.block_bytes:
+            print(f"--block-bytes {args.block_bytes} overrides the config's block_bytes", file=sys.stderr)
+            config["block_bytes"] = args.block_bytes
+    else:
+        config = default_bench_config(args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES)
+        if args.trace:
+            config["block_size"] = MOONCAKE_BLOCK_TOKENS
     spec = create_spec(config)
     if not isinstance(spec, TieringOffloadingSpec):
         raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
@@ -184,7 +192,8 @@ def format_report(data: dict[str, Any]) -> str:
     lat = data["scheduler_call_us"]
     lines += [
         f"verified blocks    {data['verified_blocks']} (every loaded byte matched)",
-        f"failed loads       {data['failed_loads']} (recomputed)",
+        f"short loads        {data['short_loads']} (requests that loaded fewer blocks than their lookup found:"
+        " a promotion failed or no primary slot was free; the rest was recomputed)",
         f"throughput         {data['throughput_gb_s']:.3f} GB/s",
         f"scheduler calls    {data['scheduler_calls']}: p50 {lat['p50']:.1f} us, p90 {lat['p90']:.1f} us, "
         f"p99 {lat['p99']:.1f} us, max {lat['max']:.1f} us",
@@ -202,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--config", help="JSON config (kv_connector_extra_config shape); default: primary + fs tier")
     bench.add_argument("--trace", help="Mooncake JSONL trace; default: synthetic multi-turn chat")
     bench.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests to replay (default 2000)")
-    bench.add_argument("--block-bytes", type=int, default=DEFAULT_BENCH_BLOCK_BYTES, help="bytes per block")
+    bench.add_argument(
+        "--block-bytes",
+        type=int,
+        help=f"bytes per block (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the default stack)",
+    )
     bench.add_argument("--json", help="also write the report as JSON to this file")
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
     bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
@@ -224,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
+    except BrokenPipeError:
+        # The reader of our output went away (e.g. `| head`): not an error of ours.
+        sys.stderr.close()
+        return 0
     except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:
         print(f"tiering {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -180,6 +180,12 @@ class Registry(Generic[T]):
             message += (
                 f" It is provided by the {self.install_hints[name]!r} package: pip install {self.install_hints[name]}."
             )
+        if name.startswith("tiering_"):
+            plain = name.removeprefix("tiering_")
+            message += (
+                f" {name!r} is the vLLM binding's name of tier {plain!r}: inside vLLM it goes with"
+                f' "module_path": "tiering.core.vllm.tiers"; standalone, write "type": {plain!r}.'
+            )
         return (
             message + f" An out-of-tree class loads with {self.path_key!r}: the module to import, "
             f"whose attribute named {name!r} is the class."

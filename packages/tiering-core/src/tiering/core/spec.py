@@ -9,6 +9,7 @@ scheduler-side manager (:meth:`TieringOffloadingSpec.get_manager`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -20,6 +21,41 @@ if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
     from tiering.core.manager import TieringManager
     from tiering.core.primary import CPUPrimaryTier
+
+SPEC_KEYS = frozenset(
+    {
+        "spec_name",
+        "spec_module_path",
+        "cpu_bytes_to_use",
+        "block_size",
+        "block_bytes",
+        "model",
+        "model_revision",
+        "kv_dtype",
+        "kv_layout",
+        "rank",
+        "world_size",
+        "eviction_policy",
+        "cache_policy_module_path",
+        "secondary_tiers",
+    }
+)
+"""Keys tiering reads from the offloading config."""
+
+VLLM_KEYS = frozenset(
+    {
+        "blocks_per_chunk",
+        "tier_poll_interval_s",
+        "backpressure",
+        "store_threshold",
+        "max_tracker_size",
+        "offload_prompt_only",
+        "self_describing_kv_events",
+        "canonical_layout",
+    }
+)
+"""Keys of vLLM 0.33's ``kv_connector_extra_config`` that vLLM itself reads (../shared/design/vllm.md):
+accepted and ignored standalone, so one config serves both."""
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_BLOCK_BYTES = 64 * 1024
@@ -104,14 +140,26 @@ class OffloadingSpec:
         extra_config: the JSON object (vLLM's ``kv_connector_extra_config`` shape).
         engine_config: the engine's own config object, kept reachable as
             :attr:`engine_config` (vLLM passes its ``VllmConfig`` / ``OffloadingConfig``).
+        strict: reject keys that neither tiering nor vLLM reads (a typo such
+            as ``secondary_tier``); an engine binding, which passes the
+            engine's whole config, turns it off.
 
     Raises:
-        ValueError: a key has the wrong type or range; the message names it.
+        ValueError: a key has the wrong type or range, or (strict) is unknown; the message names it.
     """
 
-    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None) -> None:
+    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None, *, strict: bool = True) -> None:
         if not isinstance(extra_config, Mapping):
             raise ValueError(f"offloading config must be a JSON object, got {type(extra_config).__name__}")
+        unknown = sorted(set(extra_config) - SPEC_KEYS - VLLM_KEYS)
+        if unknown and strict:
+            hints = [
+                f"{key!r} (did you mean {match[0]!r}?)"
+                if (match := difflib.get_close_matches(key, SPEC_KEYS, 1))
+                else repr(key)
+                for key in unknown
+            ]
+            raise ValueError(f"unknown config key {', '.join(hints)}; known keys: {', '.join(sorted(SPEC_KEYS))}")
         self.extra_config: Mapping[str, Any] = extra_config
         self.engine_config = engine_config
         self.block_size = _int_key(extra_config, "block_size", DEFAULT_BLOCK_SIZE, 1)
@@ -149,8 +197,8 @@ class TieringOffloadingSpec(OffloadingSpec):
             ``eviction_policy`` is not one of the allowed values.
     """
 
-    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None) -> None:
-        super().__init__(extra_config, engine_config)
+    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None, *, strict: bool = True) -> None:
+        super().__init__(extra_config, engine_config, strict=strict)
         tiers = extra_config.get("secondary_tiers", [])
         if not isinstance(tiers, list) or not all(isinstance(t, Mapping) for t in tiers):
             raise ValueError(f"config key 'secondary_tiers' must be a list of objects, got {tiers!r}")

@@ -50,7 +50,7 @@ class ReplayReport:
     bytes_loaded: Counter[str] = dataclasses.field(default_factory=Counter)
     bytes_stored: Counter[str] = dataclasses.field(default_factory=Counter)
     verified_blocks: int = 0
-    failed_loads: int = 0
+    short_loads: int = 0
     wall_s: float = 0.0
     scheduler_call_s: list[float] = dataclasses.field(default_factory=list)
     tier_stats: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -84,7 +84,7 @@ class ReplayReport:
             "bytes_loaded": dict(self.bytes_loaded),
             "bytes_stored": dict(self.bytes_stored),
             "verified_blocks": self.verified_blocks,
-            "failed_loads": self.failed_loads,
+            "short_loads": self.short_loads,
             "wall_s": self.wall_s,
             "throughput_gb_s": moved / self.wall_s / 1e9 if self.wall_s else 0.0,
             "scheduler_calls": len(lat),
@@ -175,7 +175,7 @@ class Replayer:
                 rep.hits[name] += 1
                 rep.bytes_loaded[name] += self.block_bytes
             rep.verified_blocks += len(result.keys)
-            rep.failed_loads += len(result.keys) < n
+            rep.short_loads += len(result.keys) < n
             loaded = len(result.keys)
             self._timed(lambda: self.manager.complete_load(ctx))
         rest = req.keys[loaded:]

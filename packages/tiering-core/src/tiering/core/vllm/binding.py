@@ -274,7 +274,7 @@ def tiering_spec_from_vllm(
             "world_size": config.parallel.world_size,
         }
     )
-    return OffloadingSpec(extra, engine_config=config)
+    return OffloadingSpec(extra, engine_config=config, strict=False)
 
 
 def offloading_config(
