@@ -126,9 +126,10 @@ class DirectIONotUsableError(OSError):
 
 
 def _view_address(view: memoryview) -> int | None:
-    """Address of the first byte of a writable buffer, None when it cannot be taken (read-only)."""
+    """Address of the first byte of a writable C-contiguous buffer, None when it cannot be taken."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+        flat = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        return ctypes.addressof(ctypes.c_char.from_buffer(flat))
     except (TypeError, ValueError, BufferError):
         return None
 
@@ -408,10 +409,9 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             return "the root is not a local filesystem"
         if self.block_bytes % DIRECT_ALIGN:
             return f"block_bytes {self.block_bytes} is not a multiple of {DIRECT_ALIGN}"
-        flat = self.primary_kv_view.cast("B") if self.primary_kv_view.ndim != 1 else self.primary_kv_view
-        address = _view_address(flat)
+        address = _view_address(self.primary_kv_view)
         if address is None:
-            return "the primary buffer's address cannot be taken (read-only?)"
+            return "the primary buffer's address cannot be taken (read-only or not contiguous)"
         if address % DIRECT_ALIGN:
             return f"the primary buffer is not {DIRECT_ALIGN}-byte aligned (address {address:#x})"
         return LocalBackend.probe_direct(self.namespace_dir)
