@@ -49,9 +49,15 @@ def fill(view: memoryview, n: int, size: int) -> None:
         slot[:8] = i.to_bytes(8, "little")
 
 
+O_DIRECT_ARG: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}
+O_DIRECT = O_DIRECT_ARG["auto"]
+
+
 def tier_pass(root: str, view: memoryview, n: int, size: int, threads: int) -> tuple[float, float]:
     spec = OffloadingSpec({"cpu_bytes_to_use": n * size, "block_bytes": size, "model": "bench"})
-    tier = FsspecSecondaryTierManager(spec, view, "fs", root=root, n_read_threads=threads, n_write_threads=threads)
+    tier = FsspecSecondaryTierManager(
+        spec, view, "fs", root=root, n_read_threads=threads, n_write_threads=threads, o_direct=O_DIRECT
+    )
     keys = [make_key(i, b"bench") for i in range(n)]
     try:
         t0 = time.perf_counter()
@@ -110,12 +116,18 @@ def main() -> None:
     parser.add_argument("--total-mib", type=int, default=512, help="payload per case, MiB")
     parser.add_argument("--threads", type=int, default=4, help="read threads = write threads = raw threads")
     parser.add_argument("--repeat", type=int, default=2, help="passes per path; the best is reported")
+    parser.add_argument("--o-direct", choices=sorted(O_DIRECT_ARG), default="auto", help="the tier's o_direct")
     args = parser.parse_args()
+    global O_DIRECT
+    O_DIRECT = O_DIRECT_ARG[args.o_direct]
     scratch = args.dir or tempfile.mkdtemp(prefix="bench-fs-")
     cold = drop_caches()
     if not cold:
         print("note: cannot drop the page cache (not root?): loads below are WARM reads")
-    print(f"scratch {scratch}, {args.threads} threads, {args.total_mib} MiB per case, best of {args.repeat}")
+    print(
+        f"scratch {scratch}, {args.threads} threads, {args.total_mib} MiB per case, best of {args.repeat}, "
+        f"o_direct {args.o_direct}"
+    )
     print(f"{'block':>8} {'path':>5} {'store GB/s':>11} {'load GB/s':>10}")
     try:
         for kib in (int(s) for s in args.sizes_kib.split(",")):

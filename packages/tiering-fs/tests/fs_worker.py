@@ -44,7 +44,7 @@ def main() -> None:
         real = os.pwritev
 
         def hang(fd, bufs, offset):
-            real(fd, [bufs[0], bufs[1][:4096]], offset)
+            real(fd, [bufs[0][:4096]], offset)  # the first page of the payload, no trailer
             print("hanging", flush=True)
             time.sleep(3600)
             return 0

@@ -9,7 +9,7 @@ import pytest
 from tiering.core import TieringOffloadingSpec
 from tiering.core.bench import Replayer, synthetic_chat
 from tiering.core.cli import main
-from tiering.core.format import HEADER_SIZE
+from tiering.fs.backend import TRAILER_BYTES
 
 
 def populate(root, revision="r1", requests=40):
@@ -54,7 +54,7 @@ def test_ls_lists_namespaces_fields_counts_and_foreign(tmp_path, root, capsys):
     for ns in tier["namespaces"]:
         files = list((root / ns["digest"]).rglob("*.kvb"))
         assert ns["blocks"] == len(files) > 0
-        assert ns["bytes"] == sum(f.stat().st_size for f in files) == ns["blocks"] * (HEADER_SIZE + 4096)
+        assert ns["bytes"] == sum(f.stat().st_size for f in files) == ns["blocks"] * (4096 + TRAILER_BYTES)
         assert ns["oldest"] <= ns["newest"]
     assert tier["foreign"] == [str(root / "notes.txt")]
 
@@ -90,7 +90,7 @@ def test_gc_older_than_and_to_bytes(tmp_path, root, capsys):
     path = write_config(tmp_path, config)
     assert main(["gc", path, "--older-than", "2d"]) == 0
     assert sorted(block_files(root)) == sorted(files[len(files) // 2 :])
-    size = HEADER_SIZE + 4096
+    size = 4096 + TRAILER_BYTES
     assert main(["gc", path, "--to-bytes", str(5 * size)]) == 0
     assert len(block_files(root)) == 5
     assert main(["gc", path, "--older-than", "soon"]) == 2
@@ -113,7 +113,7 @@ def test_verify_finds_planted_corruption_and_removes_it(tmp_path, root, capsys):
     files = block_files(root)
     flipped, truncated = files[0], files[1]
     data = bytearray(flipped.read_bytes())
-    data[HEADER_SIZE + 10] ^= 0xFF
+    data[10] ^= 0xFF  # a payload byte (the payload comes first)
     flipped.write_bytes(bytes(data))
     os.truncate(truncated, 50)
     path = write_config(tmp_path, config)

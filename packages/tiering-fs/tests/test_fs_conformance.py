@@ -17,7 +17,7 @@ class TestFsFileUrlCappedConformance(TierConformanceTests):
 
     @pytest.fixture
     def tier_config(self, tmp_path):
-        return {"type": "fs", "root": f"file://{tmp_path}/kv", "capacity_bytes": 64 * (128 + self.block_bytes)}
+        return {"type": "fs", "root": f"file://{tmp_path}/kv", "capacity_bytes": 64 * (self.block_bytes + 4096)}
 
 
 class TestFsMemoryConformance(TierConformanceTests):

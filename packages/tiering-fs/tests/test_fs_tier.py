@@ -32,7 +32,7 @@ from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.fs import FsspecSecondaryTierManager
-from tiering.fs.backend import LocalBackend
+from tiering.fs.backend import TRAILER_BYTES, LocalBackend
 from tiering.fs.tier import RootNotUsableError
 
 WORKER = Path(__file__).with_name("fs_worker.py")
@@ -207,8 +207,9 @@ def test_namespace_json_lists_every_field_and_layout_is_sharded(tmp_path, open_t
     rel = path.relative_to(tmp_path).as_posix()
     assert re.fullmatch(rf"{ns.digest}/[0-9a-f]{{2}}/[0-9a-f]{{2}}/{key.hex()}\.kvb", rel), rel
     data = path.read_bytes()
-    assert len(data) == HEADER_SIZE + BB and data[:4] == b"TKVB"
-    assert data[HEADER_SIZE:] == block_payload(key, BB)
+    assert len(data) == BB + TRAILER_BYTES and data[BB : BB + 4] == b"TKVB"
+    assert data[:BB] == block_payload(key, BB)
+    assert data[BB + HEADER_SIZE :] == bytes(TRAILER_BYTES - HEADER_SIZE)
     assert temp_files(tmp_path) == []
 
 
@@ -220,7 +221,7 @@ def test_file_url_root_uses_the_local_fast_path(tmp_path, open_tier):
 
 
 def test_stats_has_every_counter(tmp_path, open_tier):
-    tier, view = open_tier(tmp_path, capacity_bytes=10 * (HEADER_SIZE + BB))
+    tier, view = open_tier(tmp_path, capacity_bytes=10 * (BB + TRAILER_BYTES))
     assert store(tier, view, [make_key(i) for i in range(3)])
     assert load(tier, view, [make_key(0)], [5])
     assert tier.lookup(make_key(0), CTX) is True and tier.lookup(make_key(99), CTX) is False
@@ -233,8 +234,8 @@ def test_stats_has_every_counter(tmp_path, open_tier):
         "blocks_loaded": 1,
         "bytes_loaded": BB,
         "resident_blocks": 3,
-        "resident_bytes": 3 * (HEADER_SIZE + BB),
-        "capacity_bytes": 10 * (HEADER_SIZE + BB),
+        "resident_bytes": 3 * (BB + TRAILER_BYTES),
+        "capacity_bytes": 10 * (BB + TRAILER_BYTES),
         "in_flight_jobs": 0,
         "load_failed_checksum": 0,
         "load_failed_truncated": 0,
@@ -262,7 +263,7 @@ def test_C04_restart_in_new_process_reuses_every_block(tmp_path, open_tier, capl
         assert tier.wait_for_scan(10)
     assert re.search(r"startup scan of .* took [0-9.]+ s: 100 blocks", caplog.text)
     s = tier.stats()
-    assert (s["resident_blocks"], s["resident_bytes"]) == (100, 100 * (HEADER_SIZE + bb))
+    assert (s["resident_blocks"], s["resident_bytes"]) == (100, 100 * (bb + TRAILER_BYTES))
     keys = [make_key(i, b"c04") for i in range(100)]
     assert all(tier.lookup(k, CTX) is True for k in keys)
     assert store_many(tier, view, keys)
@@ -272,7 +273,7 @@ def test_C04_restart_in_new_process_reuses_every_block(tmp_path, open_tier, capl
 
 
 def test_cap_holds_across_restart(tmp_path, open_tier):
-    stored = HEADER_SIZE + BB
+    stored = BB + TRAILER_BYTES
     tier, view = open_tier(tmp_path, capacity_bytes=10 * stored)
     keys = [make_key(i, b"cap") for i in range(15)]
     for key in keys:  # one at a time: a defined recency order
@@ -300,7 +301,7 @@ def test_cap_holds_across_restart(tmp_path, open_tier):
 def test_C05_cap_of_20_blocks_never_refuses_500_stores(tmp_path, memroot, open_tier, where):
     bb = 4096
     root = str(tmp_path) if where == "file" else memroot
-    tier, view = open_tier(root, spec=make_spec(block_bytes=bb), capacity_bytes=20 * (HEADER_SIZE + bb))
+    tier, view = open_tier(root, spec=make_spec(block_bytes=bb), capacity_bytes=20 * (bb + TRAILER_BYTES))
     keys = [make_key(i, b"c05") for i in range(500)]
     assert store_many(tier, view, keys)
     s = tier.stats()
@@ -315,7 +316,7 @@ def test_C05_cap_of_20_blocks_never_refuses_500_stores(tmp_path, memroot, open_t
 
 
 def test_cap_is_enforced_per_directory_by_rescans(tmp_path, open_tier):
-    stored = HEADER_SIZE + BB
+    stored = BB + TRAILER_BYTES
     config = {"capacity_bytes": 10 * stored, "rescan_interval_s": 0.1}
     a, view_a = open_tier(tmp_path, **config)
     b, view_b = open_tier(tmp_path, **config)
@@ -335,9 +336,9 @@ def _count_reads(monkeypatch, tier):
     counts = {}
     real = tier.backend.read_block
 
-    def counting(path, header, payload, expected):
+    def counting(path, payload, trailer, expected):
         counts[path] = counts.get(path, 0) + 1
-        return real(path, header, payload, expected)
+        return real(path, payload, trailer, expected)
 
     monkeypatch.setattr(tier.backend, "read_block", counting)
     return counts
@@ -432,9 +433,9 @@ def test_damaged_file_is_a_removed_miss(tmp_path, open_tier, damage, cause):
     path = Path(tier.block_path(key))
     data = bytearray(path.read_bytes())
     if damage == "payload_bit_flip":
-        data[HEADER_SIZE + 1000] ^= 0x10
+        data[1000] ^= 0x10
     elif damage == "header_bit_flip":
-        data[30] ^= 0x01
+        data[BB + 30] ^= 0x01
     elif damage == "zero_length":
         data = bytearray()
     elif damage == "extra_bytes":
@@ -537,7 +538,7 @@ def test_C02_throttled_write_is_never_served_partially(tmp_path, open_tier, monk
         verdicts.add(tier.lookup(key, CTX))
         temps = temp_files(tmp_path)
         if temps and not os.path.exists(final):
-            partial_seen = partial_seen or any(0 < p.stat().st_size < HEADER_SIZE + bb for p in temps)
+            partial_seen = partial_seen or any(0 < p.stat().st_size < bb + TRAILER_BYTES for p in temps)
         if load_result is None and partial_seen:
             load_job = JobMetadata(next(_ids), [key], [1], True, CTX)
             tier.submit_load(load_job)
@@ -551,7 +552,7 @@ def test_C02_throttled_write_is_never_served_partially(tmp_path, open_tier, monk
         results.update(wait_for_jobs(tier, [load_result]))
     assert results[load_result] is False
     assert block_view(view, 1).tobytes() == sentinel  # no partial bytes delivered
-    assert tier.lookup(key, CTX) is True and os.path.getsize(final) == HEADER_SIZE + bb
+    assert tier.lookup(key, CTX) is True and os.path.getsize(final) == bb + TRAILER_BYTES
     monkeypatch.undo()
     assert load(tier, view, [key], [1]) and block_view(view, 1).tobytes() == block_payload(key, bb)
 
@@ -591,7 +592,7 @@ def test_kill_9_mid_store_leaves_nothing_servable(tmp_path, open_tier):
     lines = [worker.stdout.readline().strip() for _ in range(3)]
     assert lines == ["ready", "stored", "hanging"]
     temps = temp_files(tmp_path)
-    assert len(temps) == 1 and temps[0].stat().st_size == HEADER_SIZE + 4096
+    assert len(temps) == 1 and temps[0].stat().st_size == 4096
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)  # reaped: the pid is gone, so its temporaries are removed at once
     tier, view = open_tier(tmp_path)
@@ -826,3 +827,173 @@ def test_works_under_the_tiering_manager(tmp_path):
         assert manager.lookup(keys[:2], CTX) == 2
     finally:
         manager.shutdown()
+
+
+# -- O_DIRECT ------------------------------------------------------------------------------
+
+
+def _direct_or_skip(directory):
+    reason = LocalBackend.probe_direct(str(directory))
+    if reason is not None:
+        pytest.skip(f"O_DIRECT not usable in {directory}: {reason}")
+
+
+def _record_open_flags(monkeypatch):
+    """Record the flags every block file (final or temporary) is opened with."""
+    flags = []
+    real = os.open
+
+    def recording(path, flag, *args, **kwargs):
+        if ".kvb" in os.fspath(path):
+            flags.append(flag)
+        return real(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording)
+    return flags
+
+
+def test_o_direct_is_used_on_a_local_disk_with_aligned_slots(tmp_path, open_tier, monkeypatch):
+    _direct_or_skip(tmp_path)
+    tier, view = open_tier(tmp_path)
+    assert tier.o_direct is True and tier.o_direct_reason == "" and tier.stats()["o_direct"] == 1
+    flags = _record_open_flags(monkeypatch)
+    keys = [make_key(i, b"direct") for i in range(8)]
+    assert store_many(tier, view, keys)
+    assert loads_exact(tier, view, keys)
+    assert len(flags) == 16 and all(f & os.O_DIRECT for f in flags)
+    for key in keys:
+        data = Path(tier.block_path(key)).read_bytes()
+        assert data[:BB] == block_payload(key, BB) and data[BB : BB + 4] == b"TKVB"
+
+
+def test_blocks_written_buffered_load_with_o_direct_and_back(tmp_path, open_tier):
+    _direct_or_skip(tmp_path)
+    buffered, view_b = open_tier(tmp_path, o_direct=False)
+    assert buffered.o_direct is False and "o_direct: false" in buffered.o_direct_reason
+    keys = [make_key(i, b"mixed") for i in range(6)]
+    assert store_many(buffered, view_b, keys[:3])
+    direct, view_d = open_tier(tmp_path, o_direct=True)
+    assert direct.o_direct is True
+    assert store_many(direct, view_d, keys[3:])
+    assert loads_exact(direct, view_d, keys) and loads_exact(buffered, view_b, keys)
+
+
+def test_block_bytes_not_a_page_multiple_falls_back_to_buffered(tmp_path, open_tier, monkeypatch):
+    bb = 3 * 4096 + 100
+    spec = make_spec(block_bytes=bb)
+    tier, view = open_tier(tmp_path, spec=spec)
+    assert tier.o_direct is False and "not a multiple of 4096" in tier.o_direct_reason
+    assert tier.stats()["o_direct"] == 0
+    flags = _record_open_flags(monkeypatch)
+    keys = [make_key(i, b"odd") for i in range(8)]
+    assert store_many(tier, view, keys)
+    assert loads_exact(tier, view, keys)
+    assert flags and not any(f & getattr(os, "O_DIRECT", 0) for f in flags)
+    (path,) = {Path(tier.block_path(keys[0]))}
+    data = path.read_bytes()
+    assert len(data) == bb + TRAILER_BYTES and data[:bb] == block_payload(keys[0], bb)
+    with pytest.raises(fs_tier.DirectIONotUsableError, match=r"o_direct is true.*not a multiple of 4096"):
+        open_tier(tmp_path / "strict", spec=spec, o_direct=True)
+
+
+def test_unaligned_primary_buffer_falls_back_to_buffered(tmp_path):
+    import mmap
+
+    n = 4
+    region = mmap.mmap(-1, n * BB + 512)
+    flat = memoryview(region)[512 : 512 + n * BB]
+    view = flat.cast("B", (n, BB))
+    tier = FsspecSecondaryTierManager(make_spec(num_blocks=n), view, "fs", root=str(tmp_path))
+    try:
+        assert tier.o_direct is False and "aligned" in tier.o_direct_reason
+        keys = [make_key(i, b"unaligned") for i in range(n)]
+        assert store(tier, view, keys)
+        assert loads_exact(tier, view, keys)
+    finally:
+        tier.shutdown()
+        del flat, view
+    with pytest.raises(fs_tier.DirectIONotUsableError):
+        region2 = mmap.mmap(-1, n * BB + 512)
+        v2 = memoryview(region2)[512 : 512 + n * BB].cast("B", (n, BB))
+        FsspecSecondaryTierManager(make_spec(num_blocks=n), v2, "fs", root=str(tmp_path / "b"), o_direct=True)
+
+
+def test_o_direct_true_on_tmpfs_raises_a_clear_error(open_tier):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    root = Path(f"/dev/shm/tiering-odirect-{uuid.uuid4().hex}")
+    try:
+        root.mkdir()
+        if LocalBackend.probe_direct(str(root)) is None:
+            pytest.skip("O_DIRECT works on this tmpfs")
+        with pytest.raises(fs_tier.DirectIONotUsableError) as info:
+            open_tier(root, o_direct=True)
+        assert str(root) in str(info.value) and "O_DIRECT" in str(info.value)
+        tier, view = open_tier(root)  # "auto": buffered, same layout
+        assert tier.o_direct is False and "probe failed" in tier.o_direct_reason
+        keys = [make_key(i, b"shm-root") for i in range(4)]
+        assert store(tier, view, keys) and loads_exact(tier, view, keys)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_round_trip_from_a_dev_shm_primary_buffer(tmp_path, monkeypatch):
+    import mmap
+
+    from tiering.core.primary import as_block_view
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    n, bb = 8, 256 * 1024
+    shm = f"/dev/shm/tiering-test-{uuid.uuid4().hex}"
+    fd = os.open(shm, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, n * bb)
+        region = mmap.mmap(fd, n * bb)
+    finally:
+        os.close(fd)
+        os.unlink(shm)
+    view = as_block_view(memoryview(region), n, bb)
+    tier = FsspecSecondaryTierManager(make_spec(block_bytes=bb, num_blocks=n), view, "fs", root=str(tmp_path))
+    try:
+        assert tier.o_direct is (LocalBackend.probe_direct(str(tmp_path)) is None)
+        keys = [make_key(i, b"shm") for i in range(n)]
+        assert store(tier, view, keys)
+        for slot in range(n):
+            block_view(view, slot)[:] = bytes(bb)
+        assert load(tier, view, keys, list(range(n)))
+        for slot, key in enumerate(keys):
+            assert block_view(view, slot).tobytes() == block_payload(key, bb)
+    finally:
+        tier.shutdown()
+
+
+def test_o_direct_read_of_a_truncated_file_is_short_not_an_error(tmp_path):
+    import mmap
+
+    from tiering.fs.backend import _preadv_all
+
+    _direct_or_skip(tmp_path)
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * (4096 + 100))
+    payload, trailer = mmap.mmap(-1, 8192), mmap.mmap(-1, TRAILER_BYTES)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert _preadv_all(fd, [memoryview(payload), memoryview(trailer)], 0, direct=True) == 4096 + 100
+    finally:
+        os.close(fd)
+    # Through the back end: a file shorter than it should be is a truncation, never EINVAL.
+    backend = LocalBackend(direct=True)
+    with pytest.raises(fs_tier.BlockFormatError, match="expected"):
+        backend.read_block(str(path), memoryview(payload), memoryview(trailer), 8192 + TRAILER_BYTES)
+
+
+def test_o_direct_config_values(tmp_path, memroot, open_tier):
+    with pytest.raises(ValueError, match="o_direct"):
+        open_tier(tmp_path, o_direct="yes")
+    with pytest.raises(TypeError, match="o_direct"):
+        open_tier(tmp_path, o_direct=1)
+    tier, _ = open_tier(memroot)
+    assert tier.o_direct is False and "not a local" in tier.o_direct_reason
+    with pytest.raises(fs_tier.DirectIONotUsableError, match="not a local"):
+        open_tier(memroot, o_direct=True)

@@ -108,6 +108,14 @@ class TierInspector(abc.ABC):
             out.add(block)
         return out
 
+    def split_block(self, data: memoryview) -> tuple[memoryview, memoryview]:
+        """Split a block's stored bytes into ``(header, payload)``; the default layout is header first.
+
+        Raises:
+            BlockFormatError: ``data`` is too short for the layout.
+        """
+        return data[:HEADER_SIZE], data[HEADER_SIZE:]
+
     def verify(self, digest: str, block: BlockInfo) -> str | None:
         """Check one block's header and checksum; returns None when sound, else the reason.
 
@@ -116,10 +124,11 @@ class TierInspector(abc.ABC):
         """
         data = memoryview(self.read_block(digest, block))
         try:
-            fields = parse_header(data[:HEADER_SIZE])
+            header, payload = self.split_block(data)
+            fields = parse_header(header)
             verify_block(
-                data[:HEADER_SIZE],
-                data[HEADER_SIZE:],
+                header,
+                payload,
                 bytes.fromhex(digest),
                 block.key,
                 stored_size=HEADER_SIZE + int(fields["payload_len"]),

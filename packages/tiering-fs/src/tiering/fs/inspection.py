@@ -2,7 +2,8 @@
 
 Only files laid out by this package are blocks or namespace files
 (``<root>/<32 hex digest>/namespace.json`` and
-``<root>/<digest>/<ab>/<cd>/<key hex>.kvb``); temporaries of writers in
+``<root>/<digest>/<ab>/<cd>/<key hex>.kvb``, each the payload followed by a
+4096-byte trailer page that starts with the header); temporaries of writers in
 flight (``*.kvb.tmp.<host>.<pid>.<token>``) are neither reported as foreign
 nor removed here (the tier's own start-up scan cleans stale ones); anything
 else is foreign and is never deleted.
@@ -16,8 +17,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from tiering.core.format import HEADER_SIZE, TruncatedBlockError
 from tiering.core.inspection import BlockInfo, TierInspector
-from tiering.fs.backend import Backend, StoredFile
+from tiering.fs.backend import TRAILER_BYTES, Backend, StoredFile
 
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _BLOCK = re.compile(r"^([0-9a-f]{2})/([0-9a-f]{2})/((?:[0-9a-f]{2})+)\.kvb$")
@@ -96,6 +98,19 @@ class FsInspector(TierInspector):
         if data is None:
             raise FileNotFoundError(block.name)
         return data
+
+    def split_block(self, data: memoryview) -> tuple[memoryview, memoryview]:
+        """Payload first, then the trailer page whose first bytes are the header.
+
+        Raises:
+            TruncatedBlockError: ``data`` is shorter than the trailer.
+        """
+        if data.nbytes < TRAILER_BYTES:
+            raise TruncatedBlockError(
+                f"block file is {data.nbytes} bytes, shorter than its {TRAILER_BYTES}-byte trailer"
+            )
+        end = data.nbytes - TRAILER_BYTES
+        return data[end : end + HEADER_SIZE], data[:end]
 
     def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
         removed = 0

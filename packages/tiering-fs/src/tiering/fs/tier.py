@@ -7,8 +7,12 @@ Layout under ``root``::
 
 ``ab`` / ``cd`` are the first four hex digits of XXH3-64 of the key (keys are
 opaque, so they are hashed once more to spread them evenly), bounding the
-fan-out to 256 x 256 directories. Each ``.kvb`` file is the
-:mod:`tiering.core.format` header (128 bytes) followed by the block bytes.
+fan-out to 256 x 256 directories. Each ``.kvb`` file is the block bytes (one
+primary slot, at offset 0) followed by a 4096-byte trailer page: the
+:mod:`tiering.core.format` header (128 bytes), then zeros. Every part of the
+file is page aligned, so on a local disk that supports it (and with
+page-aligned primary slots) blocks move with ``O_DIRECT`` between the slot
+and the disk, bypassing the page cache.
 
 A block is written to ``<key hex>.kvb.tmp.<host>.<pid>.<token>`` in the same
 directory and published by rename, so a reader never sees a partial block;
@@ -20,10 +24,12 @@ the in-memory index forgets the key.
 from __future__ import annotations
 
 import collections
+import ctypes
 import errno
 import itertools
 import json
 import logging
+import mmap
 import os
 import re
 import secrets
@@ -37,7 +43,7 @@ from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, Se
 from tiering.core.format import HEADER_SIZE, MAX_KEY_BYTES, BlockFormatError, checksum, encode_header, verify_block
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
-from tiering.fs.backend import Backend, FsspecBackend, LocalBackend
+from tiering.fs.backend import DIRECT_ALIGN, TRAILER_BYTES, Backend, FsspecBackend, LocalBackend
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,7 @@ BLOCK_SUFFIX = ".kvb"
 TMP_MARK = ".tmp."
 NAMESPACE_FILE = "namespace.json"
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
+_ZERO_TAIL = bytes(TRAILER_BYTES - HEADER_SIZE)
 NEGATIVE_PROBE_TTL_S = 1.0
 _MAX_NEGATIVE = 65536
 
@@ -114,6 +121,19 @@ class RootNotUsableError(OSError):
     """The configured root cannot be created or written; the message names the path and the reason."""
 
 
+class DirectIONotUsableError(OSError):
+    """``o_direct: true`` was configured but ``O_DIRECT`` cannot be used; the message names the path and the reason."""
+
+
+def _view_address(view: memoryview) -> int | None:
+    """Address of the first byte of a writable C-contiguous buffer, None when it cannot be taken."""
+    try:
+        flat = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        return ctypes.addressof(ctypes.c_char.from_buffer(flat))
+    except (TypeError, ValueError, BufferError):
+        return None
+
+
 class _Job:
     """Book-keeping of one submitted job, split into one task per block."""
 
@@ -136,9 +156,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
 
         {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
 
-    Each stored block occupies ``128 + block_bytes`` bytes (header plus
-    payload); ``capacity_bytes`` counts those sizes. See the package README
-    for the full reference, the layout and the multi-process semantics.
+    Each stored block occupies ``block_bytes + 4096`` bytes (payload, then a
+    trailer page holding the header); ``capacity_bytes`` counts those sizes.
+    See the package README for the full reference, the layout and the
+    multi-process semantics.
 
     Args:
         offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).
@@ -176,11 +197,24 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             ``"async"`` (a background probe, the lookup answers None
             meanwhile; default for non-local roots), ``"off"``, or
             ``"auto"``.
+        o_direct: move blocks with ``O_DIRECT`` on a local root (no page
+            cache; much faster from a ``/dev/shm`` primary buffer):
+            ``"auto"`` uses it when a probe write/read in the namespace
+            directory succeeds and every primary slot is page aligned
+            (``block_bytes`` a multiple of 4096, the buffer's base address
+            too), else buffered I/O; ``True`` requires it; ``False``
+            never. The file layout is the same either way. The outcome is
+            :attr:`o_direct` (and ``stats()["o_direct"]``).
+
+    Attributes:
+        o_direct: whether block files are read and written with ``O_DIRECT``.
+        o_direct_reason: why not, when ``o_direct`` is False ("" otherwise).
 
     Raises:
         TypeError: a config value has the wrong type (the message names the key).
         ValueError: a config value is out of range or ``root`` has an unknown protocol.
         RootNotUsableError: the root cannot be created or written (path and reason in the message).
+        DirectIONotUsableError: ``o_direct=True`` and ``O_DIRECT`` cannot be used (path and reason in the message).
     """
 
     def __init__(
@@ -197,6 +231,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         stale_temp_s: float = 600.0,
         rescan_interval_s: float = 30.0,
         lookup_fallback: str = "auto",
+        o_direct: bool | str = "auto",
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         label = f"tier {tier_type!r}"
@@ -211,14 +246,18 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 raise ValueError(f"{label}: {name} must be >= 1, got {value}")
         if not isinstance(fsync, bool):
             raise TypeError(f"{label}: fsync must be true or false, got {fsync!r}")
-        self.stored_block_bytes = HEADER_SIZE + self.block_bytes
+        if o_direct is not True and o_direct is not False and o_direct != "auto":
+            if not isinstance(o_direct, str):
+                raise TypeError(f'{label}: o_direct must be true, false or "auto", got {o_direct!r}')
+            raise ValueError(f'{label}: o_direct must be true, false or "auto", got {o_direct!r}')
+        self.stored_block_bytes = self.block_bytes + TRAILER_BYTES
         if capacity_bytes is not None:
             if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
                 raise TypeError(f"{label}: capacity_bytes must be an int or null, got {capacity_bytes!r}")
             if capacity_bytes < self.stored_block_bytes:
                 raise ValueError(
                     f"{label}: capacity_bytes {capacity_bytes} is smaller than one stored block "
-                    f"({self.stored_block_bytes} bytes = {HEADER_SIZE} header + {self.block_bytes} block)"
+                    f"({self.stored_block_bytes} bytes = {self.block_bytes} block + {TRAILER_BYTES} trailer)"
                 )
         for name, fvalue in (("stale_temp_s", stale_temp_s), ("rescan_interval_s", rescan_interval_s)):
             if isinstance(fvalue, bool) or not isinstance(fvalue, (int, float)):
@@ -274,6 +313,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._wake_scanner = threading.Event()
 
         self._probe_root()
+        self.o_direct = False
+        self.o_direct_reason = ""
+        self._setup_direct(o_direct)
+        self._trailers = threading.local()
         self._threads: list[threading.Thread] = []
         for i in range(n_read_threads):
             self._start_thread(f"tiering-fs-read-{i}", self._worker, True)
@@ -313,7 +356,9 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             ) from exc
         probe = self._tmp_name(f"{path}/.probe")
         try:
-            self.backend.write_block(probe, f"{path}/.probe-{_HOST}-{os.getpid()}", b"probe", memoryview(b""), False)
+            self.backend.write_block(
+                probe, f"{path}/.probe-{_HOST}-{os.getpid()}", memoryview(b"probe"), memoryview(b""), False
+            )
             self.backend.remove(f"{path}/.probe-{_HOST}-{os.getpid()}")
         except OSError as exc:
             raise RootNotUsableError(
@@ -338,6 +383,46 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 exc.errno or errno.EIO,
                 f"fs tier root {self.root!r}: cannot write {ns_path!r}: {exc.strerror or exc}",
             ) from exc
+
+    def _setup_direct(self, wanted: bool | str) -> None:
+        """Decide whether block files use ``O_DIRECT`` (see the ``o_direct`` argument)."""
+        if wanted is False:
+            self.o_direct_reason = "disabled by config (o_direct: false)"
+            return
+        reason = self._direct_obstacle()
+        if reason is None:
+            assert isinstance(self.backend, LocalBackend)
+            self.backend.direct = True
+            self.o_direct = True
+            logger.info("fs tier: %s uses O_DIRECT", self.namespace_dir)
+            return
+        self.o_direct_reason = reason
+        if wanted is True:
+            raise DirectIONotUsableError(
+                errno.EINVAL, f"fs tier root {self.root!r}: o_direct is true but O_DIRECT cannot be used: {reason}"
+            )
+        logger.info("fs tier: %s uses buffered I/O (no O_DIRECT: %s)", self.namespace_dir, reason)
+
+    def _direct_obstacle(self) -> str | None:
+        """Why ``O_DIRECT`` cannot be used here, None when it can."""
+        if not isinstance(self.backend, LocalBackend):
+            return "the root is not a local filesystem"
+        if self.block_bytes % DIRECT_ALIGN:
+            return f"block_bytes {self.block_bytes} is not a multiple of {DIRECT_ALIGN}"
+        address = _view_address(self.primary_kv_view)
+        if address is None:
+            return "the primary buffer's address cannot be taken (read-only or not contiguous)"
+        if address % DIRECT_ALIGN:
+            return f"the primary buffer is not {DIRECT_ALIGN}-byte aligned (address {address:#x})"
+        return LocalBackend.probe_direct(self.namespace_dir)
+
+    def _trailer(self) -> memoryview:
+        """This thread's page-aligned :data:`TRAILER_BYTES` buffer (an anonymous mapping)."""
+        buf: memoryview | None = getattr(self._trailers, "buf", None)
+        if buf is None:
+            buf = memoryview(mmap.mmap(-1, TRAILER_BYTES))
+            self._trailers.buf = buf
+        return buf
 
     def _start_thread(self, name: str, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -514,9 +599,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         ``permission``, ``internal``; ``store_jobs_failed`` /
         ``load_jobs_failed``; ``bad_files_removed``; ``evictions`` /
         ``evicted_bytes``; ``temps_removed``; ``resident_blocks`` /
-        ``resident_bytes`` (indexed files, bytes on disk incl. headers);
+        ``resident_bytes`` (indexed files, bytes on disk incl. trailers);
         ``capacity_bytes`` (0 = unlimited); ``in_flight_jobs``;
-        ``scans`` / ``scan_done`` (0/1) / ``last_scan_s``.
+        ``scans`` / ``scan_done`` (0/1) / ``last_scan_s``; ``o_direct``
+        (1 when block files use ``O_DIRECT``).
         """
         with self._lock:
             out: dict[str, int | float] = dict(self._counters)
@@ -526,6 +612,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             out["in_flight_jobs"] = self._in_flight_jobs
             out["scan_done"] = int(self._scan_done.is_set())
             out["last_scan_s"] = self._last_scan_s
+        out["o_direct"] = int(self.o_direct)
         return out
 
     def shutdown(self) -> None:
@@ -662,18 +749,20 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._reserve(size)
         try:
             payload = self.block(block_id)
-            header = encode_header(self._digest, key, payload)
+            trailer = self._trailer()
+            trailer[:HEADER_SIZE] = encode_header(self._digest, key, payload)
+            trailer[HEADER_SIZE:] = _ZERO_TAIL
             directory = final.rsplit("/", 1)[0]
             self._ensure_dir(directory)
             tmp = self._tmp_name(final)
             try:
-                self.backend.write_block(tmp, final, header, payload, self.fsync)
+                self.backend.write_block(tmp, final, payload, trailer, self.fsync)
             except FileNotFoundError:
                 # The shard directory was removed under us (cleanup by hand): recreate once.
                 with self._lock:
                     self._made_dirs.discard(directory)
                 self._ensure_dir(directory)
-                self.backend.write_block(tmp, final, header, payload, self.fsync)
+                self.backend.write_block(tmp, final, payload, trailer, self.fsync)
         except BaseException:
             with self._lock:
                 self._reserved_bytes -= size
@@ -720,9 +809,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
     def _load_one(self, key: OffloadKey, block_id: int) -> None:
         path = self.block_path(key)
         target = self.block(block_id)
-        header = bytearray(HEADER_SIZE)
-        size = self.backend.read_block(path, header, target, self.stored_block_bytes)
-        verify_block(header, target, self._digest, key, stored_size=size)
+        trailer = self._trailer()
+        # read_block checks the file is exactly block_bytes + TRAILER_BYTES and read whole.
+        size = self.backend.read_block(path, target, trailer, self.stored_block_bytes)
+        verify_block(trailer[:HEADER_SIZE], target, self._digest, key)
         with self._lock:
             self._index_add(key, size)
             self._counters["blocks_loaded"] += 1
