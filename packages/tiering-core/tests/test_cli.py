@@ -71,3 +71,14 @@ def test_check_unknown_tier_key_exits_2(tmp_path, capsys):
     path.write_text(json.dumps({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example", "bogus": 1}]}))
     assert main(["check", str(path)]) == 2
     assert "secondary_tiers[0] (type 'example'): unknown key 'bogus'" in capsys.readouterr().err
+
+
+def test_sizes_and_durations_parse_with_units():
+    from tiering.core.inspection import parse_duration, parse_size
+
+    assert parse_size("500000000") == 500_000_000
+    assert parse_size("500M") == 500_000_000 and parse_size("100GB") == 100 * 10**9
+    assert parse_size("64GiB") == 64 * 2**30 and parse_size("1.5k") == 1500
+    assert parse_duration("30m") == 1800 and parse_duration("2w") == 14 * 86400
+    with pytest.raises(ValueError, match="size '10 apples'"):
+        parse_size("10 apples")

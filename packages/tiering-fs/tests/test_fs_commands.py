@@ -93,6 +93,8 @@ def test_gc_older_than_and_to_bytes(tmp_path, root, capsys):
     size = 4096 + TRAILER_BYTES
     assert main(["gc", path, "--to-bytes", str(5 * size)]) == 0
     assert len(block_files(root)) == 5
+    shard_dirs = [d for d in root.rglob("*") if d.is_dir() and d.parent.parent != root.parent]
+    assert all(any(d.iterdir()) for d in shard_dirs)  # no empty shard directory is left behind
     assert main(["gc", path, "--older-than", "soon"]) == 2
     assert "duration 'soon'" in capsys.readouterr().err
 
@@ -120,12 +122,12 @@ def test_verify_finds_planted_corruption_and_removes_it(tmp_path, root, capsys):
     assert main(["verify", path]) == 1
     out = capsys.readouterr().out
     assert f"CORRUPT {flipped}: checksum" in out and f"CORRUPT {truncated}: truncated" in out
-    assert f"{len(files)} verified, 2 corrupt" in out
+    assert f"{len(files)} checked, {len(files) - 2} sound, 2 corrupt" in out
     assert flipped.exists()  # report only without --remove
     assert main(["verify", path, "--remove"]) == 1
     assert not flipped.exists() and not truncated.exists()
     assert main(["verify", path, "--sample", "3"]) == 0
-    assert "3 verified, 0 corrupt" in capsys.readouterr().out
+    assert "3 checked, 3 sound, 0 corrupt" in capsys.readouterr().out
 
 
 def test_stat_reports_resident_blocks_after_the_scan(tmp_path, root, capsys):

@@ -313,7 +313,7 @@ def test_verify_finds_planted_corruption_and_removes_it(tmp_path, s3, beside, ca
     assert main(["verify", path]) == 1
     out = capsys.readouterr().out
     assert f"CORRUPT {flipped}: checksum" in out and f"CORRUPT {truncated}: truncated" in out
-    assert f"namespace {digest}: 6 verified, 2 corrupt" in out
+    assert f"namespace {digest}: 6 checked, 4 sound, 2 corrupt" in out
     assert {flipped, truncated} <= set(block_objects(s3, digest))  # report only without --remove
 
     assert main(["verify", path, "--remove"]) == 1
@@ -321,7 +321,7 @@ def test_verify_finds_planted_corruption_and_removes_it(tmp_path, s3, beside, ca
     assert set(block_objects(s3, digest)) == {block_name(s3, digest, k) for k in keys[2:]}
     assert etags(s3, outside + inside_foreign) == before
     assert main(["verify", path, "--sample", "3"]) == 0
-    assert "3 verified, 0 corrupt" in capsys.readouterr().out
+    assert "3 checked, 3 sound, 0 corrupt" in capsys.readouterr().out
 
 
 # -- stat ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tiering.core.inspection import BlockInfo, TierInspector, inspector_for, parse_duration
+from tiering.core.inspection import BlockInfo, TierInspector, inspector_for, parse_duration, parse_size
 
 STAT_WAIT_S = 60.0
 
@@ -187,8 +187,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             if corrupt and args.remove:
                 inspector.remove_blocks(digest, corrupt)
             print(
-                f"{label}: namespace {digest}: {len(blocks)} verified, {len(corrupt)} corrupt"
-                + (" (removed)" if corrupt and args.remove else "")
+                f"{label}: namespace {digest}: {len(blocks)} checked, {len(blocks) - len(corrupt)} sound, "
+                f"{len(corrupt)} corrupt" + (" (removed)" if corrupt and args.remove else "")
             )
             corrupt_total += len(corrupt)
     return 1 if corrupt_total else 0
@@ -209,8 +209,15 @@ def add_commands(sub: Any) -> None:
     gc.add_argument("config")
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
-    what.add_argument("--older-than", metavar="DURATION", help="remove blocks older than e.g. 7d, 12h, 30m")
-    what.add_argument("--to-bytes", type=int, metavar="N", help="remove the oldest blocks until at most N bytes remain")
+    what.add_argument(
+        "--older-than", metavar="DURATION", help="remove blocks older than e.g. 7d, 12h, 30m (m: minutes), 2w"
+    )
+    what.add_argument(
+        "--to-bytes",
+        type=parse_size,
+        metavar="N",
+        help="remove the oldest blocks until at most N bytes remain (500M, 64GiB)",
+    )
     gc.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     gc.set_defaults(func=cmd_gc)
     verify = sub.add_parser("verify", help="check stored blocks' headers and checksums")

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tiering.core.format import HEADER_SIZE, BlockFormatError, parse_header, verify_block
+from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, parse_header, verify_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,14 +125,10 @@ class TierInspector(abc.ABC):
         data = memoryview(self.read_block(digest, block))
         try:
             header, payload = self.split_block(data)
-            fields = parse_header(header)
-            verify_block(
-                header,
-                payload,
-                bytes.fromhex(digest),
-                block.key,
-                stored_size=HEADER_SIZE + int(fields["payload_len"]),
-            )
+            expected = int(parse_header(header)["payload_len"])
+            if payload.nbytes != expected:
+                raise TruncatedBlockError(f"block holds {payload.nbytes} payload bytes, its header says {expected}")
+            verify_block(header, payload, bytes.fromhex(digest), block.key)
         except BlockFormatError as exc:
             return f"{exc.reason}: {exc}"
         return None
@@ -143,7 +139,7 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(text: str) -> float:
-    """``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
+    """``"90s"``, ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
 
     Raises:
         ValueError: another form; the message names the value.
@@ -152,6 +148,23 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"500000000"``, ``"500M"``, ``"100GB"`` (powers of 1000) or ``"64GiB"`` (powers of 1024) -> bytes.
+
+    Raises:
+        ValueError: another form; the message names the value.
+    """
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise ValueError(f"size {text!r} is not a number of bytes with an optional unit (e.g. 500M, 64GiB)")
+    number, unit, binary = match.groups()
+    power = "kmgtp".find(unit.lower()) + 1 if unit else 0
+    return int(float(number) * (1024 if binary else 1000) ** power)
 
 
 def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector | None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 PREFIX = "tiering_"
 
-LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LATENCY_BUCKETS_S = tuple(m * 10.0**e for e in range(-5, 2) for m in (1.0, 2.0, 5.0))
 """Upper bounds (seconds) of the store/load job latency histograms."""
 
 COUNTERS = {

@@ -119,6 +119,12 @@ class FsInspector(TierInspector):
                 raise ValueError(f"refusing to remove {block.name!r}: not a block file of this tier")
             if self.backend.remove(block.name):
                 removed += 1
+        if self.backend.is_local:
+            # Shard directories left empty would keep costing disk space and scan time.
+            shards = {os.path.dirname(block.name) for block in blocks}
+            for shard in sorted(shards | {os.path.dirname(d) for d in shards}, key=len, reverse=True):
+                with contextlib.suppress(OSError):  # not empty (or already gone): keep it
+                    os.rmdir(shard)
         return removed
 
     def remove_namespace(self, digest: str) -> int:

@@ -40,8 +40,8 @@ def plot_report(report: dict[str, Any], out: str | Path) -> Path:
     for tier, values in series["bytes_stored"].items():
         ax_bytes.plot(series["index"], [v / 1e9 for v in values], label=f"{tier} stored")
     for tier, values in series["bytes_loaded"].items():
-        ax_bytes.plot(series["index"], [v / 1e9 for v in values], linestyle="--", label=f"{tier} loaded")
-    ax_bytes.set(title="Bytes moved per tier (cumulative)", xlabel="request", ylabel="GB")
+        ax_bytes.plot(series["index"], [v / 1e9 for v in values], linestyle="--", label=f"{tier} served")
+    ax_bytes.set(title="Bytes written into / served by each tier (cumulative)", xlabel="request", ylabel="GB")
     ax_bytes.legend(fontsize="small")
     rows = [(f"{r['tier']} {r['kind']}", r) for r in report.get("latency", [])]
     if rows:

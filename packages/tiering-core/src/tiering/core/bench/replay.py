@@ -191,15 +191,19 @@ class Replayer:
         self._record_series(req, Counter(rep.hits) - hits_before)
 
     def _record_series(self, req: Request, hits: Counter[str]) -> None:
-        metrics = self.manager.metrics
-        stored = {"primary": int(metrics.value("stored_bytes_total", index="primary"))}
-        loaded = {"primary": int(metrics.value("loaded_bytes_total", index="primary"))}
+        # Same meanings as the report: "loaded" is what each tier served to requests,
+        # "stored" what was written into it.
+        stored = {"primary": self.report.bytes_stored["primary"]}
         for idx, name in enumerate(self.tier_names):
-            stored[name] = int(metrics.value("stored_bytes_total", index=str(idx)))
-            loaded[name] = int(metrics.value("loaded_bytes_total", index=str(idx)))
-        tiers = ["primary", *self.tier_names]
+            stored[name] = int(self.manager.metrics.value("stored_bytes_total", index=str(idx)))
         self.report.series.record(
-            self.report.requests - 1, req.timestamp_ms, hits, len(req.keys), stored, loaded, tiers
+            self.report.requests - 1,
+            req.timestamp_ms,
+            hits,
+            len(req.keys),
+            stored,
+            dict(self.report.bytes_loaded),
+            ["primary", *self.tier_names],
         )
 
     def _backpressure(self) -> None:

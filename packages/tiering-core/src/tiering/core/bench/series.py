@@ -21,8 +21,9 @@ class ReplaySeries:
         index: request index of each point.
         timestamp_ms: the request's trace time.
         hit_ratio: per tier label, hits / lookups over the last :data:`WINDOW` requests.
-        bytes_stored: per tier label, cumulative bytes written.
-        bytes_loaded: per tier label, cumulative bytes read.
+        bytes_stored: per tier label, cumulative bytes written into the tier.
+        bytes_loaded: per tier label, cumulative bytes the tier served to requests
+            (the report's ``bytes_loaded``).
     """
 
     index: list[int] = dataclasses.field(default_factory=list)
