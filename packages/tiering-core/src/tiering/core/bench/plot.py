@@ -51,7 +51,11 @@ def plot_report(report: dict[str, Any], out: str | Path) -> Path:
             ax_lat.bar([x + offset * width for x in xs], [r[pct] * 1e3 for _, r in rows], width, label=pct)
         ax_lat.set_xticks([x + width for x in xs], [name for name, _ in rows])
         ax_lat.legend()
-    ax_lat.set(title="Store / load job latency (histogram bucket upper bounds)", ylabel="ms")
+    ax_lat.set(
+        title="Store / load job latency, submit to report (histogram bucket upper bounds)",
+        ylabel="ms (log scale)",
+        yscale="log",
+    )
     path = Path(out)
     fig.savefig(path, dpi=100)
     plt.close(fig)
