@@ -36,7 +36,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
@@ -525,36 +525,35 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
 
     def submit_store(self, job: JobMetadata) -> None:
         """Queue ``job``'s blocks for writing; returns at once (see the base class)."""
-        state = _Job(job)
-        with self._lock:
-            if self._stopping:
-                self._finished.append(JobResult(job.job_id, False))
-                return
-            if not job.keys:
-                self._finished.append(JobResult(job.job_id, True))
-                return
-            self._in_flight_jobs += 1
-            for i, key in enumerate(job.keys):
-                if key not in self._index:
-                    self._writing[key] += 1
-                self._stores.append((state, i))
-            self._cv.notify_all()
+
+        def note(key: OffloadKey) -> None:
+            if key not in self._index:
+                self._writing[key] += 1
+
+        self._enqueue(job, self._stores, note)
 
     def submit_load(self, job: JobMetadata) -> None:
         """Queue ``job``'s blocks for reading into their primary slots; returns at once."""
+
+        def note(key: OffloadKey) -> None:
+            if key in self._index:
+                self._index.move_to_end(key)
+
+        self._enqueue(job, self._loads, note)
+
+    def _enqueue(
+        self, job: JobMetadata, queue: collections.deque[tuple[_Job, int]], note: Callable[[OffloadKey], None]
+    ) -> None:
+        """Queue one task per block of ``job`` (``note`` runs per key under the lock)."""
         state = _Job(job)
         with self._lock:
-            if self._stopping:
-                self._finished.append(JobResult(job.job_id, False))
-                return
-            if not job.keys:
-                self._finished.append(JobResult(job.job_id, True))
+            if self._stopping or not job.keys:
+                self._finished.append(JobResult(job.job_id, not self._stopping))
                 return
             self._in_flight_jobs += 1
             for i, key in enumerate(job.keys):
-                if key in self._index:
-                    self._index.move_to_end(key)
-                self._loads.append((state, i))
+                note(key)
+                queue.append((state, i))
             self._cv.notify_all()
 
     def get_finished(self) -> Iterable[JobResult]:
