@@ -156,6 +156,32 @@ class Backend:
         raise NotImplementedError
 
 
+def _publish(tmp: str, final: str, buffers: Sequence[memoryview], extra_flags: int, fsync: bool) -> None:
+    """Write ``buffers`` to the new file ``tmp``, rename it to ``final``; never leave ``tmp`` behind.
+
+    ``fsync`` syncs the file before the rename and its directory after it.
+    """
+    fd = os.open(tmp, _OPEN_WRITE | extra_flags, 0o644)
+    try:
+        try:
+            _pwritev_all(fd, buffers, 0)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if fsync:
+        dfd = os.open(os.path.dirname(final), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
 class LocalBackend(Backend):
     """POSIX files through ``os``: positional vectored I/O, no payload copies.
 
@@ -214,25 +240,7 @@ class LocalBackend(Backend):
 
     def write_block(self, tmp: str, final: str, payload: memoryview, trailer: memoryview, fsync: bool) -> None:
         """See :meth:`Backend.write_block`."""
-        fd = os.open(tmp, _OPEN_WRITE | (_O_DIRECT if self.direct else 0), 0o644)
-        try:
-            try:
-                _pwritev_all(fd, [payload, trailer], 0)
-                if fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        if fsync:
-            dfd = os.open(os.path.dirname(final), os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        _publish(tmp, final, [payload, trailer], _O_DIRECT if self.direct else 0, fsync)
 
     def read_block(self, path: str, payload: memoryview, trailer: memoryview, expected_size: int) -> int:
         """See :meth:`Backend.read_block`."""
@@ -268,23 +276,7 @@ class LocalBackend(Backend):
 
     def write_small_atomic(self, tmp: str, final: str, data: bytes) -> None:
         """See :meth:`Backend.write_small_atomic` (buffered, always fsynced: written once per namespace)."""
-        fd = os.open(tmp, _OPEN_WRITE, 0o644)
-        try:
-            try:
-                _pwritev_all(fd, [memoryview(data)], 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(os.path.dirname(final), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _publish(tmp, final, [memoryview(data)], 0, fsync=True)
 
     def read_small(self, path: str) -> bytes | None:
         """See :meth:`Backend.read_small`."""
