@@ -27,7 +27,7 @@ from tiering.core import (
 )
 from tiering.core.base import block_view
 from tiering.core.factory import create_secondary_tier
-from tiering.core.format import HEADER_SIZE
+from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
@@ -149,6 +149,8 @@ def test_entry_point_resolves_and_unknown_key_is_named(tmp_path):
         ({"capacity_bytes": 1.5e9}, TypeError, "capacity_bytes"),
         ({"lookup_fallback": "sometimes"}, ValueError, "lookup_fallback"),
         ({"stale_temp_s": -1}, ValueError, "stale_temp_s"),
+        ({"startup_scan_wait_s": "2"}, TypeError, "startup_scan_wait_s"),
+        ({"startup_scan_wait_s": -1}, ValueError, "startup_scan_wait_s"),
         ({"storage_options": "x"}, TypeError, "storage_options"),
         ({"root": ""}, TypeError, "root"),
         ({"root": "nosuchproto://x"}, ValueError, "nosuchproto"),
@@ -205,7 +207,7 @@ def test_namespace_json_lists_every_field_and_layout_is_sharded(tmp_path, open_t
         assert f'"{field}"' in ns_file.read_text()
     (path,) = block_files(tmp_path)
     rel = path.relative_to(tmp_path).as_posix()
-    assert re.fullmatch(rf"{ns.digest}/[0-9a-f]{{2}}/[0-9a-f]{{2}}/{key.hex()}\.kvb", rel), rel
+    assert rel == f"{ns.digest}/{checksum(key) & 0xFF:02x}/{key.hex()}.kvb", rel
     data = path.read_bytes()
     assert len(data) == BB + TRAILER_BYTES and data[BB : BB + 4] == b"TKVB"
     assert data[:BB] == block_payload(key, BB)
@@ -666,6 +668,15 @@ def test_lookup_fallback_off_answers_from_the_index_only(tmp_path, open_tier):
     assert b.lookup(later, CTX) is False
 
 
+def test_construction_waits_for_the_startup_scan(tmp_path, open_tier):
+    a, view_a = open_tier(tmp_path)
+    keys = [make_key(i, b"restart") for i in range(12)]
+    assert store(a, view_a, keys)
+    b, _ = open_tier(tmp_path, lookup_fallback="off")  # index only: a hit proves the scan is done
+    assert b.stats()["scan_done"] == 1
+    assert [b.lookup(k, CTX) for k in keys] == [True] * 12
+
+
 def test_slow_startup_scan_does_not_block_construction_or_lookups(tmp_path, open_tier, monkeypatch):
     a, view_a = open_tier(tmp_path)
     key = make_key(1, b"slow-scan")
@@ -679,8 +690,8 @@ def test_slow_startup_scan_does_not_block_construction_or_lookups(tmp_path, open
 
     monkeypatch.setattr(LocalBackend, "scan", slow_scan)
     started = time.monotonic()
-    b, view_b = open_tier(tmp_path)
-    assert time.monotonic() - started < 1.0
+    b, view_b = open_tier(tmp_path, startup_scan_wait_s=0.2)
+    assert 0.2 <= time.monotonic() - started < 2.0  # waited 0.2 s for the scan, then went on
     assert b.stats()["scan_done"] == 0
     assert b.lookup(key, CTX) is True
     assert load(b, view_b, [key], [2])

@@ -2,7 +2,7 @@
 
 Only files laid out by this package are blocks or namespace files
 (``<root>/<32 hex digest>/namespace.json`` and
-``<root>/<digest>/<ab>/<cd>/<key hex>.kvb``, each the payload followed by a
+``<root>/<digest>/<ab>/<key hex>.kvb``, each the payload followed by a
 4096-byte trailer page that starts with the header); temporaries of writers in
 flight (``*.kvb.tmp.<host>.<pid>.<token>``) are neither reported as foreign
 nor removed here (the tier's own start-up scan cleans stale ones); anything
@@ -22,7 +22,7 @@ from tiering.core.inspection import BlockInfo, TierInspector
 from tiering.fs.backend import TRAILER_BYTES, Backend, StoredFile
 
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
-_BLOCK = re.compile(r"^([0-9a-f]{2})/([0-9a-f]{2})/((?:[0-9a-f]{2})+)\.kvb$")
+_BLOCK = re.compile(r"^([0-9a-f]{2})/((?:[0-9a-f]{2})+)\.kvb$")
 _TEMP = re.compile(r"\.kvb\.tmp\.[A-Za-z0-9_-]+\.\d+\.[0-9a-f]+$")
 
 
@@ -84,7 +84,7 @@ class FsInspector(TierInspector):
             rel = stored.path.replace(os.sep, "/").split(f"/{digest}/", 1)[-1]
             match = _BLOCK.match(rel)
             if match:
-                yield BlockInfo(stored.path, bytes.fromhex(match.group(3)), stored.size, stored.mtime)
+                yield BlockInfo(stored.path, bytes.fromhex(match.group(2)), stored.size, stored.mtime)
 
     def foreign(self) -> Iterator[str]:
         for rel, stored in self._files():
@@ -122,7 +122,7 @@ class FsInspector(TierInspector):
         if self.backend.is_local:
             # Shard directories left empty would keep costing disk space and scan time.
             shards = {os.path.dirname(block.name) for block in blocks}
-            for shard in sorted(shards | {os.path.dirname(d) for d in shards}, key=len, reverse=True):
+            for shard in sorted(shards):
                 with contextlib.suppress(OSError):  # not empty (or already gone): keep it
                     os.rmdir(shard)
         return removed

@@ -3,11 +3,13 @@
 Layout under ``root``::
 
     <root>/<namespace digest>/namespace.json        every namespace field, clear text
-    <root>/<namespace digest>/<ab>/<cd>/<key hex>.kvb
+    <root>/<namespace digest>/<ab>/<key hex>.kvb
 
-``ab`` / ``cd`` are the first four hex digits of XXH3-64 of the key (keys are
-opaque, so they are hashed once more to spread them evenly), bounding the
-fan-out to 256 x 256 directories. Each ``.kvb`` file is the block bytes (one
+``ab`` is the low byte of XXH3-64 of the key in two hex digits (keys are
+opaque, so they are hashed once more to spread them evenly): 256 shard
+directories, so a store creates a directory only the first time its shard is
+used (a deeper tree would cost a ``mkdir`` for most stores of a young cache)
+and each directory holds 1/256 of the namespace, which ext4 and XFS index. Each ``.kvb`` file is the block bytes (one
 primary slot, at offset 0) followed by a 4096-byte trailer page: the
 :mod:`tiering.core.format` header (128 bytes), then zeros. Every part of the
 file is page aligned, so on a local disk that supports it (and with
@@ -205,6 +207,12 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             too), else buffered I/O; ``True`` requires it; ``False``
             never. The file layout is the same either way. The outcome is
             :attr:`o_direct` (and ``stats()["o_direct"]``).
+        startup_scan_wait_s: seconds the constructor waits for the start-up
+            scan of the namespace directory (it runs on a background
+            thread), so that the first lookups after a restart are answered
+            from the in-memory index instead of ``lookup_fallback``; a
+            larger namespace keeps scanning in the background after the
+            wait. 0 returns at once.
 
     Attributes:
         o_direct: whether block files are read and written with ``O_DIRECT``.
@@ -232,6 +240,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         rescan_interval_s: float = 30.0,
         lookup_fallback: str = "auto",
         o_direct: bool | str = "auto",
+        startup_scan_wait_s: float = 2.0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         label = f"tier {tier_type!r}"
@@ -259,7 +268,12 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                     f"{label}: capacity_bytes {capacity_bytes} is smaller than one stored block "
                     f"({self.stored_block_bytes} bytes = {self.block_bytes} block + {TRAILER_BYTES} trailer)"
                 )
-        for name, fvalue in (("stale_temp_s", stale_temp_s), ("rescan_interval_s", rescan_interval_s)):
+        seconds = (
+            ("stale_temp_s", stale_temp_s),
+            ("rescan_interval_s", rescan_interval_s),
+            ("startup_scan_wait_s", startup_scan_wait_s),
+        )
+        for name, fvalue in seconds:
             if isinstance(fvalue, bool) or not isinstance(fvalue, (int, float)):
                 raise TypeError(f"{label}: {name} must be a number of seconds, got {fvalue!r}")
             if fvalue < 0:
@@ -285,7 +299,11 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
 
         # State shared by the scheduler thread, the workers and the scanner; guarded by _lock.
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        # Idle readers and writers wait on their own condition (a new task wakes one thread, not all);
+        # writes waiting for room under the cap wait on _space.
+        self._readers_cv = threading.Condition(self._lock)
+        self._writers_cv = threading.Condition(self._lock)
+        self._space = threading.Condition(self._lock)
         self._index: collections.OrderedDict[OffloadKey, int] = collections.OrderedDict()  # LRU first
         self._resident_bytes = 0
         self._reserved_bytes = 0
@@ -324,6 +342,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self._start_thread(f"tiering-fs-write-{i}", self._worker, False)
         self._scanner = threading.Thread(target=self._scanner_main, name="tiering-fs-scan", daemon=True)
         self._scanner.start()
+        if startup_scan_wait_s > 0:
+            self._scan_done.wait(startup_scan_wait_s)
 
     # -- construction ---------------------------------------------------------
     @staticmethod
@@ -438,9 +458,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         return FsInspector.from_config(tier_config)
 
     def block_path(self, key: bytes) -> str:
-        """Path of ``key``'s block file: ``<namespace dir>/<ab>/<cd>/<key hex>.kvb``."""
-        shard = f"{checksum(key):016x}"
-        return f"{self.namespace_dir}/{shard[:2]}/{shard[2:4]}/{key.hex()}{BLOCK_SUFFIX}"
+        """Path of ``key``'s block file: ``<namespace dir>/<ab>/<key hex>.kvb``."""
+        return f"{self.namespace_dir}/{checksum(key) & 0xFF:02x}/{key.hex()}{BLOCK_SUFFIX}"
 
     # -- the contract ------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
@@ -477,7 +496,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 if key not in self._probing and not self._stopping:
                     self._probing.add(key)
                     self._probes.append(key)
-                    self._cv.notify()
+                    self._readers_cv.notify()
                 self._counters["lookups_pending"] += 1
                 return None
         # "stat": outside the lock, a few microseconds on a local filesystem.
@@ -554,7 +573,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             for i, key in enumerate(job.keys):
                 note(key)
                 queue.append((state, i))
-            self._cv.notify_all()
+            n = len(job.keys)
+            if queue is self._loads:
+                self._readers_cv.notify(n)
+            self._writers_cv.notify(n)
 
     def get_finished(self) -> Iterable[JobResult]:
         """The jobs finished since the last call, each exactly once (thread-safe)."""
@@ -625,7 +647,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self._stores.clear()
             self._probes.clear()
             self._probing.clear()
-            self._cv.notify_all()
+            for cv in (self._readers_cv, self._writers_cv, self._space):
+                cv.notify_all()
         for state, i in dropped:
             self._finish_block(state, i, False, "shutdown")
         self._wake_scanner.set()
@@ -649,7 +672,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                         break
                     if self._stopping:
                         return
-                    self._cv.wait()
+                    (self._readers_cv if is_reader else self._writers_cv).wait()
             kind, payload = item
             try:
                 if kind == "probe":
@@ -765,7 +788,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         except BaseException:
             with self._lock:
                 self._reserved_bytes -= size
-                self._cv.notify_all()
+                self._space.notify_all()
             raise
         with self._lock:
             self._reserved_bytes -= size
@@ -773,7 +796,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self._unremovable.discard(key)
             self._counters["blocks_stored"] += 1
             self._counters["bytes_stored"] += self.block_bytes
-            self._cv.notify_all()
+            self._space.notify_all()
 
     def _reserve(self, size: int) -> None:
         """Reserve ``size`` bytes under the cap, evicting least recently used blocks first."""
@@ -803,7 +826,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 return
             # Every byte of the cap is held by writes in flight: wait for one to publish.
             with self._lock:
-                self._cv.wait(0.05)
+                self._space.wait(0.05)
 
     def _load_one(self, key: OffloadKey, block_id: int) -> None:
         path = self.block_path(key)
