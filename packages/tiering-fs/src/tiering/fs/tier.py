@@ -56,6 +56,7 @@ LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
 _ZERO_TAIL = bytes(TRAILER_BYTES - HEADER_SIZE)
 NEGATIVE_PROBE_TTL_S = 1.0
 _MAX_NEGATIVE = 65536
+_MAX_TASKS_PER_TAKE = 16  # blocks (or probes) one worker takes off a queue at a time
 
 STORE_CAUSES = ("no_space", "io_error", "permission", "internal")
 LOAD_CAUSES = (
@@ -657,34 +658,46 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._scanner.join(timeout=5.0)
 
     # -- workers -------------------------------------------------------------------
+    def _take(self, queue: collections.deque[Any], n_threads: int) -> list[Any]:
+        """Pop this thread's share of ``queue`` (caller holds the lock): 1 to :data:`_MAX_TASKS_PER_TAKE` tasks.
+
+        Taking a share rather than one task cuts the per-block locking and
+        wake-ups when many blocks are queued, while a short queue is still
+        spread over every thread.
+        """
+        take = min(_MAX_TASKS_PER_TAKE, max(1, len(queue) // n_threads))
+        return [queue.popleft() for _ in range(take)]
+
     def _worker(self, is_reader: bool) -> None:
+        all_threads = self.n_read_threads + self.n_write_threads
         while True:
             with self._lock:
                 while True:
                     if self._loads:
-                        item: Any = ("load", self._loads.popleft())
+                        kind, tasks = "load", self._take(self._loads, all_threads)
                         break
                     if is_reader and self._probes:
-                        item = ("probe", self._probes.popleft())
+                        kind, tasks = "probe", self._take(self._probes, self.n_read_threads)
                         break
                     if not is_reader and self._stores:
-                        item = ("store", self._stores.popleft())
+                        kind, tasks = "store", self._take(self._stores, self.n_write_threads)
                         break
                     if self._stopping:
                         return
                     (self._readers_cv if is_reader else self._writers_cv).wait()
-            kind, payload = item
-            try:
-                if kind == "probe":
-                    self._probe(payload)
-                elif kind == "load":
-                    self._run_block(payload[0], payload[1], load=True)
-                else:
-                    self._run_block(payload[0], payload[1], load=False)
-            except BaseException:  # never let a worker die silently
-                logger.exception("fs tier worker: unexpected error in %s task", kind)
-                if kind != "probe":
-                    self._finish_block(payload[0], payload[1], False, "internal")
+            for task in tasks:
+                if self._stopping and kind != "probe":
+                    self._finish_block(task[0], task[1], False, "shutdown")  # taken, not started
+                    continue
+                try:
+                    if kind == "probe":
+                        self._probe(task)
+                    else:
+                        self._run_block(task[0], task[1], load=kind == "load")
+                except BaseException:  # never let a worker die silently
+                    logger.exception("fs tier worker: unexpected error in %s task", kind)
+                    if kind != "probe":
+                        self._finish_block(task[0], task[1], False, "internal")
 
     def _run_block(self, state: _Job, i: int, load: bool) -> None:
         if load and state.failed_at is not None and i > state.failed_at:
