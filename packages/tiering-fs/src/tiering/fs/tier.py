@@ -658,23 +658,26 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._scanner.join(timeout=5.0)
 
     # -- workers -------------------------------------------------------------------
-    def _take(self, queue: collections.deque[Any], n_threads: int) -> list[Any]:
-        """Pop this thread's share of ``queue`` (caller holds the lock): 1 to :data:`_MAX_TASKS_PER_TAKE` tasks.
+    @staticmethod
+    def _take(queue: collections.deque[Any], parts: int) -> list[Any]:
+        """Pop ``1/parts`` of ``queue`` (caller holds the lock): 1 to :data:`_MAX_TASKS_PER_TAKE` tasks.
 
-        Taking a share rather than one task cuts the per-block locking and
-        wake-ups when many blocks are queued, while a short queue is still
-        spread over every thread.
+        Taking several tasks rather than one cuts the per-block locking and
+        wake-ups when many blocks are queued; a short queue is still spread
+        over every thread, one task each.
         """
-        take = min(_MAX_TASKS_PER_TAKE, max(1, len(queue) // n_threads))
+        take = min(_MAX_TASKS_PER_TAKE, max(1, len(queue) // parts))
         return [queue.popleft() for _ in range(take)]
 
     def _worker(self, is_reader: bool) -> None:
-        all_threads = self.n_read_threads + self.n_write_threads
+        # Stores take a thread's whole share (throughput is what counts); loads a quarter of it, so
+        # no thread is left with a long tail of blocks (a promotion is done when its last block is).
+        load_parts = 4 * (self.n_read_threads + self.n_write_threads)
         while True:
             with self._lock:
                 while True:
                     if self._loads:
-                        kind, tasks = "load", self._take(self._loads, all_threads)
+                        kind, tasks = "load", self._take(self._loads, load_parts)
                         break
                     if is_reader and self._probes:
                         kind, tasks = "probe", self._take(self._probes, self.n_read_threads)
