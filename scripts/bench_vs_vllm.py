@@ -27,6 +27,12 @@ block size, thread counts and key sequence:
    inside the secondary tier's own methods ("tier s"; the rest is vLLM's
    manager, the same code for both tiers).
 
+A third row, ``raw``, is the hardware path in the same run: the same number
+of blocks written (one file each, ``O_DIRECT`` where the disk allows it, no
+temporary, rename, header or check) and cold-read by a plain loop on
+``--threads`` threads. Neither tier can beat it by much; when vLLM's tier is
+already close to it, no tier can be much faster than vLLM's.
+
 vLLM's tier is ``{"type": "fs", "root_dir": ...}``; ours is
 ``{"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", "root": ...}``.
 """
@@ -34,6 +40,9 @@ vLLM's tier is ``{"type": "fs", "root_dir": ...}``; ours is
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
+import mmap
 import os
 import shutil
 import statistics
@@ -44,7 +53,7 @@ from typing import Any
 
 from tiering.core.vllm import testing
 
-BACKENDS = ("vllm-fs", "tiering-fs")
+BACKENDS = ("vllm-fs", "tiering-fs", "raw")
 
 
 def parse_size(text: str) -> int:
@@ -114,6 +123,51 @@ def drop_page_cache(root: str) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def run_raw(args: argparse.Namespace, root: str) -> dict[str, float]:
+    """The hardware path: one file per block written, then cold-read, by a plain thread pool."""
+    size, count = args.block_bytes, args.blocks
+    buffer = mmap.mmap(-1, size * count)  # page aligned, as vLLM's primary region
+    flat = memoryview(buffer)
+    direct = getattr(os, "O_DIRECT", 0)
+    probe = os.path.join(root, "probe")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | direct, 0o644)
+        os.pwritev(fd, [flat[:4096]], 0)
+        os.close(fd)
+    except OSError:
+        direct = 0  # tmpfs or overlay: buffered, as both tiers would fall back to
+    paths = [os.path.join(root, f"{i}.bin") for i in range(count)]
+    for i in range(count):
+        flat[i * size : i * size + 8] = i.to_bytes(8, "little")
+
+    def write(i: int) -> None:
+        fd = os.open(paths[i], os.O_CREAT | os.O_WRONLY | direct, 0o644)
+        try:
+            os.pwritev(fd, [flat[i * size : (i + 1) * size]], 0)
+        finally:
+            os.close(fd)
+
+    def read(i: int) -> None:
+        fd = os.open(paths[i], os.O_RDONLY | direct)
+        try:
+            os.preadv(fd, [flat[i * size : (i + 1) * size]], 0)
+        finally:
+            os.close(fd)
+
+    out: dict[str, float] = {}
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(write, range(count)))
+        out["store_gbs"] = size * count / (time.perf_counter() - t0) / 1e9
+        drop_page_cache(root)
+        t0 = time.perf_counter()
+        list(pool.map(read, range(count)))
+        out["load_gbs"] = size * count / (time.perf_counter() - t0) / 1e9
+    flat.release()
+    buffer.close()
+    return out
 
 
 def run_backend(backend: str, args: argparse.Namespace, root: str) -> dict[str, float]:
@@ -195,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 root = os.path.join(base, f"{backend}-{rep}")
                 os.makedirs(root)
                 try:
-                    results.setdefault(backend, []).append(run_backend(backend, args, root))
+                    run = run_raw if backend == "raw" else functools.partial(run_backend, backend)
+                    results.setdefault(backend, []).append(run(args, root))
                 finally:
                     shutil.rmtree(root, ignore_errors=True)
                 print(f"  run {rep + 1}/{args.repeat} {backend}: {results[backend][-1]}", file=sys.stderr, flush=True)
@@ -210,19 +265,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batch} blocks/job, median of {args.repeat}, lookup request of {args.lookup_blocks} blocks"
     )
     print("(lookup: until every key is HIT in the primary tier; probe: until no key answers RETRY)")
-    print(
-        f"{'backend':<11} {'store GB/s':>10} {'load GB/s':>10} {'lookup rounds':>14} {'lookup s':>9} "
-        f"{'probe rounds':>13} {'probe s':>8} {'tier s':>7} {'open s':>7}"
-    )
+    columns = [
+        ("store GB/s", "store_gbs", 10, 3),
+        ("load GB/s", "load_gbs", 10, 3),
+        ("lookup rounds", "lookup_rounds", 14, 0),
+        ("lookup s", "lookup_s", 9, 4),
+        ("probe rounds", "probe_rounds", 13, 0),
+        ("probe s", "probe_s", 8, 4),
+        ("tier s", "tier_s", 7, 4),
+        ("open s", "open_s", 7, 2),
+    ]
+    print(f"{'backend':<11} " + " ".join(f"{title:>{width}}" for title, _, width, _ in columns))
     for backend in results:
-        print(
-            f"{backend:<11} {med(backend, 'store_gbs'):>10.3f} {med(backend, 'load_gbs'):>10.3f} "
-            f"{med(backend, 'lookup_rounds'):>14.0f} {med(backend, 'lookup_s'):>9.4f} "
-            f"{med(backend, 'probe_rounds'):>13.0f} {med(backend, 'probe_s'):>8.4f} {med(backend, 'tier_s'):>7.4f} "
-            f"{med(backend, 'open_s'):>7.2f}"
-        )
-    if set(BACKENDS) <= set(results):
-        ours, theirs = "tiering-fs", "vllm-fs"
+        cells = [
+            f"{med(backend, field):>{width}.{digits}f}" if field in results[backend][0] else f"{'-':>{width}}"
+            for _, field, width, digits in columns
+        ]
+        print(f"{backend:<11} " + " ".join(cells))
+    ours, theirs = "tiering-fs", "vllm-fs"
+    if ours in results and theirs in results:
         print(
             f"ratio tiering/vllm: store {med(ours, 'store_gbs') / med(theirs, 'store_gbs'):.2f}x, "
             f"load {med(ours, 'load_gbs') / med(theirs, 'load_gbs'):.2f}x, "
@@ -232,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
             f"({med(theirs, 'probe_rounds'):.0f} vs {med(ours, 'probe_rounds'):.0f} rounds), "
             f"time in the tier's methods {med(theirs, 'tier_s') / max(med(ours, 'tier_s'), 1e-9):.1f}x less"
         )
+    if "raw" in results:
+        for backend in (b for b in (theirs, ours) if b in results):
+            print(
+                f"ratio {backend}/raw: store {med(backend, 'store_gbs') / med('raw', 'store_gbs'):.2f}x, "
+                f"load {med(backend, 'load_gbs') / med('raw', 'load_gbs'):.2f}x"
+            )
     return 0
 
 

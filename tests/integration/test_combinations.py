@@ -111,6 +111,12 @@ def test_tiering_check_output(name, tmp_path, request):
         assert f"type {name!r}: tiering.{name}." in proc.stdout
         assert f"(tiering-{name} 0." in proc.stdout
         assert "config ok" in proc.stdout
+        probed = {
+            "example": "probe 'example': ok",
+            "fs": f"probe 'fs' ({tmp_path / 'kv'}): ok",
+            "s3": f"probe 's3' (s3://tiering-it/it/{tmp_path.name} at {request.getfixturevalue('s3_endpoint')}",
+        }
+        assert probed[name] in proc.stdout, proc.stdout
         assert "aws_secret_access_key" not in proc.stdout and "'s'" not in proc.stdout
     else:
         assert proc.returncode == 2

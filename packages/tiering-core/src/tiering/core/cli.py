@@ -103,12 +103,16 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)})"
         )
     if args.probe:
+        from tiering.core.inspection import inspector_for
         from tiering.core.primary import allocate_host_buffer
         from tiering.core.spec import TieringOffloadingSpec
 
         if isinstance(spec, TieringOffloadingSpec):
-            for tier in spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes)):
-                print(f"probe {tier.tier_type!r}: ok")
+            tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+            for index, (tier, tier_config) in enumerate(zip(tiers, spec.secondary_tiers)):
+                inspector = inspector_for(tier_config, index)
+                where = f" ({inspector.location()})" if inspector is not None else ""
+                print(f"probe {tier.tier_type!r}{where}: ok")
                 tier.shutdown()
     print("config ok")
     return 0
