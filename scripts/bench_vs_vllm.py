@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=16, help="read threads = write threads, both tiers")
     parser.add_argument("--batch", type=int, default=16, help="blocks per request (= per store/load job)")
     parser.add_argument("--lookup-blocks", type=int, default=4096, help="keys of the single-request lookup phase")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per backend; the median is printed")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per backend, in alternating order; the median is printed"
+    )
     parser.add_argument("--dir", default=None, help="directory on the disk to test (default: a temp dir)")
     parser.add_argument(
         "--backends", default=",".join(BACKENDS), help="comma-separated subset of " + ",".join(BACKENDS)
@@ -244,8 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     base = tempfile.mkdtemp(prefix="bench-vs-vllm-", dir=args.dir)
     results: dict[str, list[dict[str, float]]] = {}
     try:
+        order = args.backends.split(",")
         for rep in range(args.repeat):
-            for backend in args.backends.split(","):
+            # Alternate the order: a shared disk's throughput drifts, and whoever runs first after an idle spell
+            # would be favoured every time.
+            for backend in order if rep % 2 == 0 else order[::-1]:
                 root = os.path.join(base, f"{backend}-{rep}")
                 os.makedirs(root)
                 try:

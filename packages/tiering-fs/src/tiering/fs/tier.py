@@ -9,8 +9,9 @@ Layout under ``root``::
 opaque, so they are hashed once more to spread them evenly): 256 shard
 directories, so a store creates a directory only the first time its shard is
 used (a deeper tree would cost a ``mkdir`` for most stores of a young cache)
-and each directory holds 1/256 of the namespace, which ext4 and XFS index. Each ``.kvb`` file is the block bytes (one
-primary slot, at offset 0) followed by a 4096-byte trailer page: the
+and each directory holds 1/256 of the namespace, which ext4 and XFS index.
+Each ``.kvb`` file is the block bytes (one primary slot, at offset 0)
+followed by a 4096-byte trailer page: the
 :mod:`tiering.core.format` header (128 bytes), then zeros. Every part of the
 file is page aligned, so on a local disk that supports it (and with
 page-aligned primary slots) blocks move with ``O_DIRECT`` between the slot
