@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="blocks per request (= per store/load job)")
     parser.add_argument("--lookup-blocks", type=int, default=4096, help="keys of the single-request lookup phase")
     parser.add_argument(
-        "--repeat", type=int, default=3, help="runs per backend, in alternating order; the median is printed"
+        "--repeat", type=int, default=3, help="runs per backend, in rotating order; the median is printed"
     )
     parser.add_argument("--dir", default=None, help="directory on the disk to test (default: a temp dir)")
     parser.add_argument(
@@ -248,9 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         order = args.backends.split(",")
         for rep in range(args.repeat):
-            # Alternate the order: a shared disk's throughput drifts, and whoever runs first after an idle spell
-            # would be favoured every time.
-            for backend in order if rep % 2 == 0 else order[::-1]:
+            # Rotate the order: a shared disk's throughput drifts within a pass, so a fixed order would
+            # favour one position every time; with --repeat a multiple of the backends' count, each
+            # backend runs in each position equally often.
+            shift = rep % len(order)
+            for backend in order[shift:] + order[:shift]:
                 root = os.path.join(base, f"{backend}-{rep}")
                 os.makedirs(root)
                 try:
