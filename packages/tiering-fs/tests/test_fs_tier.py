@@ -816,6 +816,33 @@ def test_loads_are_served_while_stores_queue(tmp_path, open_tier, monkeypatch):
     assert order.index(load_job.job_id) < 5
 
 
+def test_a_worker_takes_a_share_of_a_long_queue_and_shutdown_skips_the_rest(tmp_path, open_tier, monkeypatch):
+    tier, view = open_tier(tmp_path, num_blocks=64, n_read_threads=1, n_write_threads=1)
+    real = os.pwritev
+    written = []
+
+    def slow(fd, bufs, offset):
+        time.sleep(0.05)
+        written.append(fd)
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "pwritev", slow)
+    keys = [make_key(i, b"share") for i in range(64)]
+    job = JobMetadata(next(_ids), keys, list(range(64)), False, CTX)
+    tier.submit_store(job)
+    deadline = time.monotonic() + 10
+    while not written and time.monotonic() < deadline:  # the writer has taken its tasks once one is written
+        time.sleep(0.005)
+    with tier._lock:
+        queued = len(tier._stores)
+    assert queued == 64 - 16  # the only writer took 16 blocks (its share, capped) at once
+    tier.shutdown()
+    results = list(tier.get_finished())
+    assert [(r.job_id, r.success) for r in results] == [(job.job_id, False)]  # reported once, failed
+    assert 1 <= len(written) < 16  # blocks taken but not started when the tier stopped were skipped
+    assert list(tier.get_finished()) == []
+
+
 def test_works_under_the_tiering_manager(tmp_path):
     from tiering.core.primary import CPUPrimaryTier, LRUCachePolicy
 
