@@ -232,3 +232,34 @@ def test_partial_promotion_keeps_the_verified_prefix(stack):
     assert block_view(manager.primary.kv_view, result.block_ids[0]).tobytes() == block_payload(keys[0], BLOCK)
     assert keys[1] not in manager.primary  # the failed block's slot was freed
     assert manager.lookup(keys, ctx) == 1
+
+
+def test_promotion_from_a_lower_tier_fills_the_tiers_above(stack):
+    manager, tiers = stack
+    keys = [make_key(i, b"fill") for i in range(2)]
+    for k in keys:
+        tiers[1].data[k] = block_payload(k, BLOCK)  # e.g. written by another node to a shared tier
+    ctx = ReqContext("a")
+    assert manager.lookup(keys, ctx) == 2
+    manager.prepare_load(keys, ctx)
+    (result,) = finish(manager, tiers)
+    assert result.sources == [1, 1]
+    assert tiers[0].data == {k: block_payload(k, BLOCK) for k in keys}  # written back to tier 0
+    assert [manager.primary.pins(k) for k in keys] == [2, 2]  # the load's pin and tier 0's store job
+    finish(manager, tiers)
+    manager.complete_load(ctx)
+    assert [manager.primary.pins(k) for k in keys] == [0, 0] and not manager.has_pending_work()
+    assert manager.metrics.value("blocks_stored_total", index="0") == 2
+    assert manager.metrics.value("jobs_total", index="1", kind="store", outcome="ok") == 0
+
+
+def test_promotion_from_the_first_tier_writes_nothing(stack):
+    manager, tiers = stack
+    keys = [make_key(i, b"nofill") for i in range(2)]
+    for k in keys:
+        tiers[0].data[k] = block_payload(k, BLOCK)
+    ctx = ReqContext("a")
+    manager.prepare_load(keys, ctx)
+    (result,) = finish(manager, tiers)
+    assert result.sources == [0, 0]
+    assert tiers[1].data == {} and not manager.has_pending_work()

@@ -817,7 +817,7 @@ def test_loads_are_served_while_stores_queue(tmp_path, open_tier, monkeypatch):
 
 
 def test_a_worker_takes_a_share_of_a_long_queue_and_shutdown_skips_the_rest(tmp_path, open_tier, monkeypatch):
-    tier, view = open_tier(tmp_path, num_blocks=64, n_read_threads=1, n_write_threads=1)
+    tier, _ = open_tier(tmp_path, num_blocks=64, n_read_threads=1, n_write_threads=1)
     real = os.pwritev
     written = []
 

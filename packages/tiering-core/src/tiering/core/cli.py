@@ -109,7 +109,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         if isinstance(spec, TieringOffloadingSpec):
             tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
-            for index, (tier, tier_config) in enumerate(zip(tiers, spec.secondary_tiers)):
+            for index, (tier, tier_config) in enumerate(zip(tiers, spec.secondary_tiers, strict=True)):
                 inspector = inspector_for(tier_config, index)
                 where = f" ({inspector.location()})" if inspector is not None else ""
                 print(f"probe {tier.tier_type!r}{where}: ok")

@@ -4,9 +4,13 @@ It answers lookups across the CPU primary tier and the secondary tiers,
 promotes blocks secondary -> primary for loads, cascades stores primary ->
 every secondary tier (write-through), and releases the primary slots' pins
 as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
-(``vllm/v1/kv_offload/tiering/manager.py``), with one rule on top: no
-request ever waits forever and no exception from a tier escapes. A failed
-job turns its blocks into misses (the engine recomputes them).
+(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no
+request ever waits forever and no exception from a tier escapes (a failed
+job turns its blocks into misses, which the engine recomputes); and a block
+promoted from secondary tier N is also written to tiers 0..N-1 that lack it
+(fill on hit, as in an inclusive cache hierarchy: a block a local disk lost
+or never had is fetched from a remote tier once, not on every primary
+miss).
 
 All methods run on the scheduler's thread.
 """
@@ -245,7 +249,11 @@ class TieringManager:
             return
         self.metrics.inc("blocks_stored_total", self._primary_labels, len(keys))
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
-        for idx in range(len(self.secondary_tiers)):
+        self._cascade(keys, req_context, range(len(self.secondary_tiers)))
+
+    def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
+        """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier)."""
+        for idx in tier_indices:
             held = [key for key in keys if self._tier_holds(idx, key, req_context)]
             held_set = set(held)
             missing = [key for key in keys if key not in held_set]
@@ -330,6 +338,8 @@ class TieringManager:
             self._failed_keys[meta.req_context.req_id].update(failed)
             first = min(load.keys.index(k) for k in failed)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
+        if ok and idx > 0:
+            self._cascade(ok, meta.req_context, range(idx))  # fill the tiers above the one that had them
         self._maybe_finish_load(load)
 
     def _record_job(self, idx: int, job: _Job, success: bool) -> None:
