@@ -175,10 +175,14 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         storage_options: keyword arguments for the fsspec filesystem
             (credentials, endpoint...); ignored for plain local paths.
         n_read_threads: threads serving loads (and existence probes), >= 1.
+            With no load or probe queued, a reader helps with stores, one
+            block at a time, so a load arriving waits at most one block
+            write for it.
         n_write_threads: threads serving stores, >= 1. Loads are preferred:
             every idle thread, reader or writer, takes a queued load before a
             queued store (stores only keep primary slots pinned; loads are on
-            a request's critical path).
+            a request's critical path). The same split as vLLM's fs tier
+            (read-priority and write-priority threads).
         fsync: fsync each block file and its directory at publish (local
             only). Off by default: it costs about 20-50% of store throughput
             on this class of disk; without it a power loss (not a process
@@ -576,8 +580,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 note(key)
                 queue.append((state, i))
             n = len(job.keys)
-            if queue is self._loads:
-                self._readers_cv.notify(n)
+            self._readers_cv.notify(n)
             self._writers_cv.notify(n)
 
     def get_finished(self) -> Iterable[JobResult]:
@@ -671,8 +674,9 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         return [queue.popleft() for _ in range(take)]
 
     def _worker(self, is_reader: bool) -> None:
-        # Stores take a thread's whole share (throughput is what counts); loads a quarter of it, so
-        # no thread is left with a long tail of blocks (a promotion is done when its last block is).
+        # Writers take their whole share of stores (throughput is what counts); loads are taken a
+        # quarter share at a time, so no thread is left with a long tail of blocks (a promotion is
+        # done when its last block is).
         load_parts = 4 * (self.n_read_threads + self.n_write_threads)
         while True:
             with self._lock:
@@ -683,8 +687,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                     if is_reader and self._probes:
                         kind, tasks = "probe", self._take(self._probes, self.n_read_threads)
                         break
-                    if not is_reader and self._stores:
-                        kind, tasks = "store", self._take(self._stores, self.n_write_threads)
+                    if self._stores:
+                        # A reader helps one block at a time, to be back for the next load soon.
+                        parts = len(self._stores) if is_reader else self.n_write_threads
+                        kind, tasks = "store", self._take(self._stores, parts)
                         break
                     if self._stopping:
                         return
