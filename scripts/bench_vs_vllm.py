@@ -31,8 +31,8 @@ A third row, ``raw``, is the hardware path in the same run: the same number
 of blocks written (one file each, ``O_DIRECT`` where the disk allows it, no
 temporary, rename, header or check) and cold-read by a plain loop on
 2 x ``--threads`` threads (both tiers let their read and write threads all
-store when no load is queued, and all load). Neither tier can beat it by much; when vLLM's tier is
-already close to it, no tier can be much faster than vLLM's.
+store when no load is queued, and all load). A tier near it is disk-bound;
+when vLLM's tier is, no tier can be much faster than vLLM's.
 
 vLLM's tier is ``{"type": "fs", "root_dir": ...}``; ours is
 ``{"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", "root": ...}``.
@@ -135,8 +135,10 @@ def run_raw(args: argparse.Namespace, root: str) -> dict[str, float]:
     probe = os.path.join(root, "probe")
     try:
         fd = os.open(probe, os.O_CREAT | os.O_WRONLY | direct, 0o644)
-        os.pwritev(fd, [flat[:4096]], 0)
-        os.close(fd)
+        try:
+            os.pwritev(fd, [flat[:4096]], 0)
+        finally:
+            os.close(fd)
     except OSError:
         direct = 0  # tmpfs or overlay: buffered, as both tiers would fall back to
     paths = [os.path.join(root, f"{i}.bin") for i in range(count)]

@@ -358,3 +358,27 @@ def test_namespace_covers_revision_and_layout() -> None:
     assert base == digest(model_revision="a", kv_layout="nhd")
     assert base != digest(model_revision="b", kv_layout="nhd")
     assert base != digest(model_revision="a", kv_layout="hnd")
+
+
+@needs_vllm
+@pytest.mark.skipif(not HAS_FS, reason="tiering-fs is not installed")
+def test_bench_vs_vllm_runs_all_three_paths_and_prints_the_ratios(tmp_path: Any, capsys: Any) -> None:
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts", "bench_vs_vllm.py")
+    spec = importlib.util.spec_from_file_location("bench_vs_vllm", script)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["--block-bytes", "64KiB", "--blocks", "32", "--threads", "2", "--repeat", "1", "--dir", str(tmp_path)]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in out.splitlines()
+        if line.split()[:1] in (["vllm-fs"], ["tiering-fs"], ["raw"])
+    }
+    assert set(rows) == {"vllm-fs", "tiering-fs", "raw"}
+    assert all(float(rows[name][0]) > 0 and float(rows[name][1]) > 0 for name in rows)  # store, load GB/s
+    assert rows["tiering-fs"][4] == "1"  # probe rounds: answered from the index in the first round
+    assert rows["raw"][2:] == ["-"] * 6
+    assert "ratio tiering/vllm: store " in out and "ratio tiering-fs/raw: store " in out
+    assert list(tmp_path.iterdir()) == []  # scratch directories removed
