@@ -40,6 +40,8 @@ OUT_OF_TREE = textwrap.dedent(
 
     class Strict(MyTier):
         def __init__(self, offloading_spec, primary_kv_view, tier_type, root="/x"):
+            if not root.startswith("/"):
+                raise ValueError(f"tier {tier_type!r}: root must be absolute, got {root!r}")
             super().__init__(offloading_spec, primary_kv_view, tier_type, root=root)
 
     NotATier = dict
@@ -128,6 +130,12 @@ def test_missing_type_names_the_index(small_spec):
 def test_unknown_constructor_key_names_tier_and_key(oot_module, small_spec, small_view):
     with pytest.raises(TypeError, match=r"secondary_tiers\[0\] \(type 'Strict'\): unknown key 'rooot'"):
         create_secondary_tier({"type": "Strict", "module_path": oot_module, "rooot": "/x"}, small_view, small_spec)
+
+
+def test_bad_value_error_names_the_entry_index(oot_module, small_spec, small_view):
+    entry = {"type": "Strict", "module_path": oot_module, "root": "kv"}
+    with pytest.raises(ValueError, match=r"^secondary_tiers\[3\]: tier 'Strict': root must be absolute, got 'kv'$"):
+        create_secondary_tier(entry, small_view, small_spec, index=3)
 
 
 def test_out_of_tree_warning_logged_once(oot_module, small_spec, small_view, monkeypatch, caplog):

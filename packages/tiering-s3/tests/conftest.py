@@ -18,6 +18,7 @@ import datetime
 import ipaddress
 import os
 import re
+import select
 import socket
 import ssl
 import threading
@@ -266,31 +267,31 @@ class LoopbackProxy:
             _close(conn)
 
     def _forward(self, conn: socket.socket) -> None:
+        # One thread per connection does both directions: an ssl.SSLSocket must not be read and
+        # written from two threads at once (that race corrupted response bytes now and then).
         upstream = socket.create_connection(self.upstream)
         with self._lock:
             self._conns.add(upstream)
-        recorded = bytearray()
-
-        def back() -> None:
-            try:
-                while data := upstream.recv(262144):
-                    conn.sendall(data)
-            except OSError:
-                pass
-            finally:
-                _close(conn)
-
-        threading.Thread(target=back, daemon=True).start()
+        pending = getattr(conn, "pending", lambda: 0)  # bytes already decrypted inside the TLS layer
         try:
-            while data := conn.recv(262144):
-                recorded += data[:4096] if len(recorded) < (1 << 22) else b""
-                for match in _REQUEST_LINE.finditer(data):
-                    host = _HOST_LINE.search(data, match.end() - 2)
-                    self.requests.append(
-                        (match.group(1).decode(), match.group(2).decode(), host.group(1).decode() if host else "")
-                    )
-                upstream.sendall(data)
-        except OSError:
+            while True:
+                ready = [conn] if pending() else select.select([conn, upstream], [], [])[0]
+                if conn in ready:
+                    data = conn.recv(262144)
+                    if not data:
+                        return
+                    for match in _REQUEST_LINE.finditer(data):
+                        host = _HOST_LINE.search(data, match.end() - 2)
+                        self.requests.append(
+                            (match.group(1).decode(), match.group(2).decode(), host.group(1).decode() if host else "")
+                        )
+                    upstream.sendall(data)
+                if upstream in ready:
+                    data = upstream.recv(262144)
+                    if not data:
+                        return
+                    conn.sendall(data)
+        except (OSError, ValueError):  # ValueError: select on a socket closed by set_mode
             pass
         finally:
             _close(upstream)

@@ -114,7 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 where = f" ({inspector.location()})" if inspector is not None else ""
                 print(f"probe {tier.tier_type!r}{where}: ok")
                 tier.shutdown()
-    print("config ok")
+    print("config ok" if args.probe else "config ok (names and keys; --probe builds each tier, checking every value)")
     return 0
 
 

@@ -210,7 +210,7 @@ def add_commands(sub: Any) -> None:
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
     what.add_argument(
-        "--older-than", metavar="DURATION", help="remove blocks older than e.g. 7d, 12h, 30m (m: minutes), 2w"
+        "--older-than", metavar="DURATION", help="remove blocks older than e.g. 7d, 12h, 30m (m: minutes), 90s, 2w"
     )
     what.add_argument(
         "--to-bytes",

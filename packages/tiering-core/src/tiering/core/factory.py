@@ -289,9 +289,19 @@ def create_secondary_tier(
         ValueError: ``type`` is missing (the message names the index) or unknown.
         ImportError, AttributeError, TypeError: see :meth:`Registry.get_class`;
             TypeError also for an unknown constructor key (naming tier and key).
+        TypeError, ValueError: a bad value, from the tier's constructor; the
+            message is prefixed with ``secondary_tiers[<index>]`` so that of
+            two tiers of one type the faulty entry is known. Other errors of
+            the constructor (``OSError`` for an unusable root...) propagate
+            unchanged.
     """
     cls, tier_type, kwargs = resolve_tier(tier_config, index)
-    return cls(offloading_spec, primary_kv_view, tier_type, **kwargs)
+    try:
+        return cls(offloading_spec, primary_kv_view, tier_type, **kwargs)
+    except (TypeError, ValueError) as exc:
+        if type(exc) not in (TypeError, ValueError):
+            raise  # a subclass may not take a plain message
+        raise type(exc)(f"secondary_tiers[{index}]: {exc}") from exc
 
 
 def resolve_tier(

@@ -372,7 +372,8 @@ class TieringManager:
                 logger.exception("secondary tier %s on_request_finished raised", tier.tier_type)
 
     def has_pending_work(self) -> bool:
-        """Whether any job is still in flight."""
+        """Whether any job is still in flight (polls the tiers first, so a wait loop on it ends)."""
+        self._poll_tiers()
         return bool(self._jobs)
 
     def shutdown(self) -> None:
