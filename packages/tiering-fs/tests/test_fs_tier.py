@@ -835,8 +835,9 @@ def test_a_worker_takes_a_share_of_a_long_queue_and_shutdown_skips_the_rest(tmp_
         time.sleep(0.005)
     with tier._lock:
         queued = len(tier._stores)
-    # The only writer took 16 blocks (its share, capped) at once; the idle reader helps one block at a time.
-    assert 64 - 16 - 2 <= queued <= 64 - 16
+    # The only writer took 16 blocks (its share, capped) at once (the idle reader helps one block at a
+    # time, 50 ms each: taking one task at a time, the two could not have taken 16 by now).
+    assert queued <= 64 - 16
     tier.shutdown()
     results = list(tier.get_finished())
     assert [(r.job_id, r.success) for r in results] == [(job.job_id, False)]  # reported once, failed
@@ -845,7 +846,7 @@ def test_a_worker_takes_a_share_of_a_long_queue_and_shutdown_skips_the_rest(tmp_
 
 
 def test_idle_readers_help_with_stores(tmp_path, open_tier, monkeypatch):
-    tier, view = open_tier(tmp_path, n_read_threads=2, n_write_threads=1)
+    tier, view = open_tier(tmp_path, num_blocks=40, n_read_threads=2, n_write_threads=1)
     real = os.pwritev
     threads = set()
 
@@ -855,10 +856,10 @@ def test_idle_readers_help_with_stores(tmp_path, open_tier, monkeypatch):
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(os, "pwritev", slow)
-    keys = [make_key(i, b"help") for i in range(12)]
+    keys = [make_key(i, b"help") for i in range(40)]  # more than the writer's share (16 at most)
     assert store(tier, view, keys)
     assert {n.rsplit("-", 1)[0] for n in threads} == {"tiering-fs-read", "tiering-fs-write"}
-    assert tier.stats()["blocks_stored"] == 12
+    assert tier.stats()["blocks_stored"] == 40
 
 
 def test_works_under_the_tiering_manager(tmp_path):
