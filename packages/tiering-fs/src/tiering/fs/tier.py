@@ -689,8 +689,11 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                         break
                     if self._stores:
                         # A reader helps one block at a time, to be back for the next load soon.
-                        parts = len(self._stores) if is_reader else self.n_write_threads
-                        kind, tasks = "store", self._take(self._stores, parts)
+                        kind = "store"
+                        if is_reader:
+                            tasks = [self._stores.popleft()]
+                        else:
+                            tasks = self._take(self._stores, self.n_write_threads)
                         break
                     if self._stopping:
                         return
