@@ -42,12 +42,15 @@ class ServerInfo:
             ``"mixed"`` when primaries differ).
         primaries: number of primaries answering INFO (1 for a single server).
         version: ``redis_version`` of the first primary (``"unknown"`` when not permitted).
+        run_ids: the ``run_id`` of every primary (empty when not permitted); a
+            change means a restart or failover: what the server held may be gone.
     """
 
     maxmemory: int
     policy: str
     primaries: int
     version: str
+    run_ids: frozenset[str] = frozenset()
 
     @property
     def server_evicts(self) -> bool:
@@ -79,13 +82,28 @@ def server_info(client: Any) -> ServerInfo:
             raise
         logger.warning("redis tier: INFO is not permitted (%s); cannot tell whether the server evicts", type(exc))
         return ServerInfo(-1, "unknown", 0, "unknown")
+    run_ids = frozenset(str(s.get("run_id", "")) for s in server)
     limits = [int(m.get("maxmemory", 0)) for m in memory]
     policies = {str(m.get("maxmemory_policy", "unknown")) for m in memory}
     limited = [x for x in limits if x > 0]
     maxmemory = min(limited) if len(limited) == len(limits) and limited else 0
     policy = policies.pop() if len(policies) == 1 else "mixed"
     version = str(server[0].get("redis_version", "unknown")) if server else "unknown"
-    return ServerInfo(maxmemory, policy, len(memory), version)
+    return ServerInfo(maxmemory, policy, len(memory), version, run_ids)
+
+
+def run_ids(client: Any) -> frozenset[str]:
+    """The ``run_id`` of every primary (``INFO server``); empty when INFO is not permitted.
+
+    Raises:
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the server is unreachable.
+    """
+    try:
+        return frozenset(str(s.get("run_id", "")) for s in _info(client, "server"))
+    except Exception as exc:
+        if classify_error(exc) not in ("credentials", "other"):
+            raise
+        return frozenset()
 
 
 def probe(

@@ -58,7 +58,7 @@ from tiering.core.toolkit.stats import failure_totals
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
 from tiering.redis.layout import KeyLayout
-from tiering.redis.probe import EVICTING_POLICIES, probe
+from tiering.redis.probe import EVICTING_POLICIES, probe, run_ids
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ _COUNTERS = (
     "bytes_loaded",
     "bad_blocks_removed",
     "pipelines",
+    "server_restarts",
     *(f"errors_{c}" for c in ERROR_CLASSES),
 )
 Task = tuple[JobState, int]
@@ -134,6 +135,8 @@ class RedisSecondaryTierManager(SecondaryTierManager):
 
         self._closed = False
         self._close_lock = threading.Lock()
+        self._run_ids = self.server.run_ids
+        self._recheck = False  # set by connection errors: was the server restarted meanwhile?
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
@@ -208,6 +211,8 @@ class RedisSecondaryTierManager(SecondaryTierManager):
     # -- helpers ------------------------------------------------------------------
     def _count_error(self, exc: BaseException, what: str) -> str:
         cause = classify_error(exc)
+        if cause in ("connection", "timeout", "loading", "readonly"):
+            self._recheck = True
         self.counters.inc(f"errors_{cause}")
         text = self.settings.redact(f"{type(exc).__name__}: {exc}")
         if cause == "other":
@@ -217,8 +222,36 @@ class RedisSecondaryTierManager(SecondaryTierManager):
         return cause
 
     def _pipeline(self) -> Any:
+        if self._recheck:
+            self._check_restart()
         self.counters.inc("pipelines")
         return self._client.pipeline(transaction=False)
+
+    def _check_restart(self) -> None:
+        """After connection trouble: if the server restarted or failed over, forget what it held.
+
+        A server without persistence comes back empty; this process would
+        otherwise answer lookups True and skip stores of blocks that are gone.
+        Writes in flight are kept (see :meth:`CapacityIndex.reconcile`).
+        """
+        with self.index.reading() as ticket:
+            try:
+                ids = run_ids(self._client)
+            except Exception:
+                return  # still down: the batch fails, and the next one asks again
+            self._recheck = False
+            if not ids or ids == self._run_ids:
+                return
+            self._run_ids = ids
+            report = self.index.reconcile({}, ticket)
+        self.counters.inc("server_restarts")
+        self.lookups.invalidate(report.vanished)
+        self.events.record_removed(report.vanished, "server_restart")
+        logger.warning(
+            "redis tier: %s restarted or failed over (new run_id); forgot %d blocks it may no longer hold",
+            self.location,
+            len(report.vanished),
+        )
 
     def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
         """Keys known gone (a load found them missing): out of the index and the lookup cache."""
