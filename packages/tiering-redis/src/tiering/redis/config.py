@@ -35,7 +35,6 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
-
 from tiering.core.toolkit.config import ConfigKey, ConfigSchema
 from tiering.redis.layout import check_prefix
 
@@ -247,8 +246,10 @@ class RedisSettings:
                 sentinel_kwargs["username"] = v["sentinel_username"]
             if v["sentinel_password"]:
                 sentinel_kwargs["password"] = v["sentinel_password"]
-            sentinel = Sentinel([(h, p) for h, p in v["sentinels"]], sentinel_kwargs=sentinel_kwargs)
-            return sentinel.master_for(v["service_name"], **kwargs)
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                [(h, p) for h, p in v["sentinels"]], sentinel_kwargs=sentinel_kwargs
+            )
+            return sentinel.master_for(v["service_name"], **kwargs)  # type: ignore[no-untyped-call]
         if v["mode"] == "cluster":
             kwargs.pop("health_check_interval")
             if v["url"]:

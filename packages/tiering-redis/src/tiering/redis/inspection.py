@@ -18,7 +18,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from redis.cluster import RedisCluster
-
 from tiering.core.inspection import BlockInfo, TierInspector
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import RedisStartupError, classify_error
@@ -167,7 +166,8 @@ class RedisInspector(TierInspector):
 
     def remove_namespace(self, digest: str) -> int:
         self._check_digest(digest)
-        blocks, others = [], []
+        blocks: list[str] = []
+        others: list[str] = []
         for name in self._scan(self.layout.pattern(digest)):
             parsed = self.layout.parse(name)
             if parsed is None or parsed[0] != digest:

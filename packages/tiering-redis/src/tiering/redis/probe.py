@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.cluster import RedisCluster
-
 from tiering.redis.errors import RedisStartupError, classify_error
 from tiering.redis.layout import KeyLayout
 

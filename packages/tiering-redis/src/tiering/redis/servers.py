@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -201,7 +202,7 @@ class LocalCluster:
 
         def node_id(node: LocalRedis) -> str:
             with contextlib.closing(node.client()) as client:
-                return str(client.execute_command("CLUSTER MYID").decode())
+                return str(client.execute_command("CLUSTER MYID").decode())  # type: ignore[no-untyped-call]
 
         subprocess.run(
             [
@@ -259,7 +260,7 @@ class LocalSentinel:
             deadline = time.monotonic() + START_TIMEOUT_S
             with contextlib.closing(self.sentinel.client(socket_timeout=2)) as client:
                 while True:
-                    addr = client.sentinel_get_master_addr_by_name(self.service_name)
+                    addr: Any = client.sentinel_get_master_addr_by_name(self.service_name)
                     if addr and int(addr[1]) == self.primary.port:
                         break
                     if time.monotonic() > deadline:
@@ -284,7 +285,7 @@ class LocalSentinel:
 
 @contextlib.contextmanager
 def local_redis(args: Sequence[str] = ()) -> Iterator[LocalRedis]:
-    """``with local_redis() as server:`` a :class:`LocalRedis` started and stopped around the block."""
+    """A :class:`LocalRedis` started before and stopped after a ``with`` block."""
     server = LocalRedis(args=args).start()
     try:
         yield server
