@@ -370,3 +370,26 @@ def test_cluster_resharding_during_a_run_loses_nothing(redis_cluster, prefix):
         fresh.shutdown()
     finally:
         tier.shutdown()
+
+
+def test_acl_user_without_scripting_falls_back_to_pipelined_lookups(redis_server, prefix, caplog):
+    client = redis_server.client()
+    client.acl_setuser(
+        "noscript", enabled=True, passwords=["+noscript-pw-1"], keys=["*"], commands=["+@all", "-@scripting"]
+    )
+    client.close()
+    tier, view = make_tier(
+        {"url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1"}
+    )
+    try:
+        key = make_key(1, b"acl")
+        assert store(tier, view, [key])
+        other, _ = make_tier(
+            {"url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1"}
+        )
+        assert wait_for_lookup(other, key, CTX) is True
+        assert wait_for_lookup(other, make_key(2, b"acl"), CTX) is False
+        assert "refuses the lookup script" in caplog.text and "noscript-pw-1" not in caplog.text
+        other.shutdown()
+    finally:
+        tier.shutdown()

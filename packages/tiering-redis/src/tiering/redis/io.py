@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoPermissionError, ResponseError
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
 from tiering.core.toolkit import (
@@ -33,6 +34,9 @@ from tiering.redis.layout import KeyLayout
 from tiering.redis.probe import run_ids
 
 logger = logging.getLogger(__name__)
+
+SIZES_SCRIPT = "local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('STRLEN', k) end return r"
+"""Lua: the ``STRLEN`` of every key given (0 for an absent key), one reply for the batch."""
 
 Task = tuple[JobState, int]
 """One block of a job: (the job's state, the block's index in the job)."""
@@ -64,6 +68,7 @@ class RedisBlockIO:
     _closed: bool
     _recheck: bool
     _run_ids: frozenset[str]
+    _sizes_script: Any
 
     if TYPE_CHECKING:  # provided by SecondaryTierManager
 
@@ -155,13 +160,18 @@ class RedisBlockIO:
         self.pool.submit("write", run, list(victims), failed)
 
     def _resolve(self, keys: Sequence[OffloadKey]) -> Mapping[OffloadKey, bool]:
-        """One pipelined ``STRLEN`` per batch (on an I/O thread): a block of the right size is present."""
+        """The sizes of a batch of keys in one round trip (on an I/O thread): a block of the right size is present.
+
+        A single server (or Sentinel's primary) answers one Lua call
+        (:data:`SIZES_SCRIPT`, ``EVALSHA`` with redis-py's ``NOSCRIPT``
+        fallback), several times faster than a pipeline of ``STRLEN`` for
+        thousands of keys; a cluster (keys in many slots), or a server that
+        refuses scripts (ACL), gets the pipeline.
+        """
+        names = [self.block_key(key) for key in keys]
         with self.index.reading() as ticket:
-            pipe = self._pipeline()
-            for key in keys:
-                pipe.strlen(self.block_key(key))
             try:
-                sizes = pipe.execute(raise_on_error=False)
+                sizes = self._sizes(names)
             except Exception as exc:
                 self._count_error(exc, f"lookup of {len(keys)} keys")
                 raise
@@ -169,6 +179,27 @@ class RedisBlockIO:
             self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
         self._delete(self.index.evict_to_cap(), "eviction")
         return dict.fromkeys(found, True)
+
+    def _sizes(self, names: list[str]) -> list[Any]:
+        if self._sizes_script is not None:
+            if self._recheck:
+                self._check_restart()
+            self.counters.inc("pipelines")
+            try:
+                return list(self._sizes_script(keys=names))
+            except ResponseError as exc:
+                if classify_error(exc) != "other" and not isinstance(exc, NoPermissionError):
+                    raise
+                logger.warning(
+                    "redis tier: %s refuses the lookup script (%s); asking with pipelined STRLEN instead",
+                    self.location,
+                    self.settings.redact(str(exc)),
+                )
+                self._sizes_script = None
+        pipe = self._pipeline()
+        for name in names:
+            pipe.strlen(name)
+        return list(pipe.execute(raise_on_error=False))
 
     def _store_batch(self, tasks: Sequence[Task]) -> None:
         keys = [state.meta.keys[i] for state, i in tasks]

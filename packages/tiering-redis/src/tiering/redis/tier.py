@@ -54,7 +54,7 @@ from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.stats import failure_totals
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
-from tiering.redis.io import RedisBlockIO, Task
+from tiering.redis.io import SIZES_SCRIPT, RedisBlockIO, Task
 from tiering.redis.layout import KeyLayout
 from tiering.redis.probe import EVICTING_POLICIES, probe
 
@@ -130,6 +130,7 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self._close_lock = threading.Lock()
         self._run_ids = self.server.run_ids
         self._recheck = False  # set by connection errors: was the server restarted meanwhile?
+        self._sizes_script = None if settings["mode"] == "cluster" else self._client.register_script(SIZES_SCRIPT)
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
