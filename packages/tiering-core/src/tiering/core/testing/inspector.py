@@ -109,6 +109,7 @@ class InspectorConformanceTests:
 
     # -- the contract ------------------------------------------------------------------------
     def test_inspector_is_offered_by_the_tier_class(self, tier_config: dict[str, Any]) -> None:
+        self.populate(tier_config, "r1", n=1)  # the root or bucket exists once the tier has run
         inspector = self.inspector(tier_config)
         assert isinstance(inspector.location(), str) and inspector.location()
 
@@ -202,13 +203,14 @@ class InspectorConformanceTests:
         assert left == {b.key for b in blocks[2:]}
         assert self.run(["verify", path], capsys)[0] == 0
 
-    def test_remove_blocks_counts_and_tolerates_blocks_already_gone(self, tier_config: dict[str, Any]) -> None:
-        digest, _ = self.populate(tier_config, "r1", n=3)
+    def test_remove_blocks_removes_and_tolerates_blocks_already_gone(self, tier_config: dict[str, Any]) -> None:
+        digest, keys = self.populate(tier_config, "r1", n=3)
         inspector = self.inspector(tier_config)
         victim = next(iter(inspector.blocks(digest)))
         assert inspector.remove_blocks(digest, [victim]) == 1
-        assert inspector.remove_blocks(digest, [victim]) == 0
-        assert victim.key not in {b.key for b in inspector.blocks(digest)}
+        # Removing it again is not an error (a store may report the missing object as deleted: 0 or 1).
+        assert inspector.remove_blocks(digest, [victim]) in (0, 1)
+        assert {b.key for b in inspector.blocks(digest)} == set(keys) - {victim.key}
 
     def test_stat_reports_resident_blocks(
         self, tier_config: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
