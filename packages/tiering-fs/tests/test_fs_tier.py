@@ -17,7 +17,6 @@ import fsspec
 import pytest
 
 import tiering.fs.blocks as fs_blocks
-import tiering.fs.tier as fs_tier
 from tiering.core import (
     JobMetadata,
     OffloadingSpec,
@@ -28,7 +27,7 @@ from tiering.core import (
 )
 from tiering.core.base import block_view
 from tiering.core.factory import create_secondary_tier
-from tiering.core.format import HEADER_SIZE, checksum
+from tiering.core.format import HEADER_SIZE, BlockFormatError, checksum
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
@@ -1068,7 +1067,7 @@ def test_o_direct_read_of_a_truncated_file_is_short_not_an_error(tmp_path):
         os.close(fd)
     # Through the back end: a file shorter than it should be is a truncation, never EINVAL.
     backend = LocalBackend(direct=True)
-    with pytest.raises(fs_tier.BlockFormatError, match="expected"):
+    with pytest.raises(BlockFormatError, match="expected"):
         backend.read_block(str(path), memoryview(payload), memoryview(trailer), 8192 + TRAILER_BYTES)
 
 

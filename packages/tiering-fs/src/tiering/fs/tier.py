@@ -15,40 +15,35 @@ Everything else is the fs tier's own, each in its module:
 - :mod:`tiering.fs.root`: opening the root, ``namespace.json``, ``O_DIRECT``;
 - :mod:`tiering.fs.scanner`: the start-up scan, rescans, stale temporary gc;
 - :mod:`tiering.fs.errors`: errors and failure causes;
+- :mod:`tiering.fs.transfer`: store and load shares on the I/O pool, deletes;
 - :mod:`tiering.fs.inspection`: offline inspection (``tiering ls/gc/verify``).
-
-Work per job: ``submit_store`` reserves every block's bytes in the index at
-once (so ``lookup`` answers None while it is queued); a worker takes a share
-of the job (up to 16 blocks), writes them, and settles the share with one
-index round, one counter round, one event round and one job round.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
-from tiering.core.format import BlockFormatError
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
-from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobTracker, KeyState, KVEventLog, Victim
+from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.events import KVEvent
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks
+from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.stats import failure_totals
 from tiering.fs.blocks import BlockFiles
 from tiering.fs.config import FS_SCHEMA, FsConfig
-from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError, failure_cause
+from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
 from tiering.fs.io import open_backend
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.root import direct_obstacle, prepare_namespace_dir
 from tiering.fs.scanner import Rescanner, scan_namespace
+from tiering.fs.transfer import Transfers
 
 logger = logging.getLogger(__name__)
 
@@ -162,12 +157,15 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._temp_bytes = 0
         self._last_scan_s = 0.0
         self.pool = IOPool(cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", max_batch=16)
+        self.transfers = Transfers(
+            self.index, self.files, self.counters, self.events, self.pool, self.block, self._is_stopping
+        )
         self._lookup_cache: LookupCache | None = None
         if self.lookup_fallback == "async":
             self._lookup_cache = LookupCache(
                 self._resolve, lambda fn: self.pool.submit_call("read", fn), negative_ttl_s=1.0
             )
-        self._scan_lock = threading.Lock()
+            self.transfers.on_removed = self._lookup_cache.invalidate
         interval = cfg.rescan_interval_s if cfg.capacity_bytes is not None else 0.0
         self._rescanner = Rescanner(self._scan, interval, "tiering-fs-scan")
         if cfg.startup_scan_wait_s > 0:
@@ -265,167 +263,24 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         """Mark ``keys`` most recently used in the tier's own LRU record (not atime)."""
         self.index.touch(keys)
 
-    # -- stores -------------------------------------------------------------------------------
+    # -- stores and loads ---------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
         """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
         state = self.jobs.start(job)
-        if state.finished:
-            return
-        if self._stopping:
-            state.fail_rest(SHUTDOWN)
-            return
-        items: list[StoreItem] = []
-        present: list[tuple[int, bool, str]] = []
-        victims: list[Victim] = []
-        for i, key in enumerate(job.keys):
-            res = self.index.reserve(key, self.stored_block_bytes)
-            victims.extend(res.victims)
-            if res.admit is Admit.PRESENT:
-                present.append((i, True, ""))
-            else:  # not reserved (no room yet, or its old copy is being deleted): the worker retries
-                items.append((state, i, res.admit is Admit.RESERVED))
-        if victims:
-            self.pool.submit_call("write", lambda: self._delete(victims, "eviction"))
-        if present:
-            self.counters.inc("stores_already_present", len(present))
-            state.record(present)
-        self.pool.submit("write", self._store_batch, items, self._store_failed)
-
-    def _reserve_now(self, key: OffloadKey) -> Admit:
-        """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
-        while True:
-            res = self.index.reserve(key, self.stored_block_bytes)
-            if res.victims:
-                self._delete(res.victims, "eviction")
-            if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping:
-                return res.admit
-            if res.admit is Admit.NO_SPACE and not res.can_wait:
-                return res.admit
-            self.index.wait_for_space(0.05)
-
-    def _store_batch(self, items: Sequence[StoreItem]) -> None:
-        """Write one share of a store job; settle it with one round per lock."""
-        outcomes: list[tuple[int, bool, str]] = []
-        commits: list[tuple[OffloadKey, bool]] = []
-        stored: list[OffloadKey] = []
-        state = items[0][0]
-        for _, i, reserved in items:
-            key = state.meta.keys[i]
+        if not state.finished:
             if self._stopping:
-                if reserved:
-                    commits.append((key, False))
-                outcomes.append((i, False, SHUTDOWN))
-                continue
-            if not reserved:
-                admit = self._reserve_now(key)
-                if admit is not Admit.RESERVED:
-                    ok = admit is Admit.PRESENT
-                    if ok:
-                        self.counters.inc("stores_already_present")
-                    outcomes.append((i, ok, "" if ok else "no_space"))
-                    continue
-            try:
-                self.files.write(key, self.block(state.meta.block_ids[i]))
-            except Exception as exc:
-                cause = failure_cause(exc, load=False)
-                _log_failure("store", key, cause, exc)
-                commits.append((key, False))
-                outcomes.append((i, False, cause))
-                continue
-            commits.append((key, True))
-            stored.append(key)
-            outcomes.append((i, True, ""))
-        self.index.commit_many(commits)
-        if stored:
-            self.counters.add({"blocks_stored": len(stored), "bytes_stored": len(stored) * self.block_bytes})
-            self.events.record_stored(stored)
-        state.record(outcomes)
+                state.fail_rest(SHUTDOWN)
+            else:
+                self.transfers.store(state)
 
-    def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
-        """The pool's ``on_error`` for stores: release reservations, fail the blocks (once)."""
-        self.index.commit_many((s.meta.keys[i], False) for s, i, reserved in items if reserved)
-        fail_tasks(((s, i) for s, i, _ in items), SHUTDOWN if self._stopping else "internal")
-
-    # -- loads ----------------------------------------------------------------------------------
     def submit_load(self, job: JobMetadata) -> None:
         """Queue ``job``'s blocks for reading into their primary slots; returns at once."""
         state = self.jobs.start(job)
-        if state.finished:
-            return
-        if self._stopping:
-            state.fail_rest(SHUTDOWN)
-            return
-        self.index.touch(job.keys)
-        items: list[LoadItem] = [(state, i) for i in range(len(job.keys))]
-        self.pool.submit("read", self._load_batch, items, self._load_failed)
-
-    def _load_batch(self, items: Sequence[LoadItem]) -> None:
-        """Read and verify one share of a load job; a key evicted meanwhile is never re-indexed (C13)."""
-        outcomes: list[tuple[int, bool, str]] = []
-        found: list[tuple[OffloadKey, int]] = []
-        state = items[0][0]
-        failed = False  # a share is a run of consecutive blocks: after a failure the rest is skipped
-        with self.index.reading() as ticket:
-            for _, i in items:
-                if self._stopping:
-                    outcomes.append((i, False, SHUTDOWN))
-                    continue
-                if failed or state.should_skip(i):
-                    outcomes.append((i, False, ""))  # the request recomputes from an earlier failed block
-                    continue
-                key = state.meta.keys[i]
-                try:
-                    size = self.files.read(key, self.block(state.meta.block_ids[i]))
-                except Exception as exc:
-                    failed = True
-                    outcomes.append((i, False, self._load_failure(key, exc)))
-                    continue
-                found.append((key, size))
-                outcomes.append((i, True, ""))
-            self.index.adopt_many(found, ticket)
-        if found:
-            self.counters.add({"blocks_loaded": len(found), "bytes_loaded": len(found) * self.block_bytes})
-        state.record(outcomes)
-
-    def _load_failure(self, key: OffloadKey, exc: BaseException) -> str:
-        """Settle one failed read: a bad file is removed, a vanished one forgotten; returns the cause."""
-        known = self.index.lookup(key, touch=False) is KeyState.RESIDENT
-        cause = failure_cause(exc, load=True, in_index=known)
-        _log_failure("load", key, cause, exc)
-        if isinstance(exc, BlockFormatError):
-            victim = self.index.remove(key, delete=True)
-            if victim is not None:
-                self._delete([victim], "bad")
-            elif self.files.remove(key):
-                self.counters.inc("bad_blocks_removed")
-        elif isinstance(exc, FileNotFoundError) and known:
-            self.index.remove(key, delete=False)
-            self._forget([key], "vanished")
-        return cause
-
-    def _load_failed(self, items: Sequence[Any], exc: BaseException) -> None:
-        fail_tasks(items, SHUTDOWN if self._stopping else "internal")
-
-    # -- deletes and removals -----------------------------------------------------------------------
-    def _delete(self, victims: Iterable[Victim], reason: str) -> None:
-        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16)."""
-        outcomes = [(v.key, self.files.remove(v.key)) for v in victims]
-        self.index.deleted_many(outcomes)
-        gone = [k for k, ok in outcomes if ok]
-        if reason == "bad" and gone:
-            self.counters.inc("bad_blocks_removed", len(gone))
-        for key, ok in outcomes:
-            if not ok:
-                logger.warning(
-                    "fs tier: cannot delete %s (%s); kept counted, retried at the next rescan", key.hex(), reason
-                )
-        self._forget(gone, reason)
-
-    def _forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
-        if keys:
-            self.events.record_removed(keys, reason)
-            if self._lookup_cache is not None:
-                self._lookup_cache.invalidate(keys)
+        if not state.finished:
+            if self._stopping:
+                state.fail_rest(SHUTDOWN)
+            else:
+                self.transfers.load(state)
 
     # -- scans ------------------------------------------------------------------------------------------
     def _scan(self, first: bool) -> None:
@@ -439,10 +294,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
                 return
             oldest_first = sorted(result.blocks.items(), key=lambda item: item[1][1])
             report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket)
-        self._forget(report.vanished, "vanished")
+        self.transfers.forget(report.vanished, "vanished")
         self._account_temps(result.temp_bytes)
-        self._delete(self.index.retry_deletes(), "eviction")
-        self._delete(self.index.evict_to_cap(), "eviction")
+        self.transfers.delete(self.index.retry_deletes(), "eviction")
+        self.transfers.delete(self.index.evict_to_cap(), "eviction")
         self.counters.add({"scans": 1, "temps_removed": result.temps_removed, "bad_blocks_removed": result.bad_removed})
         self._last_scan_s = time.monotonic() - started
         (logger.info if first else logger.debug)(
@@ -466,7 +321,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self._temp_bytes = 0
         if temp_bytes:
             res = self.index.reserve(_TEMP_KEY, temp_bytes)
-            self._delete(res.victims, "eviction")
+            self.transfers.delete(res.victims, "eviction")
             if res.admit is Admit.RESERVED:
                 self._temp_bytes = temp_bytes
 
@@ -519,10 +374,3 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self._lookup_cache.close()
         self.pool.shutdown(wait=True)
         self.jobs.fail_all(SHUTDOWN)
-
-
-def _log_failure(what: str, key: OffloadKey, cause: str, exc: BaseException) -> None:
-    if cause == "internal":
-        logger.error("fs tier: %s of %s failed", what, key.hex(), exc_info=exc)
-    else:
-        logger.warning("fs tier: %s of %s failed (%s): %s", what, key.hex(), cause, exc)
