@@ -232,8 +232,8 @@ class RedisSettings:
             :class:`redis.Redis` or :class:`redis.cluster.RedisCluster`.
 
         Raises:
-            redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
-            OSError: the cluster's topology could not be read.
+            redis.exceptions.RedisError: the cluster's topology could not be read.
+            redis.exceptions.RedisClusterException: the cluster does not serve every slot.
         """
         v = self.values
         kwargs = self.connection_kwargs()
