@@ -114,9 +114,17 @@ def test_unknown_type_message_lists_known_names_and_module_path(small_spec, smal
 
 
 def test_unknown_type_with_install_hint(monkeypatch, small_spec, small_view):
-    monkeypatch.setattr(SecondaryTierFactory, "install_hints", {"fs": "tiering-fs", "zz": "tiering-zz"})
-    with pytest.raises(ValueError, match="pip install tiering-zz"):
+    with pytest.raises(ValueError) as info:
         create_secondary_tier({"type": "zz"}, small_view, small_spec)
+    assert (
+        "If 'zz' is a secondary tier of the tiering project, install its distribution: pip install tiering-zz "
+        "(from a clone of the repository: pip install ./packages/tiering-zz)."
+    ) in str(info.value)
+    # a close match is suggested instead of a distribution to install
+    monkeypatch.setattr(SecondaryTierFactory, "_lazy", {**SecondaryTierFactory._lazy, "example": ("m", "C")})
+    with pytest.raises(ValueError) as close:
+        create_secondary_tier({"type": "exampel"}, small_view, small_spec)
+    assert "(did you mean 'example'?)" in str(close.value) and "pip install" not in str(close.value)
 
 
 @requires_tier("example")

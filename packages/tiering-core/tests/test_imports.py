@@ -32,11 +32,14 @@ OVERSIZED_ALLOWED = {
     "tiering.fs.tier",
     "tiering.s3.tier",
     "tiering.redis.tier",
+    "tiering.core.toolkit.index",  # 492 lines on main at 14:31 (CORE-A)
+    "tiering.fs.workers",  # 516 lines on main at 14:31 (FS)
 }
 # A cycle is tolerated only while all its modules are inside one of these sets.
 CYCLES_ALLOWED = [
     {"tiering.core.cli", "tiering.core.commands"},  # the CLI split
     {"tiering.fs.inspection", "tiering.fs.tier"},  # fs: layout.py takes what both need
+    {"tiering.fs.io", "tiering.fs.io.local", "tiering.fs.io.remote"},  # fs: io/__init__ <-> its modules (main at 14:31)
     {"tiering.s3.inspection", "tiering.s3.tier"},  # s3: layout.py / client.py
 ]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import logging
+import re
 import threading
-from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, cast
 
@@ -65,6 +65,9 @@ def import_module_path(module_path: str, kind: str, key: str = "module_path") ->
         raise ImportError(f"cannot import {kind} {key} {module_path!r}: {exc}{hint}") from exc
 
 
+_DISTRIBUTION_SUFFIX = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
 class Registry(Generic[T]):
     """A name -> class registry with lazy imports, entry points and ``module_path``.
 
@@ -74,8 +77,10 @@ class Registry(Generic[T]):
         group: the entry-point group of installed providers.
         name_key: the config key holding the name (for messages).
         path_key: the config key holding the out-of-tree module path.
-        install_hints: name -> distribution that provides it, for the error
-            when it is not installed.
+        distribution: the naming convention of the distributions that
+            provide first-party names, e.g. ``"tiering-{name}"``: an unknown
+            name without a close match gets the ``pip install`` line to try
+            (core knows no backend by name; the convention names them all).
     """
 
     def __init__(
@@ -85,14 +90,14 @@ class Registry(Generic[T]):
         group: str,
         name_key: str,
         path_key: str,
-        install_hints: Mapping[str, str] | None = None,
+        distribution: str | None = None,
     ) -> None:
         self.kind = kind
         self.base = base
         self.group = group
         self.name_key = name_key
         self.path_key = path_key
-        self.install_hints = dict(install_hints or {})
+        self.distribution = distribution
         self._lazy: dict[str, tuple[str, str]] = {}
         self._loaded: dict[str, type[T]] = {}
         self._lock = threading.Lock()
@@ -192,9 +197,11 @@ class Registry(Generic[T]):
         close = self.suggestion(name)
         hint = f" (did you mean {close!r}?)" if close else ""
         message = f"unknown {self.kind} {self.name_key} {name!r}{hint}; known: {known}."
-        if name in self.install_hints:
+        if self.distribution and not close and _DISTRIBUTION_SUFFIX.fullmatch(name) and not name.startswith("tiering"):
+            dist = self.distribution.format(name=name)
             message += (
-                f" It is provided by the {self.install_hints[name]!r} package: pip install {self.install_hints[name]}."
+                f" If {name!r} is a {self.kind} of the tiering project, install its distribution: "
+                f"pip install {dist} (from a clone of the repository: pip install ./packages/{dist})."
             )
         if name.startswith("tiering_"):
             plain = name.removeprefix("tiering_")

@@ -40,7 +40,7 @@ SecondaryTierFactory: Registry[SecondaryTierManager] = Registry(
     group="tiering.tiers",
     name_key="type",
     path_key="module_path",
-    install_hints={"example": "tiering-example", "fs": "tiering-fs", "s3": "tiering-s3"},
+    distribution="tiering-{name}",
 )
 
 CachePolicyFactory: Registry[CachePolicy] = Registry(
