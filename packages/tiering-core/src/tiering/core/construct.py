@@ -38,20 +38,24 @@ def label_error(exc: Exception, label: str, redact: Callable[[object], str]) -> 
     The exception keeps its type, attributes and traceback, so callers that
     catch ``OSError`` or a tier's own exception type still do. An ``OSError``
     with an errno keeps it (``[Errno 13] secondary_tiers[0].root: Permission
-    denied: '/kv'``). A message that already names ``label`` is only redacted.
+    denied: '/kv'``). A message that already names ``label``, or an empty
+    ``label``, is only redacted.
 
     Returns:
         ``exc`` itself, for ``raise label_error(...)``.
     """
+    prefix = f"{label}: " if label and label not in str(exc) else ""
     if isinstance(exc, OSError) and exc.errno is not None and exc.strerror is not None:
-        if label not in str(exc):
-            exc.strerror = f"{label}: {redact(exc.strerror)}"
+        exc.strerror = prefix + redact(exc.strerror)
         if isinstance(exc.filename, str):
             exc.filename = redact(exc.filename)
+        if isinstance(exc.filename2, str):
+            exc.filename2 = redact(exc.filename2)
         return exc
     text = str(exc) if exc.args else type(exc).__name__
-    message = redact(text) if label in text else f"{label}: {redact(text)}"
-    exc.args = (message,)
+    message = prefix + redact(text)
+    if exc.args or prefix:
+        exc.args = (message,)
     if isinstance(exc, ImportError):
         exc.msg = message  # ImportError's str() is its msg, not its args
     return exc
@@ -62,7 +66,8 @@ def config_key_of(config: Mapping[str, Any], exc: BaseException) -> str | None:
 
     A key is named when an ``OSError``'s ``filename`` is the key's string value
     or lies under it (the first such key), or else when exactly one key's
-    string value (3 characters or more) appears quoted in the message.
+    string value (3 characters or more) appears quoted in the message (of
+    several, the one whose name the message also gives).
     """
     filename = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
     if isinstance(filename, str) and filename:
@@ -75,6 +80,8 @@ def config_key_of(config: Mapping[str, Any], exc: BaseException) -> str | None:
         for key, value in config.items()
         if isinstance(value, str) and len(value) >= 3 and (f"'{value}" in text or f'"{value}' in text)
     ]
+    if len(quoted) > 1:  # several values quoted: keep the keys the message also names
+        quoted = [key for key in quoted if key in text]
     return quoted[0] if len(quoted) == 1 else None
 
 

@@ -40,6 +40,7 @@ from tiering.core.tier_factory import (
     check_tier_keys,
     create_cache_policy,
     create_secondary_tier,
+    redact_offloading_config,
     register_tier,
     resolve_tier,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "create_secondary_tier",
     "create_spec",
     "import_module_path",
+    "redact_offloading_config",
     "register_tier",
     "resolve_tier",
 ]

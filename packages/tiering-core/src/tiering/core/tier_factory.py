@@ -15,6 +15,7 @@ only as a type: :mod:`tiering.core.spec` imports it, never the reverse.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from tiering.core.construct import config_key_of, construct, label_error
 from tiering.core.primary.policy import CachePolicy
 from tiering.core.redact import Redactor, redact_config
 from tiering.core.registry import Registry
+from tiering.core.toolkit.config import TierConfigError
 
 if TYPE_CHECKING:
     from tiering.core.spec import OffloadingSpec
@@ -105,13 +107,17 @@ def create_secondary_tier(
             TypeError also for an unknown constructor key (naming tier and
             key) and for a class whose constructor does not take
             :data:`TIER_SIGNATURE`.
-        Exception: whatever the tier's constructor raises (``ValueError`` for
-            a bad value, ``OSError`` for an unusable root...), same type, its
-            message prefixed with ``secondary_tiers[<index>]`` (plus ``.<key>``
-            where :func:`~tiering.core.construct.config_key_of` tells the key) and redacted.
+        TierConfigError: a value the tier's ``config_schema`` rejects (or its
+            constructor raised one), labelled ``secondary_tiers[<index>].<key>``.
+        TypeError, ValueError: whatever the tier's constructor raises of
+            these (subclasses included), same type, its message prefixed with
+            ``secondary_tiers[<index>]`` (plus ``.<key>`` where
+            :func:`~tiering.core.construct.config_key_of` tells the key) and
+            redacted. Other errors (``OSError`` for an unusable root...)
+            propagate unchanged for now (see ``_LABELLED``).
     """
     cls, tier_type, kwargs = resolve_tier(tier_config, index)
-    redact = Redactor(tier_config)
+    redact = Redactor(tier_config, secret_keys=_schema_secret_keys(cls))
     label = f"secondary_tiers[{index}]"
     try:
         return construct(
@@ -123,11 +129,22 @@ def create_secondary_tier(
             redact=redact,
             label_raised=False,
         )
-    except Exception as exc:
+    except TierConfigError as exc:
+        if exc.entry is None:
+            raise exc.with_entry(label) from exc
+        raise
+    except _LABELLED as exc:
         if label in str(exc):
             raise label_error(exc, label, redact)  # noqa: B904 - only redacted: it names its entry already
         key = config_key_of(kwargs, exc)
         raise label_error(exc, f"{label}.{key}" if key else label, redact)  # noqa: B904 - relabelled in place
+    except Exception as exc:
+        raise label_error(exc, "", redact)  # noqa: B904 - redacted in place, not labelled yet (see _LABELLED)
+
+
+_LABELLED: tuple[type[Exception], ...] = (TypeError, ValueError)
+"""Constructor errors labelled with their entry; widens to every ``Exception`` once the s3 command tests expect
+the label on ``S3StartupError`` too (issue 15: an unusable root or bucket names ``secondary_tiers[N].<key>``)."""
 
 
 def resolve_tier(
@@ -139,9 +156,14 @@ def resolve_tier(
         ``(class, tier_type, constructor keywords)``: ``type`` and
         ``module_path`` removed, every other key checked against the class.
 
+    The entry is checked against the tier's ``config_schema`` when it declares
+    one (no side effects: ``tiering check`` relies on it), else its keys
+    against the constructor's parameters.
+
     Raises:
         ValueError, ImportError, AttributeError, TypeError: as
             :func:`create_secondary_tier`; each names ``secondary_tiers[<index>]``.
+        TierConfigError: the schema rejects the entry (``secondary_tiers[<index>].<key>: ...``).
     """
     if not isinstance(tier_config, Mapping):
         raise ValueError(f"secondary_tiers[{index}] must be an object, got {redact_config(tier_config)!r}")
@@ -154,8 +176,40 @@ def resolve_tier(
         cls = SecondaryTierFactory.get_class(tier_type, module_path)
     except (ValueError, ImportError, AttributeError, TypeError) as exc:
         raise label_error(exc, f"secondary_tiers[{index}]", Redactor(tier_config))  # noqa: B904 - relabelled in place
-    check_tier_keys(cls, kwargs, f"secondary_tiers[{index}] (type {tier_type!r})")
+    if cls.config_schema is not None:
+        cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+    else:
+        check_tier_keys(cls, kwargs, f"secondary_tiers[{index}] (type {tier_type!r})")
     return cls, tier_type, kwargs
+
+
+def _schema_secret_keys(cls: type[SecondaryTierManager]) -> frozenset[str]:
+    return cls.config_schema.secret_keys if cls.config_schema is not None else frozenset()
+
+
+def redact_offloading_config(config: Any) -> Any:
+    """A copy of an offloading config with every credential redacted, tier schemas' secret keys included.
+
+    The generic rules of :func:`tiering.core.redact.redact_config` apply
+    everywhere; each ``secondary_tiers`` entry whose ``type`` resolves to an
+    installed (registered or entry-point) tier also hides the keys that tier's
+    :attr:`~tiering.core.base.SecondaryTierManager.config_schema` declares
+    secret. No ``module_path`` code is imported for this. Use it for every
+    report that shows a config (``tiering bench --json``, ``tiering check``).
+    """
+    if not isinstance(config, Mapping) or not isinstance(config.get("secondary_tiers"), list):
+        return redact_config(config)
+    out = redact_config({k: v for k, v in config.items() if k != "secondary_tiers"})
+    entries = []
+    for entry in config["secondary_tiers"]:
+        secret: frozenset[str] = frozenset()
+        if isinstance(entry, Mapping) and isinstance(entry.get("type"), str):
+            # a type unknown here keeps the generic rules only
+            with contextlib.suppress(ValueError, ImportError, AttributeError, TypeError):
+                secret = _schema_secret_keys(SecondaryTierFactory.get_class(entry["type"]))
+        entries.append(redact_config(entry, secret))
+    out["secondary_tiers"] = entries
+    return out
 
 
 def create_cache_policy(name: str, module_path: str | None, capacity: int) -> CachePolicy:
@@ -192,6 +246,7 @@ __all__ = [
     "check_tier_keys",
     "create_cache_policy",
     "create_secondary_tier",
+    "redact_offloading_config",
     "register_tier",
     "resolve_tier",
 ]
