@@ -32,7 +32,8 @@ from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.fs import FsspecSecondaryTierManager
-from tiering.fs.backend import TRAILER_BYTES, LocalBackend
+from tiering.fs.io.local import LocalBackend
+from tiering.fs.layout import HOST, TRAILER_BYTES
 from tiering.fs.tier import RootNotUsableError
 
 WORKER = Path(__file__).with_name("fs_worker.py")
@@ -174,10 +175,10 @@ def test_root_that_cannot_be_created_names_path_and_reason(tmp_path):
 def test_read_only_root_fails_at_construction(tmp_path, monkeypatch):
     real_open = os.open
 
-    def read_only(path, flags, *args):
+    def read_only(path, flags, *args, **kwargs):
         if flags & os.O_CREAT:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(RootNotUsableError, match="not writable: Read-only file system") as info:
@@ -612,7 +613,7 @@ def test_stale_temporaries_are_removed_only_when_safe(tmp_path, open_tier):
     shard.mkdir(parents=True)
     dead_pid = subprocess.Popen(["true"])
     dead_pid.wait()
-    host = fs_tier._HOST
+    host = HOST
     names = {
         "dead_owner": f"aa.kvb.tmp.{host}.{dead_pid.pid}.1f",
         "live_owner": f"bb.kvb.tmp.{host}.{os.getppid()}.2f",
@@ -726,10 +727,10 @@ def test_permission_denied_creating_the_temp_fails_cleanly(tmp_path, open_tier, 
     tier, view = open_tier(tmp_path)
     real_open = os.open
 
-    def deny(path, flags, *args):
+    def deny(path, flags, *args, **kwargs):
         if ".tmp." in str(path):
             raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", deny)
     assert store(tier, view, [make_key(1)]) is False
@@ -1028,7 +1029,7 @@ def test_round_trip_from_a_dev_shm_primary_buffer(tmp_path, monkeypatch):
 def test_o_direct_read_of_a_truncated_file_is_short_not_an_error(tmp_path):
     import mmap
 
-    from tiering.fs.backend import _preadv_all
+    from tiering.fs.io.local import _preadv_all
 
     _direct_or_skip(tmp_path)
     path = tmp_path / "short"
