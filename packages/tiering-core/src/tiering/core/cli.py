@@ -1,5 +1,7 @@
-"""The ``tiering`` command: ``bench`` (:mod:`tiering.core.bench.command`), ``check``, and
-``ls``/``stat``/``gc``/``verify`` (:mod:`tiering.core.commands`).
+"""The ``tiering`` command: ``bench``, ``check``, ``ls``, ``stat``, ``gc``, ``verify``.
+
+``bench`` lives in :mod:`tiering.core.bench.command`, ``ls``/``stat``/``gc``/``verify``
+in :mod:`tiering.core.commands`.
 
 Exit status: 0 on success, 1 when a replay or a check of stored blocks fails,
 2 on a bad configuration or bad arguments, 130 / 143 when ended by SIGINT /
@@ -104,19 +106,24 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _probe(spec: Any, tier_configs: list[Any]) -> None:
+    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it."""
     from tiering.core.configfile import tier_location
+    from tiering.core.factory import create_secondary_tier
     from tiering.core.primary import allocate_host_buffer
-    from tiering.core.spec import TieringOffloadingSpec
 
-    if not isinstance(spec, TieringOffloadingSpec):
-        return
-    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
-    try:
-        for index, (tier, tier_config) in enumerate(zip(tiers, tier_configs, strict=True)):
-            where = tier_location(tier_config, index)
-            print(f"probe secondary_tiers[{index}] {tier.tier_type!r}: ok; lives at {where or 'in memory (nothing kept)'}")
-    finally:
-        for tier in tiers:
+    view = allocate_host_buffer(1, spec.block_bytes)
+    for index, tier_config in enumerate(tier_configs):
+        cls, tier_type, _ = resolve_tier(tier_config, index)
+        where = tier_location(tier_config, index) or "in memory, nothing kept"
+        probe = getattr(cls, "probe", None)
+        if callable(probe):
+            detail = redact_text(probe(tier_config), {"secondary_tiers": [tier_config]})
+            print(f"probe {tier_type!r} ({where}): ok; {detail}")
+            continue
+        tier = create_secondary_tier(tier_config, view, spec, index=index)
+        try:
+            print(f"probe {tier_type!r} ({where}): ok")
+        finally:
             tier.shutdown()
 
 
@@ -132,9 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a config: every value, without side effects (--probe: also open each tier)",
     )
     check.add_argument("config", help="JSON config file")
-    check.add_argument(
-        "--probe", action="store_true", help="also construct each tier: opens roots, buckets, servers"
-    )
+    check.add_argument("--probe", action="store_true", help="also construct each tier: opens roots, buckets, servers")
     check.set_defaults(func=cmd_check)
     add_commands(sub)
     return parser

@@ -22,7 +22,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -101,7 +101,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     return stack_config(args)
 
 
-def _location(inspector: TierInspector, tier_config: dict[str, Any]) -> str:
+def _location(inspector: TierInspector, tier_config: Mapping[str, Any]) -> str:
     return redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
 
 
@@ -135,7 +135,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """Per tier: namespaces present (fields from namespace.json), block count and bytes, oldest and newest."""
     report = []
     for index, tier_config, inspector in _inspectors(_config(args)):
-        entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": _location(inspector, tier_config)}
+        location = _location(inspector, tier_config)
+        entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
         entry["namespaces"] = []
         for digest in inspector.namespaces():
             summary = inspector.summary(digest)
@@ -315,9 +316,7 @@ def add_commands(sub: Any) -> None:
         help=f"without CONFIG: bytes per block of the namespace to open (default {DEFAULT_BENCH_BLOCK_BYTES})",
     )
     stat.set_defaults(func=cmd_stat)
-    gc = sub.add_parser(
-        "gc", help="remove stale namespaces, old blocks, or evict down to a size", epilog=STACK_EPILOG
-    )
+    gc = sub.add_parser("gc", help="remove stale namespaces, old blocks, or evict down to a size", epilog=STACK_EPILOG)
     _stack_arguments(gc)
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")

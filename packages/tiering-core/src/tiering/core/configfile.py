@@ -118,7 +118,7 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
         tiers[index] = {"type": plain, **{k: v for k, v in entry.items() if k not in ("type", "module_path")}}
         lines.append(
             f"secondary_tiers[{index}]: {name!r} with module_path {VLLM_TIERS_MODULE!r} is the vLLM binding's "
-            f"form of tier {plain!r}; checked as \"type\": {plain!r}"
+            f'form of tier {plain!r}; checked as "type": {plain!r}'
         )
     return lines
 

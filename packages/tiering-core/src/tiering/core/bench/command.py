@@ -92,8 +92,14 @@ def _check_plot_available() -> None:
 
 
 @contextlib.contextmanager
-def _workspace(root: str | None) -> Iterator[tuple[Path, bool]]:
-    """``(directory, temporary)``: ``root`` as given (kept), or a new temporary directory removed on exit."""
+def _workspace(root: str | None, needed: bool = True) -> Iterator[tuple[Path | None, bool]]:
+    """``(directory, temporary)``: ``root`` as given (kept), or a new temporary directory removed on exit.
+
+    Nothing when not ``needed`` (a ``--config`` says where its tiers live).
+    """
+    if not needed:
+        yield None, False
+        return
     if root is not None:
         path = Path(root)
         path.mkdir(parents=True, exist_ok=True)
@@ -106,8 +112,8 @@ def _workspace(root: str | None) -> Iterator[tuple[Path, bool]]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _stack_config(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    if args.config:
+def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str, Any]:
+    if args.config or directory is None:
         # A given config is used as it is, so bench stores blocks in the very
         # namespace `tiering check`, `stat` and an engine use; --block-bytes
         # overrides it only when given, and says so.
@@ -136,7 +142,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_available()
     trace = resolve_trace(args.trace)
-    with StopOnSignal(LABEL) as stopper, _workspace(args.root) as (directory, temporary):
+    with StopOnSignal(LABEL) as stopper, _workspace(args.root, not args.config) as (
+        directory,
+        temporary,
+    ):
         config = _stack_config(args, directory)
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
@@ -148,9 +157,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"{len(requests)} (--requests {args.requests} asked for more)",
                 file=sys.stderr,
             )
-        locations = {
-            f"{i}:{t.get('type')}": tier_location(t, i) for i, t in enumerate(spec.secondary_tiers) if isinstance(t, dict)
-        }
+        locations = {f"{i}:{t['type']}": tier_location(t, i) for i, t in enumerate(spec.secondary_tiers)}
         manager = spec.get_manager()
         try:
             if args.metrics_port is not None:

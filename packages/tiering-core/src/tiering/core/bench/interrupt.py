@@ -45,8 +45,7 @@ class StopOnSignal:
         name = signal.Signals(signum).name
         if self.count == 1:
             print(
-                f"{self.label}: {name}: finishing the request in flight and draining its jobs "
-                "(again to stop waiting)",
+                f"{self.label}: {name}: finishing the request in flight and draining its jobs (again to stop waiting)",
                 file=sys.stderr,
                 flush=True,
             )

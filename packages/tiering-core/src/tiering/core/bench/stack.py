@@ -10,9 +10,11 @@ stack, so they see what ``tiering bench --root DIR`` wrote.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
+from tiering.core.base import SecondaryTierManager
 from tiering.core.bench.workload import MOONCAKE_BLOCK_TOKENS
 from tiering.core.factory import SecondaryTierFactory
 
@@ -42,8 +44,7 @@ def default_local_tier(directory: str | Path) -> dict[str, Any] | None:
     """
     for name in SecondaryTierFactory.known_names():
         cls = SecondaryTierFactory.get_class(name)
-        make = getattr(cls, "default_local_config", None)
-        config = make(str(directory)) if callable(make) else None
+        config = cls.default_local_config(str(directory))
         if config is None:
             continue
         entry: dict[str, Any] = {"type": name, **dict(config)}
@@ -53,9 +54,9 @@ def default_local_tier(directory: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def _accepts(cls: type, key: str) -> bool:
-    import inspect
-
+def _accepts(cls: type[SecondaryTierManager], key: str) -> bool:
+    if cls.config_schema is not None:
+        return key in cls.config_schema.keys
     params = inspect.signature(cls).parameters
     return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
