@@ -30,7 +30,7 @@ logger = logging.getLogger("tiering.core.cli")
 
 
 def provider_of(cls: type) -> str:
-    """``"<distribution> <version>"`` of the installed package providing ``cls``, or ``"unknown"``.
+    """``"<distribution> <version>"`` of the installed package providing ``cls`` (or says it is none).
 
     The distribution named after the longest module prefix wins
     (``tiering.fs.tier`` -> ``tiering-fs``), since namespace packages share
@@ -44,7 +44,7 @@ def provider_of(cls: type) -> str:
             return f"{name} {version(name)}"
         except PackageNotFoundError:
             continue
-    return "unknown"
+    return "not from an installed distribution"
 
 
 def installed_distributions() -> list[tuple[str, str]]:

@@ -126,7 +126,7 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
     if tier is None:
         print(
             f"{LABEL}: no installed tier keeps blocks on a local disk; replaying through the CPU primary tier "
-            f"only. For a persistent tier: {install_hint('tiering-fs')}",
+            f"only. Install a persistent tier's distribution ({install_hint('tiering-<name>')}) or pass --config",
             file=sys.stderr,
         )
     return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES)
@@ -142,9 +142,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_available()
     trace = resolve_trace(args.trace)
-    with StopOnSignal(LABEL) as stopper, _workspace(args.root, not args.config) as (
-        directory,
-        temporary,
+    with (
+        StopOnSignal(LABEL) as stopper,
+        _workspace(args.root, not args.config) as (
+            directory,
+            temporary,
+        ),
     ):
         config = _stack_config(args, directory)
         spec = create_spec(config)
