@@ -114,15 +114,17 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
         cls, tier_type, _ = resolve_tier(tier_config, index)
-        where = tier_location(tier_config, index) or "in memory, nothing kept"
+        where = tier_location(tier_config, index)
+        head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
+        tail = "" if where else " (in memory, nothing kept)"
         probe = getattr(cls, "probe", None)
         if callable(probe):
             detail = redact_text(probe(tier_config), {"secondary_tiers": [tier_config]})
-            print(f"probe {tier_type!r} ({where}): ok; {detail}")
+            print(f"{head}: ok{tail}; {detail}")
             continue
         tier = create_secondary_tier(tier_config, view, spec, index=index)
         try:
-            print(f"probe {tier_type!r} ({where}): ok")
+            print(f"{head}: ok{tail}")
         finally:
             tier.shutdown()
 
@@ -143,6 +145,45 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
     add_commands(sub)
     return parser
+
+
+def split_tier_options(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate the ``--KEY VALUE`` tier options of ``ls``/``stat``/``gc``/``verify`` from their own arguments.
+
+    Options the sub-command does not declare (with their value) are tier
+    keys; everything else stays, in order, for argparse.
+
+    Returns:
+        ``(arguments for argparse, tier option tokens)``.
+    """
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    index = next((i for i, token in enumerate(argv) if token in subparsers.choices), None)
+    if index is None:
+        return argv, []
+    sub = subparsers.choices[argv[index]]
+    if sub.get_default("accepts_tier_options") is not True:
+        return argv, []
+    known = sub._option_string_actions
+    kept, extra = argv[: index + 1], []
+    tokens = argv[index + 1 :]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, _ = token.partition("=")
+        takes_value = token.startswith("--") and not eq and i + 1 < len(tokens)
+        if token.startswith("--") and name not in known:
+            extra.append(token)
+            if takes_value and not tokens[i + 1].startswith("--"):
+                extra.append(tokens[i + 1])
+                i += 1
+        else:
+            kept.append(token)
+            action = known.get(name)
+            if action is not None and action.nargs != 0 and takes_value:
+                kept.append(tokens[i + 1])
+                i += 1
+        i += 1
+    return kept, extra
 
 
 def _secret_context(args: argparse.Namespace) -> Any:
@@ -193,9 +234,9 @@ class _RedactingFilter(logging.Filter):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tiering`` command."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "accepts_tier_options", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, extra = split_tier_options(parser, argv)
+    args = parser.parse_args(argv)
     try:
         args.tier_options = option_pairs(extra)
     except ValueError as exc:
