@@ -19,7 +19,9 @@ def guide_directory(tmp_path):
     """my_tiers.py (the guide's first sample), config.json and test_my_tiers.py, in one directory."""
     python = fenced("python")
     (tmp_path / "my_tiers.py").write_text(python[0])
-    (tmp_path / "test_my_tiers.py").write_text(next(b for b in python if "class TestDictTier(TierConformanceTests)" in b))
+    (tmp_path / "test_my_tiers.py").write_text(
+        next(b for b in python if "class TestDictTier(TierConformanceTests)" in b)
+    )
     (tmp_path / "config.json").write_text(next(b for b in fenced("json") if '"module_path": "my_tiers"' in b))
     return tmp_path
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core import redact
-from tiering.core.factory import SecondaryTierFactory
+from tiering.core.factory import SecondaryTierFactory, redact_offloading_config
 
 VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
 """The ``module_path`` of the vLLM binding's tier names."""
@@ -132,7 +132,7 @@ def secret_keys(config: Any) -> frozenset[str]:
         if not isinstance(name, str) or name not in SecondaryTierFactory.known_names():
             continue
         try:
-            schema = getattr(SecondaryTierFactory.get_class(name), "config_schema", None)
+            schema = SecondaryTierFactory.get_class(name).config_schema
         except (ImportError, TypeError, ValueError, AttributeError):
             continue
         if schema is not None:
@@ -141,8 +141,8 @@ def secret_keys(config: Any) -> frozenset[str]:
 
 
 def redact_config(config: Any) -> Any:
-    """A copy of ``config`` with every credential replaced by the redaction marker."""
-    return redact.redact_config(config, secret_keys(config))
+    """A copy of a whole config with every credential replaced by the redaction marker (tier schemas included)."""
+    return redact_offloading_config(config)
 
 
 def redact_text(text: object, config: Any = None) -> str:

@@ -101,8 +101,11 @@ class Transfers:
         """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
         while True:
             res = self.index.reserve(key, self.stored_block_bytes)
-            if res.victims:
-                self.delete(res.victims, "eviction")
+            undeleted = bool(res.victims) and not self.delete(res.victims, "eviction")
+            if undeleted and res.admit is Admit.RESERVED and self._over_cap():
+                # The room was not freed after all: refuse rather than exceed the cap.
+                self.index.commit(key, False)
+                return Admit.NO_SPACE
             if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping:
                 return res.admit
             if res.admit is Admit.NO_SPACE and not res.can_wait:
@@ -117,8 +120,8 @@ class Transfers:
                 mine.append(victims.pop())  # atomic: each victim is deleted by exactly one share
             except IndexError:
                 break
-        if mine:
-            self.delete(mine, "eviction")
+        # When a victim's delete failed its bytes still count: a reservation that relied on them is given up.
+        undeleted = bool(mine) and not self.delete(mine, "eviction")
         outcomes: list[tuple[int, bool, str]] = []
         commits: list[tuple[OffloadKey, bool]] = []
         stored: list[OffloadKey] = []
@@ -129,6 +132,10 @@ class Transfers:
                 if reserved:
                     commits.append((key, False))
                 outcomes.append((i, False, SHUTDOWN))
+                continue
+            if reserved and undeleted and self._over_cap():
+                self.index.commit(key, False)
+                outcomes.append((i, False, "no_space"))
                 continue
             if not reserved:
                 admit = self._reserve_now(key)
@@ -216,8 +223,12 @@ class Transfers:
         fail_tasks(items, SHUTDOWN if self._stopping else "internal")
 
     # -- deletes and removals -----------------------------------------------------------------------
-    def delete(self, victims: Iterable[Victim], reason: str) -> None:
-        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16)."""
+    def delete(self, victims: Iterable[Victim], reason: str) -> bool:
+        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16).
+
+        Returns:
+            True when every file is gone.
+        """
         outcomes = [(v.key, self.files.remove(v.key)) for v in victims]
         self.index.deleted_many(outcomes)
         gone = [k for k, ok in outcomes if ok]
@@ -229,6 +240,11 @@ class Transfers:
                     "fs tier: cannot delete %s (%s); kept counted, retried at the next rescan", key.hex(), reason
                 )
         self.forget(gone, reason)
+        return len(gone) == len(outcomes)
+
+    def _over_cap(self) -> bool:
+        cap = self.index.capacity_bytes
+        return cap is not None and self.index.used_bytes > cap
 
     def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
         if keys:
