@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import os
+import resource
 import threading
 import time
 import uuid
@@ -214,49 +215,30 @@ def busy_step(seconds: float = 0.002) -> None:
         acc += sum(i * i for i in range(200))
 
 
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def other_threads_cpu() -> dict[int, tuple[float, float, float]]:
-    """Per thread but the calling one: (user s, system s, total s) from ``/proc/self/task``.
-
-    ``total`` is the scheduler's exact run time (``schedstat``, ns); the
-    user / system split is the kernel's estimate (``stat``, clock ticks).
-    Threads never leave the tiers' pools during a phase, so summing the
-    deltas of the threads alive at its end counts all the work.
-    """
-    out = {}
+def other_threads_cpu_s() -> float:
+    """CPU seconds run so far by this process's threads but the calling one (exact: ``schedstat``, ns)."""
+    total_ns = 0
     me = threading.get_native_id()
     for tid_text in os.listdir("/proc/self/task"):
-        tid = int(tid_text)
-        if tid == me:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total_ns = int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        out[tid] = (int(fields[11]) * _TICK_S, int(fields[12]) * _TICK_S, total_ns / 1e9)
-    return out
+        if int(tid_text) != me:
+            try:
+                with open(f"/proc/self/task/{tid_text}/schedstat") as f:
+                    total_ns += int(f.read().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # the thread exited: the tiers' and the raw pool's threads never do during a phase
+    return total_ns / 1e9
 
 
-def cpu_delta(before: dict[int, tuple[float, float, float]]) -> tuple[float, float, float]:
-    """(user, system, total) seconds the other threads ran since ``before``."""
-    sums = [0.0, 0.0, 0.0]
-    for tid, now in other_threads_cpu().items():
-        then = before.get(tid, (0.0, 0.0, 0.0))
-        for i in range(3):
-            sums[i] += now[i] - then[i]
-    return sums[0], sums[1], sums[2]
+def user_cpu_s() -> tuple[float, float]:
+    """User CPU seconds of (the whole process, the calling thread): the kernel's estimate (``getrusage``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime, resource.getrusage(resource.RUSAGE_THREAD).ru_utime
 
 
 def run_phase(path: Any, load: bool, jobs: list[tuple[list[bytes], list[int]]], busy: bool) -> dict[str, float]:
     """Submit every job, then poll until each is reported; throughput, CPU per block, scheduler CPU per call."""
     calls = CallCpu()
     blocks = sum(len(s) for _, s in jobs)
-    cpu0 = other_threads_cpu()
+    cpu0, (user0, mine0) = other_threads_cpu_s(), user_cpu_s()
     t0 = time.perf_counter()
     pending = set()
     for job_id, (keys, slots) in enumerate(jobs, start=1):
@@ -277,7 +259,9 @@ def run_phase(path: Any, load: bool, jobs: list[tuple[list[bytes], list[int]]], 
             raise SystemExit(f"{path.name}: {len(pending)} jobs not reported within 600 s")
         busy_step() if busy else time.sleep(0.001)
     seconds = time.perf_counter() - t0
-    user, system, total = cpu_delta(cpu0)
+    total = other_threads_cpu_s() - cpu0
+    user1, mine1 = user_cpu_s()
+    user = (user1 - user0) - (mine1 - mine0)
     if failed:
         raise SystemExit(f"{path.name}: {failed} {'load' if load else 'store'} jobs failed")
     per_block_us = 1e6 / blocks
@@ -285,7 +269,6 @@ def run_phase(path: Any, load: bool, jobs: list[tuple[list[bytes], list[int]]], 
         "s": seconds,
         "gbs": blocks * path.block_bytes / seconds / 1e9,
         "user_us": user * per_block_us,
-        "sys_us": system * per_block_us,
         "cpu_us": total * per_block_us,
         "submit_us": calls.cpu["submit"] * per_block_us,
         "finished_us": calls.cpu["get_finished"] * per_block_us,

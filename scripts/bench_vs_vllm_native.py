@@ -29,8 +29,9 @@ every job is reported), drop the page cache, cold-load every block (timed),
 compare the bytes with what was stored. ``--passes`` passes (>= 7 for
 figures) give paired ratios per pass; the median and how many pairs meet the
 issue's target are printed. Per path and phase it also prints user CPU per
-block of every thread but the scheduler's (user CPU: the kernel's split
-from ``/proc/self/task/*/stat``; all CPU: exact, from ``schedstat``) and
+block of every thread but the scheduler's (user CPU: ``getrusage`` of the
+process minus the scheduler thread, the kernel's estimate, noisy on short
+runs; all CPU, user + system: exact, ``/proc/self/task/*/schedstat``) and
 the scheduler thread's CPU inside the tier's calls
 (``submit`` / ``get_finished``; ``lookup`` in the restart row).
 
@@ -45,6 +46,7 @@ without it the script says the loads were warm.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import mmap
 import os
@@ -88,6 +90,16 @@ def shm_primary(num_blocks: int, block_bytes: int) -> Iterator[memoryview]:
     finally:
         view.release()
         region.close()
+
+
+def remove_tree(root: str) -> None:
+    """``shutil.rmtree`` with the unlinks on 32 threads (10x faster on this disk than one by one)."""
+    files = []
+    for dirpath, _, names in os.walk(root):
+        files += [os.path.join(dirpath, n) for n in names]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        list(pool.map(os.unlink, files))
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def zero(view: memoryview) -> None:
@@ -134,7 +146,7 @@ def one_config(args: argparse.Namespace, base: str, view: memoryview, job_blocks
                 stamp = time.strftime("%H:%M:%S")
                 print(f"  {stamp} pass {p + 1}/{args.passes} {name}: {json.dumps(rec)}", file=sys.stderr, flush=True)
             finally:
-                shutil.rmtree(root, ignore_errors=True)
+                remove_tree(root)
     return records
 
 
