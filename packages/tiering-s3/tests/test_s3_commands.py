@@ -352,11 +352,12 @@ def test_commands_fail_clearly_on_an_unreachable_endpoint_or_bad_config(tmp_path
     assert f"cannot reach endpoint 'http://127.0.0.1:{port}'" in err and s3.server.secret_key not in err
 
     assert main(["ls", write_config(tmp_path, stack_config(s3, retry_mode="sometimes"))]) == 2
-    assert "'retry_mode' is 'sometimes'" in capsys.readouterr().err
+    assert "retry_mode: must be one of 'standard', 'adaptive', 'legacy', got 'sometimes'" in capsys.readouterr().err
     assert main(["ls", write_config(tmp_path, stack_config(s3, colour="blue"))]) == 2
-    assert "unknown key 'colour'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "colour" in err and "unknown key" in err
     assert main(["ls", write_config(tmp_path, stack_config(s3, bucket=None))]) == 2
-    assert "'bucket' is required" in capsys.readouterr().err
+    assert "bucket: required" in capsys.readouterr().err
 
 
 def test_inspector_is_offered_by_the_tier_class(s3):
