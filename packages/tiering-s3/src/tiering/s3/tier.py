@@ -18,15 +18,13 @@ never while this process stores the same key (fault kind 10, case C17).
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
-from tiering.core.format import HEADER_SIZE, BlockFormatError, encode_header, verify_block
+from tiering.core.format import HEADER_SIZE
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.core.toolkit import (
@@ -36,27 +34,23 @@ from tiering.core.toolkit import (
     Counters,
     InvalidValueError,
     IOPool,
-    JobState,
     JobTracker,
     KeyState,
     KVEvent,
     KVEventLog,
     LookupCache,
-    record_tasks,
 )
 from tiering.core.toolkit.stats import failure_totals
+from tiering.s3.blocks import BlockIO, Task
 from tiering.s3.client import S3Client, ServerFeatures
 from tiering.s3.config import SCHEMA, ConnectionSettings
-from tiering.s3.deleter import Deleter
-from tiering.s3.errors import ERROR_CLASSES, S3RequestError, classify_error
+from tiering.s3.errors import ERROR_CLASSES
 from tiering.s3.layout import Layout
 
 logger = logging.getLogger(__name__)
 
 NEGATIVE_LOOKUP_TTL_S = 5.0
 """How long a HEAD that found nothing answers ``lookup`` with False before asking again."""
-DELETE_WAIT_S = 30.0
-"""Longest a store waits for the delete of the key's old copy before it fails (cause ``deleting``)."""
 _COUNTERS = (
     "lookups_hit",
     "lookups_miss",
@@ -75,9 +69,6 @@ _COUNTERS = (
     "in_flight_loads",
     *(f"errors_{c}" for c in ERROR_CLASSES),
 )
-
-Task = tuple[JobState, int, OffloadKey, int, bool]
-"""One block of a job on the pool: (job state, index in the job, key, primary slot, bytes reserved)."""
 
 
 class S3SecondaryTierManager(SecondaryTierManager):
@@ -182,15 +173,27 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._jobs = JobTracker()
         self._events = KVEventLog(self.medium)
         self._pool = IOPool(max_concurrency, 0, name="tiering-s3")
-        self._deleter = Deleter(self._client, self.layout.block, self._index, self._counters, self._events)
-        self._lookups = LookupCache(
-            self._resolve, negative_ttl_s=NEGATIVE_LOOKUP_TTL_S, max_pending=4 * max_concurrency, max_batch=64
+        self._io = io = BlockIO(
+            self._client,
+            self.layout,
+            self._namespace,
+            self.block_bytes,
+            self.block,
+            self._index,
+            self._counters,
+            self._events,
+            self._pool,
+            self._redact,
         )
+        self._lookups = LookupCache(
+            io.resolve, negative_ttl_s=NEGATIVE_LOOKUP_TTL_S, max_pending=4 * max_concurrency, max_batch=64
+        )
+        io.attach_lookups(self._lookups)
         self.startup_listed_blocks = 0
         started = time.monotonic()
         try:
-            self._probe()
-            self.startup_listed_blocks = self.rescan()
+            io.probe()
+            self.startup_listed_blocks = io.rescan()
         except BaseException:
             self._stop()
             raise
@@ -234,85 +237,22 @@ class S3SecondaryTierManager(SecondaryTierManager):
             f"endpoint_url={self._redact(self.endpoint_url)!r}, capacity_bytes={self.capacity_bytes!r})"
         )
 
-    # -- start-up, probe, rescan ---------------------------------------------------------
-    def _probe(self) -> None:
-        self._client.check_bucket(self.layout.listing_prefix)
-        self._client.probe_features(self.layout.new_probe())
-        body = json.dumps({**self._namespace.to_dict(), "digest": self._namespace.digest}, indent=1, sort_keys=True)
-        try:
-            name = self.layout.namespace_object
-            self._client.put(name, body.encode(), if_absent=True, content_type="application/json")
-        except S3RequestError as exc:
-            raise self._client.startup_error("PutObject of namespace.json", exc, self.layout.listing_prefix) from None
-
     def probe_report(self, check_credentials: bool = True) -> list[str]:
         """What the probes found, one line each (for ``tiering check --probe``); never a credential.
 
         Args:
-            check_credentials: also send one request with made-up credentials to learn whether
-                the server checks them (:meth:`S3Client.probe_credentials`).
+            check_credentials: also send one request signed with made-up credentials to learn
+                whether the server checks them.
         """
-        if check_credentials and self._client.checks_credentials is None:
-            self._client.probe_credentials()
-        where = f"s3://{self.bucket}/{self.base}/ at {self._redact(self.endpoint_url or 'AWS')}"
-        return [where, *self._client.features().describe()]
+        return self._io.probe_report(check_credentials)
 
     def rescan(self) -> int:
-        """List the namespace and reconcile the index with it (start-up, and to settle failed deletes).
-
-        Objects of the wrong size are not blocks yet (counted in ``short_objects_seen``; never deleted
-        for that). Evicts down to the cap afterwards.
+        """List the namespace and reconcile the index with it; retries failed deletes; evicts to the cap.
 
         Returns:
             The number of complete block objects listed.
-
-        Raises:
-            S3StartupError: the listing failed.
         """
-        started = time.monotonic()
-        found: list[tuple[float, OffloadKey, int]] = []
-        short = 0
-        with self._index.reading() as ticket:
-            try:
-                for page in self._client.list_pages(self.layout.listing_prefix):
-                    for obj in page.get("Contents", ()):
-                        key = self.layout.parse(obj["Key"])
-                        if key is None:
-                            continue
-                        if obj["Size"] != self.object_bytes:
-                            short += 1
-                            continue
-                        found.append((obj["LastModified"].timestamp(), OffloadKey(key), int(obj["Size"])))
-            except S3RequestError as exc:
-                raise self._client.startup_error(
-                    "ListObjectsV2 of the namespace prefix", exc, self.layout.listing_prefix
-                ) from None
-            found.sort(key=lambda entry: entry[0])
-            report = self._index.reconcile({key: size for _, key, size in found}, ticket)
-        self._events.record_removed(report.vanished, "vanished")
-        self._lookups.invalidate(report.vanished)
-        self._counters.add({"scans": 1, "short_objects_seen": short})
-        self.last_scan_s = time.monotonic() - started
-        self._deleter.reset_retries()
-        retried = self._index.retry_deletes()  # failed deletes go again first: their bytes are still there
-        self._deleter.queue((victim.key for victim in retried), "eviction")
-        self._evict(self._index.evict_to_cap())
-        return len(found)
-
-    def _evict(self, victims: Iterable[Any]) -> None:
-        keys = [victim.key for victim in victims]
-        if keys:
-            self._lookups.invalidate(keys)
-            self._deleter.queue(keys, "eviction")
-
-    def _count_error(self, exc: BaseException, what: str) -> str:
-        cls = classify_error(exc)
-        self._counters.inc(f"errors_{cls}")
-        if cls == "other" and not isinstance(exc, S3RequestError):
-            logger.error("s3 tier: %s failed: %s", what, self._redact(repr(exc)))
-        else:
-            logger.warning("s3 tier: %s failed (%s): %s", what, cls, self._redact(exc))
-        return cls
+        return self._io.rescan()
 
     # -- lookups -----------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
@@ -338,35 +278,6 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._counters.inc("lookups_hit" if answer else "lookups_pending" if answer is None else "lookups_miss")
         return answer
 
-    def _resolve(self, keys: Sequence[OffloadKey]) -> dict[OffloadKey, bool]:
-        """HEAD ``keys`` in parallel on the pool; adopt those found whole (lookup cache thread)."""
-        sizes: dict[OffloadKey, int | None] = {}
-        done = threading.Semaphore(0)
-
-        def head(batch: Sequence[OffloadKey]) -> None:
-            for key in batch:
-                try:
-                    sizes[key] = None if self._closed else self._client.head(self.object_key(key))
-                except Exception as exc:
-                    self._count_error(exc, f"HEAD of block {key.hex()[:16]}")
-                finally:
-                    done.release()
-
-        def failed(batch: Sequence[OffloadKey], exc: BaseException) -> None:
-            for _ in batch:
-                done.release()
-
-        with self._index.reading() as ticket:
-            self._pool.submit("read", head, list(keys), failed)
-            for _ in keys:
-                done.acquire()
-            whole = [(key, size) for key, size in sizes.items() if size == self.object_bytes]
-            self._index.adopt_many(whole, ticket)
-        short = sum(1 for size in sizes.values() if size is not None and size != self.object_bytes)
-        if short:
-            self._counters.inc("short_objects_seen", short)  # not there yet: a miss, never deleted for its size
-        return {key: self._index.lookup(key, touch=False) is KeyState.RESIDENT for key in keys}
-
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used (eviction order)."""
         self._index.touch(keys)
@@ -388,7 +299,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 outcomes.append((i, False, "shutdown"))
                 continue
             reservation = self._index.reserve(key, self.object_bytes)
-            self._evict(reservation.victims)
+            self._io.evict(reservation.victims)
             if reservation.admit is Admit.PRESENT:
                 self._counters.inc("stores_already_present")
                 outcomes.append((i, True, ""))
@@ -399,52 +310,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         if outcomes:
             state.record(outcomes)
         if tasks:
-            self._pool.submit("write", self._store_batch, tasks, self._tasks_failed)
-
-    def _store_batch(self, tasks: Sequence[Task]) -> None:
-        record_tasks([(state, i, *self._store_one(key, slot, reserved)) for state, i, key, slot, reserved in tasks])
-
-    def _store_one(self, key: OffloadKey, slot: int, reserved: bool) -> tuple[bool, str]:
-        try:
-            if not reserved:
-                admit = self._reserve_after_delete(key)
-                if admit is not Admit.RESERVED:
-                    return (True, "") if admit is Admit.PRESENT else (False, admit.value)
-                reserved = True
-            data = self.block(slot)
-            body = b"".join((encode_header(self._digest, key, data), data))
-            if self._client.put(self.object_key(key), body, if_absent=True):
-                self._counters.add({"blocks_stored": 1, "bytes_stored": self.block_bytes})
-                self._events.record_stored((key,))
-            else:
-                self._counters.inc("stores_already_present")
-            self._index.commit(key, True)
-            return True, ""
-        except Exception as exc:
-            if reserved:
-                self._index.commit(key, False)
-            return False, self._count_error(exc, f"store of block {key.hex()[:16]}")
-
-    def _reserve_after_delete(self, key: OffloadKey) -> Admit:
-        """Reserve ``key`` once the delete of its old copy ended (waits up to :data:`DELETE_WAIT_S`)."""
-        deadline = time.monotonic() + DELETE_WAIT_S
-        while True:
-            reservation = self._index.reserve(key, self.object_bytes)
-            self._evict(reservation.victims)
-            if reservation.admit is not Admit.DELETING or self._closed or time.monotonic() > deadline:
-                return reservation.admit
-            self._index.wait_for_space(0.05)
-
-    def _tasks_failed(self, tasks: Sequence[Task], exc: BaseException) -> None:
-        """The pool could not run ``tasks`` (shut down, or the batch raised): fail them, release reservations."""
-        cause = "shutdown" if self._closed else classify_error(exc)
-        for state, _, key, _, reserved in tasks:
-            if reserved and not state.is_load:
-                self._index.commit(key, False)
-        if any(state.is_load for state, *_ in tasks):
-            self._counters.inc("in_flight_loads", -sum(1 for state, *_ in tasks if state.is_load))
-        for state, i, *_ in tasks:
-            state.fail_unrecorded((i,), cause)
+            self._pool.submit("write", self._io.store_batch, tasks, self._io.tasks_failed)
 
     # -- loads ------------------------------------------------------------------------------------
     def submit_load(self, job: JobMetadata) -> None:
@@ -460,59 +326,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._index.touch(job.keys)
         tasks = [(state, i, k, slot, False) for i, (k, slot) in enumerate(zip(job.keys, job.block_ids, strict=True))]
         self._counters.inc("in_flight_loads", len(tasks))
-        self._pool.submit("read", self._load_batch, tasks, self._tasks_failed)
-
-    def _load_batch(self, tasks: Sequence[Task]) -> None:
-        outcomes = []
-        for state, i, key, slot, _ in tasks:
-            try:
-                ok, cause = self._load_one(key, slot)
-            except Exception as exc:
-                ok, cause = False, self._count_error(exc, f"load of block {key.hex()[:16]}")
-            finally:
-                self._counters.inc("in_flight_loads", -1)
-            outcomes.append((state, i, ok, cause))
-        record_tasks(outcomes)
-
-    def _load_one(self, key: OffloadKey, slot: int) -> tuple[bool, str]:
-        if self._closed:
-            return False, "shutdown"
-        name = self.object_key(key)
-        with self._index.reading() as ticket:
-            data = self._client.get(name)
-            if data is None:
-                self._index.remove(key, delete=False)
-                self._lookups.mark_absent((key,))
-                self._events.record_removed((key,), "vanished")
-                return False, "missing"
-            if len(data) < self.object_bytes:  # not there yet (a PUT in progress elsewhere): a miss, not deleted
-                self._counters.inc("short_objects_seen")
-                if self._index.lookup(key, touch=False) is not KeyState.WRITING:
-                    self._index.remove(key, delete=False)
-                    self._lookups.mark_absent((key,))
-                return False, "truncated"
-            view = memoryview(data)
-            try:
-                verify_block(view[:HEADER_SIZE], view[HEADER_SIZE:], self._digest, key, stored_size=len(data))
-            except BlockFormatError as exc:
-                self._bad_block(key, name, exc)
-                return False, exc.reason
-            self.block(slot)[:] = view[HEADER_SIZE:]
-            self._index.adopt(key, len(data), ticket)
-        self._counters.add({"blocks_loaded": 1, "bytes_loaded": self.block_bytes})
-        return True, ""
-
-    def _bad_block(self, key: OffloadKey, name: str, exc: BlockFormatError) -> None:
-        """An object read whole failed verification: delete it, unless this process is storing the key."""
-        if self._index.lookup(key, touch=False) is KeyState.WRITING:
-            self._counters.inc("bad_blocks_kept_store_in_flight")
-            logger.warning("s3 tier: block %s is unusable (%s) but a store of it is in flight; kept", name, exc.reason)
-            return
-        logger.warning("s3 tier: block %s is unusable (%s): %s; deleting it", name, exc.reason, exc)
-        self._index.remove(key, delete=True)  # a victim if it was indexed: counted until its delete succeeds
-        self._lookups.invalidate((key,))
-        self._lookups.mark_absent((key,))  # absent for the negative-lookup TTL
-        self._deleter.queue((key,), "bad")
+        self._pool.submit("read", self._io.load_batch, tasks, self._io.tasks_failed)
 
     # -- results, stats, shutdown ----------------------------------------------------------------
     def get_finished(self) -> Iterable[JobResult]:
@@ -549,7 +363,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         out.update(failure_totals(out))
         out["startup_listed_blocks"] = self.startup_listed_blocks
         out["startup_seconds"] = round(getattr(self, "startup_seconds", 0.0), 3)
-        out["last_scan_s"] = round(getattr(self, "last_scan_s", 0.0), 3)
+        out["last_scan_s"] = round(self._io.last_scan_s, 3)
         out["conditional_put_supported"] = int(self._client.conditional_put)
         out["batch_delete_supported"] = int(self._client.batch_delete)
         return out
@@ -566,6 +380,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
     def _stop(self) -> None:
         self._closed = True
         self._lookups.close()
+        self._io.close_reads()
         self._pool.shutdown()
-        self._deleter.close()
+        self._io.close()
         self._client.close()
