@@ -235,8 +235,11 @@ class SecondaryTierManager(abc.ABC):
     def stats(self) -> dict[str, int | float]:
         """Figures of the tier for metrics and ``tiering stat``. Default: none.
 
-        Keys with a meaning to :mod:`tiering.core.metrics`: ``resident_blocks``,
-        ``resident_bytes``, ``capacity_bytes`` (0: unbounded), ``evictions``,
+        Keys use the stats vocabulary, :data:`tiering.core.toolkit.stats.STATS`
+        (one name per concept in every tier, documented once). Those with a
+        meaning to :mod:`tiering.core.metrics`: ``resident_blocks``,
+        ``resident_bytes``, ``used_bytes``, ``pending_delete_bytes``,
+        ``capacity_bytes`` (0: unbounded), ``evictions``, ``failed_deletes``,
         and ``store_failed_<cause>`` / ``load_failed_<cause>`` (blocks, by
         cause: ``checksum``, ``truncated``, ``foreign``, ``io_error``,
         ``timeout``, ``throttled``, ``no_space``, ...). Other keys are shown

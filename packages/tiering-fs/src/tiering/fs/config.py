@@ -4,16 +4,22 @@ A ``secondary_tiers`` entry of type ``fs``::
 
     {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
 
-Every key is a keyword argument of
-:class:`~tiering.fs.tier.FsspecSecondaryTierManager`; :class:`FsConfig`
+Every key is declared once, in :data:`FS_SCHEMA` (the toolkit's
+:class:`~tiering.core.toolkit.config.ConfigSchema`: ``tiering check`` checks
+an entry against it without side effects, and it marks ``storage_options``
+secret); each is also a keyword argument of
+:class:`~tiering.fs.tier.FsspecSecondaryTierManager`. :class:`FsConfig`
 holds the checked values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+from collections.abc import Mapping
 from typing import Any
+
+from tiering.core.toolkit.config import ConfigKey, ConfigSchema, InvalidValueError
+from tiering.fs.layout import TRAILER_BYTES
 
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
 """Values of ``lookup_fallback``."""
@@ -76,7 +82,7 @@ class FsConfig:
     """
 
     root: str
-    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    storage_options: dict[str, Any] | None = None
     n_read_threads: int = 8
     n_write_threads: int = 4
     fsync: bool = False
@@ -88,52 +94,59 @@ class FsConfig:
     startup_scan_wait_s: float = 2.0
 
     @classmethod
-    def check(cls, label: str, stored_block_bytes: int, **values: Any) -> FsConfig:
-        """Check every value and return the config.
+    def check(cls, tier_type: str, stored_block_bytes: int, values: Mapping[str, Any]) -> FsConfig:
+        """Check an entry against :data:`FS_SCHEMA` and the block geometry; no side effects.
 
         Args:
-            label: how messages name the entry (e.g. ``tier 'fs'``).
+            tier_type: the tier's registered name, for messages.
             stored_block_bytes: bytes one stored block occupies (the lower
                 bound of ``capacity_bytes``).
-            **values: the entry's keys (missing ones take their defaults).
+            values: the entry's keys (missing ones take their defaults).
 
         Raises:
-            TypeError: a value has the wrong type (the message names the key).
-            ValueError: a value is out of range (the message names the key and value).
+            MissingKeyError: no ``root``.
+            UnknownKeyError: a key the fs tier does not have (also a ``TypeError``).
+            InvalidTypeError: a value of the wrong type (also a ``TypeError``).
+            InvalidValueError: a value out of range, or ``capacity_bytes``
+                smaller than one stored block.
         """
-        cfg = cls(**values)
-        root = cfg.root
-        if not isinstance(root, (str, os.PathLike)) or not os.fspath(root):
-            raise TypeError(f"{label}: root must be a non-empty path or URL string, got {root!r}")
-        if not isinstance(cfg.storage_options, dict):
-            raise TypeError(f"{label}: storage_options must be an object, got {cfg.storage_options!r}")
-        for name in ("n_read_threads", "n_write_threads"):
-            value = getattr(cfg, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{label}: {name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{label}: {name} must be >= 1, got {value}")
-        if not isinstance(cfg.fsync, bool):
-            raise TypeError(f"{label}: fsync must be true or false, got {cfg.fsync!r}")
-        o_direct = cfg.o_direct
-        if o_direct is not True and o_direct is not False and o_direct != "auto":
-            kind = ValueError if isinstance(o_direct, str) else TypeError
-            raise kind(f'{label}: o_direct must be true, false or "auto", got {o_direct!r}')
+        schema = FS_SCHEMA if tier_type == FS_SCHEMA.tier else ConfigSchema(tier_type, list(FS_SCHEMA.keys.values()))
+        cfg = cls(**schema.validate(values))
         cap = cfg.capacity_bytes
-        if cap is not None:
-            if isinstance(cap, bool) or not isinstance(cap, int):
-                raise TypeError(f"{label}: capacity_bytes must be an int or null, got {cap!r}")
-            if cap < stored_block_bytes:
-                raise ValueError(
-                    f"{label}: capacity_bytes {cap} is smaller than one stored block ({stored_block_bytes} bytes = "
-                    f"{stored_block_bytes - 4096} block + 4096 trailer)"
-                )
-        for name in ("stale_temp_s", "rescan_interval_s", "startup_scan_wait_s"):
-            value = getattr(cfg, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{label}: {name} must be a number of seconds, got {value!r}")
-            if value < 0:
-                raise ValueError(f"{label}: {name} must be >= 0, got {value}")
-        if cfg.lookup_fallback not in LOOKUP_FALLBACKS:
-            raise ValueError(f"{label}: lookup_fallback must be one of {LOOKUP_FALLBACKS}, got {cfg.lookup_fallback!r}")
-        return dataclasses.replace(cfg, root=os.fspath(root), storage_options=dict(cfg.storage_options))
+        if cap is not None and cap < stored_block_bytes:
+            raise InvalidValueError(
+                tier_type,
+                "capacity_bytes",
+                f"capacity_bytes {cap} is smaller than one stored block ({stored_block_bytes} bytes = "
+                f"{stored_block_bytes - TRAILER_BYTES} block + {TRAILER_BYTES} trailer)",
+            )
+        return cfg
+
+
+def _seconds(name: str, default: float, doc: str) -> ConfigKey:
+    return ConfigKey(name, (float,), default=default, minimum=0, doc=doc)
+
+
+FS_SCHEMA = ConfigSchema(
+    "fs",
+    [
+        ConfigKey("root", (str,), required=True, non_empty=True, doc="local directory or fsspec URL"),
+        ConfigKey(
+            "storage_options",
+            (dict,),
+            nullable=True,
+            secret=True,
+            doc="fsspec filesystem options (may hold credentials: redacted)",
+        ),
+        ConfigKey("n_read_threads", (int,), default=8, minimum=1, doc="threads serving loads and probes"),
+        ConfigKey("n_write_threads", (int,), default=4, minimum=1, doc="threads serving stores"),
+        ConfigKey("fsync", (bool,), default=False, doc="fsync each block file and its directory at publish"),
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, doc="cap on the namespace's bytes"),
+        _seconds("stale_temp_s", 600.0, "age after which any temporary is removed"),
+        _seconds("rescan_interval_s", 30.0, "seconds between rescans (with capacity_bytes; 0: none)"),
+        ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),
+        ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
+        _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
+    ],
+)
+"""Every key of an ``fs`` entry (:attr:`FsspecSecondaryTierManager.config_schema`)."""

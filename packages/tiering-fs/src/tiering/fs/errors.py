@@ -8,8 +8,10 @@ picks the cause from the exception.
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 from tiering.core.format import BlockFormatError
+from tiering.core.toolkit.config import InvalidValueError
 
 STORE_CAUSES = ("no_space", "io_error", "permission", "internal")
 """Causes of a failed block store, in stats order."""
@@ -31,12 +33,44 @@ _NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), err
 _DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
-class RootNotUsableError(OSError):
-    """The configured root cannot be created or written; the message names the path and the reason."""
+class _KeyOSError(InvalidValueError, OSError):
+    """A config value that turned out unusable when the tier opened it: both an ``OSError`` and a config error.
+
+    As an :class:`~tiering.core.toolkit.config.InvalidValueError` it names the
+    key (and, relabelled with :meth:`with_entry`, its ``secondary_tiers[N]``
+    entry); as an ``OSError`` it keeps the ``errno`` the filesystem gave.
+    """
+
+    key_name = ""
+
+    def __init__(self, tier: str, problem: str, err: int = errno.EIO, entry: str | None = None) -> None:
+        InvalidValueError.__init__(self, tier, self.key_name, problem, entry)
+        self.errno = err
+        self.strerror = problem
+
+    def with_entry(self, entry: str) -> _KeyOSError:
+        """The same error labelled with ``entry`` (e.g. ``"secondary_tiers[1]"``), errno kept."""
+        return type(self)(self.tier, self.problem, self.errno or errno.EIO, entry)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle support."""
+        return (type(self), (self.tier, self.problem, self.errno, self.entry))
+
+    def __str__(self) -> str:
+        """The config error's message (not OSError's ``[Errno n]`` form)."""
+        return self._message()
 
 
-class DirectIONotUsableError(OSError):
-    """``o_direct: true`` was configured but ``O_DIRECT`` cannot be used; the message names the path and the reason."""
+class RootNotUsableError(_KeyOSError):
+    """The configured ``root`` cannot be created, is a symlink, or is not writable; names the path and the reason."""
+
+    key_name = "root"
+
+
+class DirectIONotUsableError(_KeyOSError):
+    """``o_direct: true`` was configured but ``O_DIRECT`` cannot be used; names the path and the reason."""
+
+    key_name = "o_direct"
 
 
 def failure_cause(exc: BaseException, *, load: bool, in_index: bool = False) -> str:

@@ -99,6 +99,7 @@ def scan_namespace(
     blocks: dict[bytes, tuple[int, float]] = {}
     temp_bytes = temps_removed = bad_removed = links = 0
     now = time.time()
+    mine = temp_namer.owner()
     complete = True
     for entry in backend.scan(namespace_dir):
         if stopping():
@@ -112,7 +113,8 @@ def scan_namespace(
             age = now - entry.mtime if entry.mtime > 0 else 0.0
             if is_stale_temp(owner, age, stale_temp_s) and backend.remove(entry.path):
                 temps_removed += 1
-            else:
+                continue
+            if owner != mine:  # this process's own writes are reserved in its index already
                 temp_bytes += entry.size
             continue
         key = key_of_block_name(entry.name)

@@ -1,59 +1,77 @@
 """The filesystem secondary tier: blocks as files under a namespace directory.
 
-This module composes the parts; each lives in its own module:
+This module composes the parts with the tier toolkit
+(:mod:`tiering.core.toolkit`): a :class:`~tiering.core.toolkit.jobs.JobTracker`
+reports every job once, a :class:`~tiering.core.toolkit.index.CapacityIndex`
+is the one account of which blocks exist and how many bytes they hold, an
+:class:`~tiering.core.toolkit.pool.IOPool` moves them, a
+:class:`~tiering.core.toolkit.events.KVEventLog` records stores and removals.
+Everything else is the fs tier's own, each in its module:
 
-- :mod:`tiering.fs.config`: the config keys, defaults and checks;
+- :mod:`tiering.fs.config`: the config keys (schema), defaults and checks;
 - :mod:`tiering.fs.layout`: block paths, names, temporary names and owners;
-- :mod:`tiering.fs.io`: moving one block to/from the storage (local fast path, fsspec path);
+- :mod:`tiering.fs.io`: the storage back ends (local fast path, fsspec path);
+- :mod:`tiering.fs.blocks`: one block to/from its file (header, verification);
+- :mod:`tiering.fs.root`: opening the root, ``namespace.json``, ``O_DIRECT``;
 - :mod:`tiering.fs.scanner`: the start-up scan, rescans, stale temporary gc;
 - :mod:`tiering.fs.errors`: errors and failure causes;
+- :mod:`tiering.fs.transfer`: store and load shares on the I/O pool, deletes;
 - :mod:`tiering.fs.inspection`: offline inspection (``tiering ls/gc/verify``).
-
-A block is written under a temporary name in its shard directory and
-published by rename, so a reader never sees a partial block; every load is
-verified (header, namespace digest, key, length, checksum) and anything that
-does not verify is a miss: the job fails, the file is removed, the in-memory
-index forgets the key.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import json
 import logging
-import mmap
-import threading
+import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
-from tiering.core.format import HEADER_SIZE, MAX_KEY_BYTES, BlockFormatError, encode_header, verify_block
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
-from tiering.fs.config import FsConfig
-from tiering.fs.errors import DirectIONotUsableError, RootNotUsableError, failure_cause
+from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobTracker, KeyState, KVEventLog
+from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.events import KVEvent
+from tiering.core.toolkit.jobs import SHUTDOWN, JobState
+from tiering.core.toolkit.lookup_cache import LookupCache
+from tiering.core.toolkit.stats import failure_totals
+from tiering.fs.blocks import BlockFiles
+from tiering.fs.config import FS_SCHEMA, FsConfig
+from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
 from tiering.fs.io import open_backend
-from tiering.fs.io.local import DIRECT_ALIGN, LocalBackend
-from tiering.fs.layout import NAMESPACE_FILE, PROBE_NAME, TRAILER_BYTES, block_path, temp_namer
+from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.root import direct_obstacle, prepare_namespace_dir
 from tiering.fs.scanner import Rescanner, scan_namespace
-from tiering.fs.workers import BlockWorkers
+from tiering.fs.transfer import Transfers
 
 logger = logging.getLogger(__name__)
 
-_ZERO_TAIL = bytes(TRAILER_BYTES - HEADER_SIZE)
+_TEMP_KEY = OffloadKey(b"")
+"""Index key under which other processes' temporaries are reserved (no real key is empty)."""
+
+_COUNTERS = (
+    "lookups_hit",
+    "lookups_miss",
+    "lookups_pending",
+    "lookup_probes",
+    "blocks_stored",
+    "bytes_stored",
+    "stores_already_present",
+    "blocks_loaded",
+    "bytes_loaded",
+    "bad_blocks_removed",
+    "temps_removed",
+    "scans",
+    *(f"store_failed_{c}" for c in STORE_CAUSES),
+    *(f"load_failed_{c}" for c in LOAD_CAUSES),
+)
+
+StoreItem = tuple[JobState, int, bool]  # (job, block index, bytes already reserved)
+LoadItem = tuple[JobState, int]
 
 
-def _view_address(view: memoryview) -> int | None:
-    """Address of the first byte of a writable C-contiguous buffer, None when it cannot be taken."""
-    try:
-        flat = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-        return ctypes.addressof(ctypes.c_char.from_buffer(flat))
-    except (TypeError, ValueError, BufferError):
-        return None
-
-
-class FsspecSecondaryTierManager(BlockWorkers, SecondaryTierManager):
+class FsspecSecondaryTierManager(SecondaryTierManager):
     """A secondary tier storing one file per block on a local disk or any fsspec filesystem.
 
     Config (``secondary_tiers`` entry)::
@@ -61,147 +79,126 @@ class FsspecSecondaryTierManager(BlockWorkers, SecondaryTierManager):
         {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
 
     Each stored block occupies ``block_bytes + 4096`` bytes (payload, then a
-    trailer page holding the header); ``capacity_bytes`` counts those sizes.
-    The keys are those of :class:`~tiering.fs.config.FsConfig` (documented
-    there and in the package README, with the layout and the multi-process
-    semantics).
+    trailer page holding the header); ``capacity_bytes`` counts those sizes
+    plus temporaries. The keys are declared in :data:`~tiering.fs.config.FS_SCHEMA`
+    and documented on :class:`~tiering.fs.config.FsConfig` and in the package
+    README (with the layout and the multi-process semantics).
 
     Args:
         offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).
         primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` view.
         tier_type: the name the factory resolved this tier by.
-        **config: the entry's keys (see :class:`~tiering.fs.config.FsConfig`).
+        root, storage_options, n_read_threads, n_write_threads, fsync,
+        capacity_bytes, stale_temp_s, rescan_interval_s, lookup_fallback,
+        o_direct, startup_scan_wait_s: see :class:`~tiering.fs.config.FsConfig`.
 
     Attributes:
-        o_direct: whether block files are read and written with ``O_DIRECT``.
+        o_direct: whether block files are read and written with ``O_DIRECT``
+            (False from the moment the filesystem refused it at run time).
         o_direct_reason: why not, when ``o_direct`` is False ("" otherwise).
 
     Raises:
-        TypeError: a config value has the wrong type (the message names the key).
-        ValueError: a config value is out of range or ``root`` has an unknown protocol.
-        RootNotUsableError: the root cannot be created or written (path and reason in the message).
-        DirectIONotUsableError: ``o_direct=True`` and ``O_DIRECT`` cannot be used (path and reason in the message).
+        MissingKeyError, UnknownKeyError, InvalidTypeError, InvalidValueError:
+            a config mistake (:mod:`tiering.core.toolkit.config`), naming the key.
+        RootNotUsableError: the root cannot be created or written (names ``root``, the path and the reason).
+        DirectIONotUsableError: ``o_direct=True`` and ``O_DIRECT`` cannot be used (names ``o_direct`` and the reason).
     """
 
+    medium: ClassVar[str] = "storage"
+    config_schema: ClassVar[ConfigSchema | None] = FS_SCHEMA
+
     def __init__(
-        self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str, **config: Any
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        root: str | os.PathLike[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        n_read_threads: int = 8,
+        n_write_threads: int = 4,
+        fsync: bool = False,
+        capacity_bytes: int | None = None,
+        stale_temp_s: float = 600.0,
+        rescan_interval_s: float = 30.0,
+        lookup_fallback: str = "auto",
+        o_direct: bool | str = "auto",
+        startup_scan_wait_s: float = 2.0,
     ) -> None:
-        SecondaryTierManager.__init__(self, offloading_spec, primary_kv_view, tier_type)
+        super().__init__(offloading_spec, primary_kv_view, tier_type)
+        values = {k: v for k, v in locals().items() if k in FS_SCHEMA.keys}
+        if isinstance(root, os.PathLike):
+            values["root"] = os.fspath(root)
+        elif root is None:
+            del values["root"]
         self.stored_block_bytes = self.block_bytes + TRAILER_BYTES
-        if config.get("storage_options") is None:
-            config["storage_options"] = {}
-        cfg = FsConfig.check(f"tier {tier_type!r}", self.stored_block_bytes, **config)
+        cfg = FsConfig.check(tier_type, self.stored_block_bytes, values)
         self.config = cfg
         self.fsync = cfg.fsync
         self.capacity_bytes = cfg.capacity_bytes
-        self.stale_temp_s = float(cfg.stale_temp_s)
-        self.rescan_interval_s = float(cfg.rescan_interval_s)
+        self.n_read_threads, self.n_write_threads = cfg.n_read_threads, cfg.n_write_threads
         self.namespace = offloading_spec.namespace
-        self._digest = self.namespace.digest_bytes
-        try:
-            self.backend, base = open_backend(cfg.root, cfg.storage_options)
-        except ValueError as exc:
-            raise ValueError(f"tier {tier_type!r}: {exc}") from exc
-        self.root = base
-        self.namespace_dir = f"{base.rstrip('/')}/{self.namespace.digest}"
-        fallback = cfg.lookup_fallback
-        if fallback == "auto":
-            fallback = "stat" if self.backend.is_local else "async"
-        self.lookup_fallback = fallback
-        BlockWorkers.__init__(self, cfg.n_read_threads, cfg.n_write_threads)
-        self._made_dirs: set[str] = set()
-
-        self._probe_root()
-        self.o_direct = False
-        self.o_direct_reason = ""
+        self.backend, self.root = open_backend(cfg.root, dict(cfg.storage_options or {}))
+        self.namespace_dir = f"{self.root.rstrip('/')}/{self.namespace.digest}"
+        self.lookup_fallback = cfg.lookup_fallback
+        if self.lookup_fallback == "auto":
+            self.lookup_fallback = "stat" if self.backend.is_local else "async"
+        ns = dict(self.namespace.to_dict(), digest=self.namespace.digest)
+        prepare_namespace_dir(self.backend, cfg.root, self.namespace_dir, ns, tier_type)
         self._setup_direct(cfg.o_direct)
-        self._trailers = threading.local()
-        self.start_workers()
-        self._scan_lock = threading.Lock()
-        self._rescanner = Rescanner(
-            self._scan, self.rescan_interval_s if self.capacity_bytes is not None else 0.0, "tiering-fs-scan"
+        self.files = BlockFiles(
+            self.backend, self.namespace_dir, self.namespace.digest_bytes, self.block_bytes, cfg.fsync
         )
-        self._scan_done = self._rescanner.first_done
+
+        self.index = CapacityIndex(cfg.capacity_bytes)
+        self.jobs = JobTracker()
+        self.counters = Counters(_COUNTERS)
+        self.events = KVEventLog(self.medium)
+        self._stopping = False
+        self._temp_bytes = 0
+        self._last_scan_s = 0.0
+        self.pool = IOPool(cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", max_batch=16)
+        self.transfers = Transfers(
+            self.index, self.files, self.counters, self.events, self.pool, self.block, self._is_stopping
+        )
+        self._lookup_cache: LookupCache | None = None
+        if self.lookup_fallback == "async":
+            self._lookup_cache = LookupCache(
+                self._resolve, lambda fn: self.pool.submit_call("read", fn), negative_ttl_s=1.0
+            )
+            self.transfers.on_removed = self._lookup_cache.invalidate
+        interval = cfg.rescan_interval_s if cfg.capacity_bytes is not None else 0.0
+        self._rescanner = Rescanner(self._scan, interval, "tiering-fs-scan")
         if cfg.startup_scan_wait_s > 0:
-            self._scan_done.wait(cfg.startup_scan_wait_s)
-
-    # -- construction ---------------------------------------------------------
-    def _root_error(self, exc: OSError, what: str) -> RootNotUsableError:
-        return RootNotUsableError(exc.errno or errno.EIO, f"fs tier root {self.root!r}: {what}: {exc.strerror or exc}")
-
-    def _probe_root(self) -> None:
-        """Create the namespace directory, prove it writable, publish ``namespace.json``."""
-        path = self.namespace_dir
-        try:
-            self.backend.makedirs(path)
-        except OSError as exc:
-            raise self._root_error(exc, f"cannot create directory {path!r}") from exc
-        if not self.backend.is_real_directory(path):
-            raise RootNotUsableError(errno.ELOOP, f"fs tier root {self.root!r}: {path!r} is a symlink, not a directory")
-        probe = temp_namer(f"{path}/{PROBE_NAME}")
-        try:
-            # Written under a temporary name and published under another one: removed either way.
-            final = temp_namer(f"{path}/{PROBE_NAME}")
-            self.backend.write_block(probe, final, memoryview(b"probe"), memoryview(b""), False)
-            self.backend.remove(final)
-        except OSError as exc:
-            raise self._root_error(exc, f"directory {path!r} is not writable") from exc
-        ns_path = f"{path}/{NAMESPACE_FILE}"
-        wanted = dict(self.namespace.to_dict(), digest=self.namespace.digest)
-        try:
-            current = self.backend.read_small(ns_path)
-            if current is not None:
-                try:
-                    if json.loads(current) == wanted:
-                        return
-                except ValueError:
-                    pass
-                logger.warning("fs tier: %s does not match this namespace; rewriting it", ns_path)
-            data = json.dumps(wanted, indent=2, sort_keys=True).encode() + b"\n"
-            self.backend.write_small_atomic(temp_namer(ns_path), ns_path, data)
-        except OSError as exc:
-            raise self._root_error(exc, f"cannot write {ns_path!r}") from exc
+            self._rescanner.first_done.wait(cfg.startup_scan_wait_s)
 
     def _setup_direct(self, wanted: bool | str) -> None:
         """Decide whether block files use ``O_DIRECT`` (see the ``o_direct`` key)."""
+        self._direct_reason = "disabled by config (o_direct: false)" if wanted is False else ""
         if wanted is False:
-            self.o_direct_reason = "disabled by config (o_direct: false)"
             return
-        reason = self._direct_obstacle()
+        reason = direct_obstacle(self.backend, self.namespace_dir, self.block_bytes, self.primary_kv_view)
         if reason is None:
             self.backend.direct = True
-            self.o_direct = True
             logger.info("fs tier: %s uses O_DIRECT", self.namespace_dir)
-            return
-        self.o_direct_reason = reason
-        if wanted is True:
-            raise DirectIONotUsableError(
-                errno.EINVAL, f"fs tier root {self.root!r}: o_direct is true but O_DIRECT cannot be used: {reason}"
-            )
-        logger.info("fs tier: %s uses buffered I/O (no O_DIRECT: %s)", self.namespace_dir, reason)
+        else:
+            self._direct_reason = reason
+            if wanted is True:
+                raise DirectIONotUsableError(
+                    self.tier_type, f"{self.root!r}: o_direct is true but O_DIRECT cannot be used: {reason}"
+                )
+            logger.info("fs tier: %s uses buffered I/O (no O_DIRECT: %s)", self.namespace_dir, reason)
 
-    def _direct_obstacle(self) -> str | None:
-        """Why ``O_DIRECT`` cannot be used here, None when it can."""
-        if not isinstance(self.backend, LocalBackend):
-            return "the root is not a local filesystem"
-        if self.block_bytes % DIRECT_ALIGN:
-            return f"block_bytes {self.block_bytes} is not a multiple of {DIRECT_ALIGN}"
-        address = _view_address(self.primary_kv_view)
-        if address is None:
-            return "the primary buffer's address cannot be taken (read-only or not contiguous)"
-        if address % DIRECT_ALIGN:
-            return f"the primary buffer is not {DIRECT_ALIGN}-byte aligned (address {address:#x})"
-        return LocalBackend.probe_direct(self.namespace_dir)
+    @property
+    def o_direct(self) -> bool:
+        """Whether block files move with ``O_DIRECT`` now (see the class doc)."""
+        return self.backend.direct
 
-    def _trailer(self) -> memoryview:
-        """This thread's page-aligned :data:`TRAILER_BYTES` buffer (an anonymous mapping)."""
-        buf: memoryview | None = getattr(self._trailers, "buf", None)
-        if buf is None:
-            buf = memoryview(mmap.mmap(-1, TRAILER_BYTES))
-            self._trailers.buf = buf
-        return buf
+    @property
+    def o_direct_reason(self) -> str:
+        """Why block files do not use ``O_DIRECT`` ("" while they do)."""
+        return "" if self.backend.direct else self.backend.direct_lost or self._direct_reason
 
-    # -- paths -----------------------------------------------------------------
+    # -- extension points ---------------------------------------------------------------
     @classmethod
     def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector:
         """A :class:`~tiering.fs.inspection.FsInspector` of a config entry's root (``tiering ls/gc/verify``)."""
@@ -209,128 +206,171 @@ class FsspecSecondaryTierManager(BlockWorkers, SecondaryTierManager):
 
         return FsInspector.from_config(tier_config)
 
+    @classmethod
+    def default_local_config(cls, directory: str) -> dict[str, Any]:
+        """An ``fs`` entry under ``directory``, capped at 1 GiB (the benchmark's default persistent tier)."""
+        return {"type": "fs", "root": directory, "capacity_bytes": 1 << 30}
+
+    @classmethod
+    def probe(cls, tier_config: Mapping[str, Any]) -> str:
+        """Whether the entry's root would work, creating nothing (``tiering check --probe``); see :func:`probe_root`."""
+        from tiering.fs.root import probe_root
+
+        cfg = FS_SCHEMA.validate(tier_config)
+        return probe_root(cfg["root"], cfg["storage_options"], str(tier_config.get("type", "fs")))
+
     def block_path(self, key: bytes) -> str:
         """Path of ``key``'s block file: ``<namespace dir>/<ab>/<key hex>.kvb``."""
-        return block_path(self.namespace_dir, key)
+        return self.files.path(key)
 
-    # -- the contract ------------------------------------------------------------
+    # -- lookups ----------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """Whether ``key`` is stored: index first, then the configured filesystem fallback.
 
         Returns:
-            True (stored and complete), False (absent), None (this process is
-            writing it, an asynchronous probe is in flight, or the start-up
-            scan is still running with ``lookup_fallback="off"``).
+            True (stored and complete), False (absent, or being deleted),
+            None (this process is writing it, an asynchronous probe is in
+            flight, or the start-up scan is still running with
+            ``lookup_fallback="off"``).
         """
-        return self._lookup_index(key)
+        state = self.index.lookup(key)
+        if state is KeyState.ABSENT:
+            answer = self._fallback(key)
+        else:
+            answer = True if state is KeyState.RESIDENT else None if state is KeyState.WRITING else False
+        self.counters.inc("lookups_hit" if answer else "lookups_pending" if answer is None else "lookups_miss")
+        return answer
 
-    def submit_store(self, job: JobMetadata) -> None:
-        """Queue ``job``'s blocks for writing; returns at once (see the base class)."""
-        self._enqueue(job, load=False)
+    def _fallback(self, key: OffloadKey) -> bool | None:
+        mode = self.lookup_fallback
+        if mode == "off":
+            return False if self._rescanner.first_done.is_set() else None
+        if self._lookup_cache is not None:
+            return self._lookup_cache.lookup(key)
+        self.counters.inc("lookup_probes")
+        with self.index.reading() as ticket:  # an eviction after this point wins over the adoption (C13)
+            size = self.files.size(key)
+            return size == self.stored_block_bytes and self.index.adopt(key, self.stored_block_bytes, ticket)
 
-    def submit_load(self, job: JobMetadata) -> None:
-        """Queue ``job``'s blocks for reading into their primary slots; returns at once."""
-        self._enqueue(job, load=True)
-
-    def get_finished(self) -> Iterable[JobResult]:
-        """The jobs finished since the last call, each exactly once (thread-safe)."""
-        return self._take_finished()
+    def _resolve(self, keys: Sequence[OffloadKey]) -> dict[OffloadKey, bool]:
+        """Background existence check of ``lookup_fallback="async"`` (the lookup cache's resolver)."""
+        with self.index.reading() as ticket:
+            found = [(k, self.stored_block_bytes) for k in keys if self.files.size(k) == self.stored_block_bytes]
+            self.index.adopt_many(found, ticket)
+        return {k: self.index.lookup(k, touch=False) is KeyState.RESIDENT for k in keys}
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used in the tier's own LRU record (not atime)."""
-        self._touch(keys)
+        self.index.touch(keys)
 
-    def wait_for_scan(self, timeout_s: float | None = None) -> bool:
-        """Block until the start-up scan has indexed the namespace directory.
+    # -- stores and loads ---------------------------------------------------------------------
+    def submit_store(self, job: JobMetadata) -> None:
+        """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
+        state = self.jobs.start(job)
+        if not state.finished:
+            if self._stopping:
+                state.fail_rest(SHUTDOWN)
+            else:
+                self.transfers.store(state)
 
-        Not needed for correctness (lookups work during the scan); useful for
-        tools and tests. Returns False when ``timeout_s`` passes first.
-        """
-        return self._scan_done.wait(timeout_s)
+    def submit_load(self, job: JobMetadata) -> None:
+        """Queue ``job``'s blocks for reading into their primary slots; returns at once."""
+        state = self.jobs.start(job)
+        if not state.finished:
+            if self._stopping:
+                state.fail_rest(SHUTDOWN)
+            else:
+                self.transfers.load(state)
 
-    # -- one block ---------------------------------------------------------------
-    def _ensure_dir(self, directory: str) -> None:
-        if directory in self._made_dirs:
-            return
-        self.backend.makedirs(directory)
-        self._made_dirs.add(directory)
-
-    def _write_block(self, key: OffloadKey, block_id: int) -> None:
-        """Encode and publish one block (the caller reserved its bytes)."""
-        if len(key) > MAX_KEY_BYTES:
-            raise ValueError(f"key of {len(key)} bytes; at most {MAX_KEY_BYTES}")
-        final = self.block_path(key)
-        payload = self.block(block_id)
-        trailer = self._trailer()
-        trailer[:HEADER_SIZE] = encode_header(self._digest, key, payload)
-        trailer[HEADER_SIZE:] = _ZERO_TAIL
-        directory = final.rsplit("/", 1)[0]
-        self._ensure_dir(directory)
-        tmp = temp_namer(final)
-        try:
-            self.backend.write_block(tmp, final, payload, trailer, self.fsync)
-        except FileNotFoundError:
-            # The shard directory was removed under us (cleanup by hand): recreate once.
-            self._made_dirs.discard(directory)
-            self._ensure_dir(directory)
-            self.backend.write_block(tmp, final, payload, trailer, self.fsync)
-
-    def _read_block(self, key: OffloadKey, block_id: int) -> int:
-        """Read and verify one block into its slot; returns the stored size."""
-        target = self.block(block_id)
-        trailer = self._trailer()
-        # read_block checks the file is exactly block_bytes + TRAILER_BYTES and read whole.
-        size = self.backend.read_block(self.block_path(key), target, trailer, self.stored_block_bytes)
-        verify_block(trailer[:HEADER_SIZE], target, self._digest, key)
-        return size
-
-    def _remove_bad(self, key: OffloadKey, exc: BaseException) -> bool | None:
-        """Remove a block file that failed verification: True when gone, False when kept, None: not bad."""
-        if isinstance(exc, BlockFormatError):
-            return self.backend.remove(self.block_path(key))
-        return None
-
-    def _cause(self, exc: BaseException, load: bool, in_index: bool) -> str:
-        return failure_cause(exc, load=load, in_index=in_index)
-
-    def _delete(self, key: OffloadKey) -> bool:
-        return self.backend.remove(self.block_path(key))
-
-    def _stored_size(self, key: OffloadKey) -> int | None:
-        return self.backend.size(self.block_path(key))
-
-    # -- scanning --------------------------------------------------------------------
+    # -- scans ------------------------------------------------------------------------------------------
     def _scan(self, first: bool) -> None:
-        """One pass over the namespace directory, merged into the index (see :mod:`tiering.fs.scanner`)."""
-        token = self._begin_scan()
-        result = scan_namespace(
-            self.backend, self.namespace_dir, self.stored_block_bytes, self.stale_temp_s, self._is_stopping
-        )
-        new, vanished, resident = self._end_scan(token, result)
-        self._evict_to_cap()
-        log = logger.info if first else logger.debug
-        log(
-            "fs tier: %s scan of %s took %.3f s: %d blocks (%d bytes) indexed, %d new, %d vanished, "
-            "%d stale temporaries and %d bad files removed",
+        """One pass over the namespace directory, reconciled with the index (see :mod:`tiering.fs.scanner`)."""
+        started = time.monotonic()
+        with self.index.reading() as ticket:
+            result = scan_namespace(
+                self.backend, self.namespace_dir, self.stored_block_bytes, self.config.stale_temp_s, self._is_stopping
+            )
+            if not result.complete:
+                return
+            oldest_first = sorted(result.blocks.items(), key=lambda item: item[1][1])
+            report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket)
+        self.transfers.forget(report.vanished, "vanished")
+        self._account_temps(result.temp_bytes)
+        self.transfers.delete(self.index.retry_deletes(), "eviction")
+        self.transfers.delete(self.index.evict_to_cap(), "eviction")
+        self.counters.add({"scans": 1, "temps_removed": result.temps_removed, "bad_blocks_removed": result.bad_removed})
+        self._last_scan_s = time.monotonic() - started
+        (logger.info if first else logger.debug)(
+            "fs tier: %s scan of %s took %.3f s: %d blocks indexed, %d new, %d vanished, %d stale temporaries and "
+            "%d bad files removed, %d symlinks ignored",
             "startup" if first else "periodic",
             self.namespace_dir,
             self._last_scan_s,
-            resident[0],
-            resident[1],
-            new,
-            vanished,
+            len(self.index),
+            len(report.added),
+            len(report.vanished),
             result.temps_removed,
             result.bad_removed,
+            result.links,
         )
 
+    def _account_temps(self, temp_bytes: int) -> None:
+        """Count other processes' temporaries against the cap until the next scan (C15)."""
+        if self._temp_bytes:
+            self.index.commit(_TEMP_KEY, False)
+            self._temp_bytes = 0
+        if temp_bytes:
+            res = self.index.reserve(_TEMP_KEY, temp_bytes)
+            self.transfers.delete(res.victims, "eviction")
+            if res.admit is Admit.RESERVED:
+                self._temp_bytes = temp_bytes
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
+    def wait_for_scan(self, timeout_s: float | None = None) -> bool:
+        """Block until the start-up scan has indexed the namespace directory (False when ``timeout_s`` passes)."""
+        return self._rescanner.first_done.wait(timeout_s)
+
+    # -- the rest of the contract -----------------------------------------------------------------------
+    def get_finished(self) -> Iterable[JobResult]:
+        """The jobs finished since the last call, each exactly once (thread-safe)."""
+        return self.jobs.take_finished()
+
+    def has_pending_work(self) -> bool:
+        """Whether a job is queued or running."""
+        return self.jobs.in_flight() > 0
+
+    def take_events(self) -> list[KVEvent]:
+        """``BlockStored`` for blocks this tier wrote; ``BlockRemoved`` for evictions, bad and vanished blocks."""
+        return self.events.take_events()
+
     def stats(self) -> dict[str, int | float]:
-        """Counters of this tier instance (this process); see the package README for every key."""
-        out = self._stats()
-        out["scan_done"] = int(self._scan_done.is_set())
-        out["o_direct"] = int(self.o_direct and self.backend.direct)
+        """Figures of this tier instance under the toolkit's stats names; see the package README for every key."""
+        out: dict[str, int | float] = dict(self.counters.snapshot())
+        out.update(self.index.stats())
+        out.update(self.jobs.stats())
+        out.update(failure_totals(out))
+        if self._lookup_cache is not None:
+            cache = self._lookup_cache.stats()
+            out["lookup_probes"] = cache["lookup_probes"]
+            out["lookup_probes_skipped"] = cache["lookup_probes_skipped"]
+        temp = self._temp_bytes
+        out["reserved_bytes"] = int(out["reserved_bytes"]) - temp
+        out["in_flight_stores"] = int(out["in_flight_stores"]) - (1 if temp else 0)
+        out["temp_bytes"] = temp
+        out["scan_done"] = int(self._rescanner.first_done.is_set())
+        out["last_scan_s"] = self._last_scan_s
+        out["o_direct"] = int(self.o_direct)
         return out
 
     def shutdown(self) -> None:
         """Stop the threads. Queued blocks fail their jobs; running ones finish; each job is reported once."""
-        if self._stop_workers():
-            self._rescanner.stop()
+        if self._stopping:
+            return
+        self._stopping = True
+        self._rescanner.stop()
+        if self._lookup_cache is not None:
+            self._lookup_cache.close()
+        self.pool.shutdown(wait=True)
+        self.jobs.fail_all(SHUTDOWN)

@@ -202,9 +202,15 @@ class JobTracker:
     ``in_flight_jobs``, ``store_jobs_failed``, ``load_jobs_failed``, and per
     failed block ``store_failed_<cause>`` / ``load_failed_<cause>``
     (:data:`SHUTDOWN` is not counted as a cause).
+
+    Args:
+        queue_results: keep finished results for :meth:`take_finished`
+            (a tier); False when the owner acts on :meth:`report`'s return
+            value instead (the manager) and never takes them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, queue_results: bool = True) -> None:
+        self._queue_results = queue_results
         self._lock = threading.Lock()
         self._jobs: dict[int, JobState] = {}
         self._finished: collections.deque[JobResult] = collections.deque()
@@ -271,7 +277,8 @@ class JobTracker:
             for cause, n in state.causes.items():
                 if cause != SHUTDOWN:
                     self._counters[f"{kind}_failed_{cause}"] += n
-            self._finished.append(result)
+            if self._queue_results:
+                self._finished.append(result)
 
     def take_finished(self) -> list[JobResult]:
         """The results of the jobs finished since the last call, each exactly once (oldest first)."""
