@@ -21,7 +21,7 @@ def test_entry_point_resolves_to_the_class():
 
 
 def test_unknown_key_is_named(s3):
-    with pytest.raises(TypeError, match="'buckt'"):
+    with pytest.raises(TypeError, match=r"secondary_tiers\[0\]\.buckt: unknown key"):
         build({**s3.tier_config(), "buckt": "x"})
 
 
