@@ -198,9 +198,9 @@ def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside
 
     assert main(["gc", path, "--namespace", old]) == 0  # the foreign objects left in it keep it listed
     assert f"removed namespace {old} (0 blocks, 0 bytes)" in capsys.readouterr().out
-    assert main(["gc", path, "--namespace", "f" * 32]) == 0
+    assert main(["gc", path, "--namespace", "f" * 32]) == 1  # no such namespace: non-zero exit
     assert f"no namespace {'f' * 32}" in capsys.readouterr().out
-    assert main(["gc", path, "--namespace", "../etc"]) == 0  # not present: nothing listed outside
+    assert main(["gc", path, "--namespace", "../etc"]) == 1  # not present: nothing listed outside
     assert etags(s3, outside + inside_foreign) == before
 
 
