@@ -60,7 +60,7 @@ def test_entry_point_resolves_and_unknown_key_is_named(tmp_path):
         ({"storage_options": "x"}, InvalidTypeError, "storage_options"),
         ({"root": ""}, InvalidValueError, "root: must be a non-empty string"),
         ({"root": None}, MissingKeyError, "root: required"),
-        ({"root": "nosuchproto://x"}, ValueError, "nosuchproto"),
+        ({"root": "nosuchproto://x"}, InvalidValueError, "root: cannot open root .nosuchproto"),
     ],
 )
 def test_bad_config_values_are_named(tmp_path, config, exc, match):
