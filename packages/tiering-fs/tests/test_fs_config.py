@@ -172,3 +172,16 @@ def test_stats_has_every_counter(tmp_path, open_tier):
     }
     assert {k: s[k] for k in expected} == expected
     assert s["evictions"] == 0 and s["lookups_pending"] == 0
+
+
+def test_constructor_errors_through_the_factory_name_the_entry_and_key(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    view = allocate_host_buffer(2, BB)
+    with pytest.raises(RootNotUsableError, match=r"^secondary_tiers\[1\]\.root: .*cannot create directory") as info:
+        create_secondary_tier({"type": "fs", "root": str(blocker / "kv")}, view, make_spec(), index=1)
+    assert info.value.errno == errno.ENOTDIR
+    with pytest.raises(MissingKeyError, match=r"^secondary_tiers\[1\]\.root: required"):
+        create_secondary_tier({"type": "fs"}, view, make_spec(), index=1)
+    with pytest.raises(InvalidValueError, match=r"^secondary_tiers\[0\]\.capacity_bytes: "):
+        create_secondary_tier({"type": "fs", "root": str(tmp_path), "capacity_bytes": 100}, view, make_spec())
