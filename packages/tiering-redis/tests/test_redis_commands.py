@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import redis
 
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
@@ -10,7 +11,7 @@ from tiering.core.cli import main
 from tiering.core.inspection import inspector_for
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.core.testing import InspectorConformanceTests, block_payload, make_key, wait_for_jobs
 
 BLOCK = 4096
 
@@ -61,3 +62,25 @@ def test_ls_verify_and_gc(stocked, capsys, redis_server):
     client = redis_server.client()
     assert client.exists(f"{entry['prefix']}:not-ours")  # foreign keys are never deleted
     client.close()
+
+
+class TestRedisInspector(InspectorConformanceTests):
+    @pytest.fixture
+    def tier_config(self, redis_server, prefix):
+        return {"type": "redis", "url": redis_server.url, "prefix": prefix}
+
+    def corrupt_block(self, tier_config, digest, block, how):
+        client = redis.Redis.from_url(tier_config["url"])
+        if how == "flip":
+            byte = client.getrange(block.name, 128 + 7, 128 + 7)
+            client.setrange(block.name, 128 + 7, bytes([byte[0] ^ 0xFF]))
+        else:
+            client.set(block.name, client.getrange(block.name, 0, 9))
+        client.close()
+
+    def plant_foreign(self, tier_config):
+        name = f"{tier_config['prefix']}:someone-else"
+        client = redis.Redis.from_url(tier_config["url"])
+        client.set(name, b"not a block")
+        client.close()
+        return name

@@ -3,6 +3,7 @@
 import itertools
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import threading
@@ -393,3 +394,25 @@ def test_acl_user_without_scripting_falls_back_to_pipelined_lookups(redis_server
         other.shutdown()
     finally:
         tier.shutdown()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_tls_round_trip_and_an_unverified_certificate_is_refused(tmp_path, prefix):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    with LocalRedis(tls=(str(cert), str(key))) as server:
+        assert server.url.startswith("rediss://")
+        with pytest.raises(RedisStartupError):  # the system CAs do not know the self-signed certificate
+            make_tier({"url": server.url, "prefix": prefix, "retries": 0})
+        tier, view = make_tier({"url": server.url, "prefix": prefix, "ssl_ca_certs": str(cert)})
+        try:
+            keys = [make_key(i, b"tls") for i in range(4)]
+            assert store(tier, view, keys)
+            ok, slots = load(tier, view, keys)
+            assert ok and slots == [block_payload(k, BLOCK) for k in keys]
+        finally:
+            tier.shutdown()

@@ -122,6 +122,8 @@ SCHEMA = ConfigSchema(
                   doc="eviction authority: server (maxmemory + allkeys-lru) or tier (capacity_bytes)"),
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1,
                   doc="eviction tier: bytes this process keeps (headers included)"),
+        ConfigKey("startup_scan", (bool,), default=True,
+                  doc="at start, SCAN the namespace's keys in the background to learn what is stored"),
         ConfigKey("lookup_negative_ttl_s", (float,), default=2.0, minimum=0, exclusive_minimum=True,
                   doc="seconds a 'not there' lookup answer is trusted (another replica may store it)"),
     ],

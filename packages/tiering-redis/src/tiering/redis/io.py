@@ -11,6 +11,7 @@ job tracker (:func:`~tiering.core.toolkit.record_tasks`), the index
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,8 @@ class RedisBlockIO:
     _recheck: bool
     _run_ids: frozenset[str]
     _sizes_script: Any
+    _is_cluster: bool
+    _scan_done: threading.Event
 
     if TYPE_CHECKING:  # provided by SecondaryTierManager
 
@@ -179,6 +182,40 @@ class RedisBlockIO:
             self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
         self._delete(self.index.evict_to_cap(), "eviction")
         return dict.fromkeys(found, True)
+
+    def _startup_scan(self) -> None:
+        """Learn which blocks of the namespace the server holds (``SCAN`` + ``STRLEN``), on an I/O thread.
+
+        Blocks of the right size join the index (adopted under a ticket, so a
+        key changed meanwhile keeps its newer state); with ``eviction: "tier"``
+        the least recently used beyond ``capacity_bytes`` are then deleted.
+        A failure is logged and counted: lookups still ask the server.
+        """
+        try:
+            with self.index.reading() as ticket:
+                names: list[str] = []
+                keys: list[OffloadKey] = []
+                kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
+                if self._is_cluster:
+                    kwargs["target_nodes"] = "primaries"
+                for name in self._client.scan_iter(**kwargs):
+                    parsed = self.layout.parse(name)
+                    if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
+                        names.append(name.decode() if isinstance(name, bytes) else name)
+                        keys.append(OffloadKey(parsed[2]))
+                found: dict[OffloadKey, int] = {}
+                for start in range(0, len(names), 4096):
+                    sizes = self._sizes(names[start : start + 4096])
+                    for key, size in zip(keys[start : start + 4096], sizes, strict=True):
+                        if size == self.object_bytes:
+                            found[key] = size
+                self.index.adopt_many(found.items(), ticket)
+            self.counters.inc("scanned_blocks", len(found))
+            self._delete(self.index.evict_to_cap(), "eviction")
+        except Exception as exc:
+            self._count_error(exc, "the start-up scan")
+        finally:
+            self._scan_done.set()
 
     def _sizes(self, names: list[str]) -> list[Any]:
         if self._sizes_script is not None:

@@ -42,9 +42,10 @@ def free_port() -> int:
                 return port
 
 
-def _wait_ping(port: int, proc: subprocess.Popen[bytes], password: str | None = None) -> None:
+def _wait_ping(port: int, proc: subprocess.Popen[bytes], password: str | None = None, ca: str | None = None) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
-    client = redis.Redis(port=port, password=password, socket_timeout=1, socket_connect_timeout=1)
+    tls: dict[str, Any] = {"ssl": True, "ssl_ca_certs": ca} if ca else {}
+    client = redis.Redis(port=port, password=password, socket_timeout=1, socket_connect_timeout=1, **tls)
     try:
         while True:
             if proc.poll() is not None:
@@ -72,6 +73,9 @@ class LocalRedis:
         directory: working directory; None: a new temporary one (removed by :meth:`stop`).
         password: ``requirepass`` (None: no password).
         binary: the server program (``redis-sentinel`` for a sentinel).
+        tls: ``(certificate file, key file)`` of a self-signed certificate:
+            the server then speaks only TLS on ``port`` (clients need not
+            present a certificate); the certificate is its own CA.
     """
 
     def __init__(
@@ -81,7 +85,9 @@ class LocalRedis:
         directory: Path | None = None,
         password: str | None = None,
         binary: str = "redis-server",
+        tls: tuple[str, str] | None = None,
     ) -> None:
+        self.tls = tls
         self.port = port or free_port()
         self.args = list(args)
         self.password = password
@@ -92,8 +98,8 @@ class LocalRedis:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0`` (without the password)."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://127.0.0.1:<port>/0`` (``rediss://`` with TLS; without the password)."""
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     def command(self) -> list[str]:
         """The command line that starts the server."""
@@ -103,7 +109,13 @@ class LocalRedis:
             if not conf.exists():
                 conf.write_text("")
             cmd = ["redis-sentinel", str(conf)]
-        cmd += ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
+        if self.tls:
+            cert, key = self.tls
+            cmd += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key]
+            cmd += ["--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
+        else:
+            cmd += ["--port", str(self.port)]
+        cmd += ["--bind", "127.0.0.1", "--dir", str(self.directory)]
         cmd += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"]
         cmd += ["--logfile", str(self.directory / f"redis-{self.port}.log")]
         if self.password:
@@ -117,7 +129,7 @@ class LocalRedis:
             RuntimeError: it exited or did not answer within :data:`START_TIMEOUT_S`.
         """
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_ping(self.port, self.proc, self.password)
+        _wait_ping(self.port, self.proc, self.password, self.tls[0] if self.tls else None)
         return self
 
     def client(self, **kwargs: object) -> redis.Redis:

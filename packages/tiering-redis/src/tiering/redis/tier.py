@@ -72,6 +72,7 @@ _COUNTERS = (
     "bad_blocks_removed",
     "pipelines",
     "server_restarts",
+    "scanned_blocks",
     *(f"errors_{c}" for c in ERROR_CLASSES),
 )
 
@@ -130,7 +131,9 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self._close_lock = threading.Lock()
         self._run_ids = self.server.run_ids
         self._recheck = False  # set by connection errors: was the server restarted meanwhile?
-        self._sizes_script = None if settings["mode"] == "cluster" else self._client.register_script(SIZES_SCRIPT)
+        self._is_cluster = settings["mode"] == "cluster"
+        self._sizes_script = None if self._is_cluster else self._client.register_script(SIZES_SCRIPT)
+        self._scan_done = threading.Event()
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
@@ -147,6 +150,10 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             max_batch=4096,
             max_pending=65536,
         )
+        if settings["startup_scan"]:
+            self.pool.submit_call("read", self._startup_scan)
+        else:
+            self._scan_done.set()
         logger.info(
             "redis tier %r ready: %s (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by %s",
             tier_type,
@@ -270,6 +277,10 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             state.fail_rest("shutdown")
             return
         self.pool.submit("read", self._load_batch, [(state, i) for i in range(len(job.keys))], self._tasks_failed)
+
+    def wait_for_scan(self, timeout_s: float | None = None) -> bool:
+        """Wait until the start-up scan has finished (``tiering stat`` calls it); False on timeout."""
+        return self._scan_done.wait(timeout_s)
 
     # -- reporting ----------------------------------------------------------------
     def get_finished(self) -> Iterable[JobResult]:
