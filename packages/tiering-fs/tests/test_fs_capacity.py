@@ -86,7 +86,7 @@ def test_cap_is_enforced_per_directory_by_rescans(tmp_path, open_tier):
     assert store(a, view_a, [make_key(i, b"proc-a") for i in range(10)])
     assert store(b, view_b, [make_key(i, b"proc-b") for i in range(10)])
     deadline = time.monotonic() + 10
-    while len(block_files(tmp_path)) > 10 and time.monotonic() < deadline:
+    while (len(block_files(tmp_path)) > 10 or a.stats()["scans"] < 2) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(block_files(tmp_path)) <= 10
-    assert a.stats()["scans"] >= 2
+    assert a.stats()["scans"] >= 2  # rescans ran (either process may have done the evicting)
