@@ -125,6 +125,9 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
         tier = create_secondary_tier(tier_config, view, spec, index=index)
         try:
             print(f"{head}: ok{tail}")
+            report = getattr(tier, "probe_report", None)  # what a tier's start-up probe found, if it says
+            for line in report() if callable(report) else ():
+                print(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
         finally:
             tier.shutdown()
 
