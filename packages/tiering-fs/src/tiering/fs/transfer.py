@@ -217,6 +217,9 @@ class Transfers:
         elif isinstance(exc, FileNotFoundError) and known:
             self.index.remove(key, delete=False)
             self.forget([key], "vanished")
+        elif cause == "foreign" and known:  # a symlink put in its place: not ours to serve or to delete
+            self.index.remove(key, delete=False)
+            self.forget([key], "foreign")
         return cause
 
     def _load_failed(self, items: Sequence[Any], exc: BaseException) -> None:
