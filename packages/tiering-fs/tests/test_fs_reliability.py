@@ -164,6 +164,8 @@ def test_C16_failed_unlink_keeps_bytes_counted_and_is_retried(tmp_path, open_tie
     assert s["used_bytes"] <= tier.capacity_bytes and s["failed_deletes"] >= 1
     assert s["resident_bytes"] + s["pending_delete_bytes"] == s["used_bytes"]
     assert all(tier.lookup(k, CTX) is False for k in keys[:4] if k not in tier.index)
+    undeleted = next(k for k in keys[:4] if tier.lookup(k, CTX) is False)
+    assert store(tier, view, [undeleted]) is False  # its old copy is still being deleted: refused, not a hang
     monkeypatch.undo()  # deletes work again
     rescan(tier)  # one rescan retries them
     s = tier.stats()
