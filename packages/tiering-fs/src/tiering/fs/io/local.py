@@ -28,8 +28,9 @@ about 7 us each on the development VM). When a block operation fails with
 ``ENOENT`` and the path no longer names the kept directory (removed by a
 ``gc`` or by hand, replaced, moved away: compared by device and inode), the
 descriptor is dropped and the operation retried once through a fresh
-``O_NOFOLLOW`` open (so a symlink put in its place is still refused). Dropped descriptors are closed only by :meth:`LocalBackend.close`,
-never while another thread may be using them.
+``O_NOFOLLOW`` open (so a symlink put in its place is still refused).
+Dropped descriptors are closed only by :meth:`LocalBackend.close`, never
+while another thread may be using them.
 """
 
 from __future__ import annotations
@@ -162,9 +163,8 @@ class LocalBackend(Backend):
                 return op(dfd)
             finally:
                 os.close(dfd)
-        dfd = self._dirs.get(directory)
-        if dfd is None:
-            dfd = self._keep(directory, _open_dir(directory))
+        kept = self._dirs.get(directory)
+        dfd = kept if kept is not None else self._keep(directory, _open_dir(directory))
         try:
             return op(dfd)
         except FileNotFoundError:
