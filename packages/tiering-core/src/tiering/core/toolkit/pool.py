@@ -135,12 +135,16 @@ class IOPool:
         if not items:
             return
         is_read = kind == "read"
+        n = len(items)
         idle = self._waiting[True] + self._waiting[False]  # a racy snapshot is fine: it only sizes the shares
-        parts = max(1, min(idle, self.n_read_threads if is_read else max(1, self.n_write_threads)))
-        units = [
-            _Unit(fn, [items[i] for i in share], on_error)
-            for share in split_batches(range(len(items)), parts, self.max_batch)
-        ]
+        if n == 1 or (idle <= 1 and n <= self.max_batch):
+            units = [_Unit(fn, list(items), on_error)]  # one share: no splitting to do
+        else:
+            parts = max(1, min(idle, self.n_read_threads if is_read else max(1, self.n_write_threads)))
+            units = [
+                _Unit(fn, [items[i] for i in share], on_error)
+                for share in split_batches(range(n), parts, self.max_batch)
+            ]
         with self._lock:
             if not self._stopping:
                 (self._reads if is_read else self._writes).extend(units)
