@@ -12,6 +12,7 @@ import time
 import types
 
 import pytest
+from botocore.exceptions import ClientError
 
 from tiering.core import JobMetadata, ReqContext, TieringOffloadingSpec, create_secondary_tier
 from tiering.core import commands as core_commands
@@ -127,12 +128,24 @@ def beside(s3):
         s3.client.delete_objects(Bucket=s3.bucket, Delete={"Objects": [{"Key": k} for k in created]})
 
 
+def like_prefix(s3, beside):
+    """An object named like the prefix itself, where the server allows one beside ``<prefix>/...``.
+
+    A server that keeps objects as files (nanio) cannot hold both ``kv`` and ``kv/x``: it refuses, and there is
+    nothing to test.
+    """
+    try:
+        return [beside(s3.prefix)]
+    except ClientError:
+        return []
+
+
 def plant_beside(s3, beside, digest, key):
     """Objects a careless prefix match would take for ours: beside the prefix and inside it."""
     body = s3.client.get_object(Bucket=s3.bucket, Key=block_name(s3, digest, key))["Body"].read()
     shard = f"{checksum(key) & 0xFF:02x}"
     outside = [
-        beside(s3.prefix),  # an object named like the prefix itself
+        *like_prefix(s3, beside),
         beside(f"{s3.prefix}-other/{digest}/namespace.json"),
         beside(f"{s3.prefix}x/{digest}/{shard}/{key.hex()}", body),  # a valid block, one letter beside
         beside(f"elsewhere/{s3.prefix}/{digest}/{shard}/{key.hex()}", body),
@@ -198,9 +211,12 @@ def test_ls_paginates_and_treats_an_empty_prefix_as_empty(tmp_path, s3, monkeypa
         "before-parameter-build.s3.ListObjectsV2", lambda params, **_: pages.append(params["Prefix"])
     )
     assert len(inspector.namespaces()) == 3  # three namespaces listed two common prefixes a page
-    assert pages.count(f"{s3.prefix}/") == 2
     assert len(list(inspector.blocks(digest))) == 7
-    assert pages.count(f"{s3.prefix}/{digest}/") == 4  # 7 blocks + namespace.json, two a page
+    if not s3.server.external:  # servers page differently (nanio: common prefixes in one page, folders count)
+        assert pages.count(f"{s3.prefix}/") == 2
+        assert pages.count(f"{s3.prefix}/{digest}/") == 4  # 7 blocks + namespace.json, two a page
+    else:
+        assert pages.count(f"{s3.prefix}/{digest}/") >= 4  # two keys a page at most
 
 
 # -- gc -----------------------------------------------------------------------------------
