@@ -74,6 +74,7 @@ def tier_config(name, tmp_path, request):
     if name == "example":
         return {"type": "example"}
     if name == "fs":
+        (tmp_path / "kv").mkdir(exist_ok=True)  # the fs tier uses a root, it does not create one
         return {"type": "fs", "root": str(tmp_path / "kv")}
     endpoint = request.getfixturevalue("s3_endpoint")
     return {

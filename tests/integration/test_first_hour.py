@@ -75,6 +75,7 @@ def test_bench_without_a_local_tier_says_so_and_replays_through_the_primary(env,
     assert "every loaded byte matched" in proc.stdout
 
 
+@needs_local
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_during_a_replay_ends_it_cleanly_with_a_partial_report(env, tmp_path, sig, status):
     out = tmp_path / "r.json"

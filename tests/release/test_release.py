@@ -426,6 +426,17 @@ def test_check_dist_on_real_build(tmp_path: Path) -> None:
     assert proc.stdout.count("ok   ") == 2
 
 
+def test_every_package_declares_project_urls() -> None:
+    tomllib = load_script("_release").tomllib
+    for pkg in PACKAGES:
+        project = tomllib.loads((pkg / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        urls = project.get("urls", {})
+        assert {"Homepage", "Documentation", "Source", "Changelog", "Issues"} <= set(urls), pkg.name
+        assert urls["Source"].endswith(f"/packages/{pkg.name}") and urls["Changelog"].endswith(
+            f"/{pkg.name}/CHANGELOG.md"
+        )
+
+
 # --- compat.py ----------------------------------------------------------------------------
 
 
