@@ -164,6 +164,8 @@ def test_C16_failed_unlink_keeps_bytes_counted_and_is_retried(tmp_path, open_tie
     assert s["used_bytes"] <= tier.capacity_bytes and s["failed_deletes"] >= 1
     assert s["resident_bytes"] + s["pending_delete_bytes"] == s["used_bytes"]
     assert all(tier.lookup(k, CTX) is False for k in keys[:4] if k not in tier.index)
+    undeleted = next(k for k in keys[:4] if tier.lookup(k, CTX) is False)
+    assert store(tier, view, [undeleted]) is False  # its old copy is still being deleted: refused, not a hang
     monkeypatch.undo()  # deletes work again
     rescan(tier)  # one rescan retries them
     s = tier.stats()
@@ -252,6 +254,9 @@ def test_C11_symlinks_below_the_root_are_never_followed(tmp_path, open_tier, cap
     assert store(tier, view, [k1b]) is False  # fails cleanly ...
     assert list(outside.iterdir()) == []  # ... and nothing was created outside the root
     assert tier.lookup(k1b, CTX) is False and tier.stats()["store_failed_io_error"] == 1
+    assert tier.lookup(k1, CTX) is True  # still indexed: its shard was swapped behind the tier's back
+    assert load(tier, view, [k1], [10]) is False  # not read through the symlinked shard ...
+    assert tier.lookup(k1, CTX) is False  # ... and forgotten
     # A block-named symlink to a valid block file that lives outside the root.
     k2 = _key_in_other_shard(k1)
     other_root = tmp_path / "elsewhere"
@@ -264,6 +269,7 @@ def test_C11_symlinks_below_the_root_are_never_followed(tmp_path, open_tier, cap
     link.symlink_to(target)
     assert tier.lookup(k2, CTX) is False  # the lookup fallback does not follow it
     assert load(tier, view, [k2], [9]) is False  # nor does a load: a miss, the bytes are never served
+    assert tier.stats()["load_failed_foreign"] == 2
     assert block_view(view, 9).tobytes() != block_payload(k2, BB)
     assert link.is_symlink() and target.read_bytes()[:BB] == block_payload(k2, BB)  # neither removed
     # A restart's scan indexes neither; ls / verify report both as foreign.

@@ -416,3 +416,19 @@ def test_tls_round_trip_and_an_unverified_certificate_is_refused(tmp_path, prefi
             assert ok and slots == [block_payload(k, BLOCK) for k in keys]
         finally:
             tier.shutdown()
+
+
+def test_with_server_eviction_the_index_forgets_beyond_maxmemory_and_deletes_nothing(prefix):
+    with LocalRedis(args=["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]) as server:
+        tier, view = make_tier({"url": server.url, "prefix": prefix})
+        try:
+            for start in range(0, 128, 16):
+                assert store(tier, view, [make_key(i, b"forget") for i in range(start, start + 16)])
+            stats = tier.stats()
+            assert stats["resident_bytes"] <= 4 * 1024 * 1024 < 128 * (BLOCK + 128)
+            assert stats["forgotten_blocks"] > 0 and "evictions" not in stats and stats["capacity_bytes"] == 0
+            client = server.client()
+            assert client.info("commandstats")["cmdstat_unlink"]["calls"] == 1  # the start-up probe's, no other
+            client.close()
+        finally:
+            tier.shutdown()

@@ -163,6 +163,27 @@ class SecondaryTierManager(abc.ABC):
         """
         return None
 
+    @classmethod
+    def probe(cls, tier_config: Mapping[str, Any]) -> str | None:
+        """Check, creating nothing, that the entry's root, bucket or server would work (``tiering check --probe``).
+
+        Args:
+            tier_config: the ``secondary_tiers`` entry (``type`` included).
+
+        Returns:
+            One line saying what was found (never a credential), or None: this
+            tier has no side-effect-free probe, so the command builds the tier
+            instead (and prints :meth:`probe_report`).
+
+        Raises:
+            ValueError: the entry cannot work (the message says why).
+        """
+        return None
+
+    def probe_report(self) -> list[str]:
+        """What this tier's start-up probe found, one line each (server limits, fallbacks); never a credential."""
+        return []
+
     def __init__(
         self,
         offloading_spec: OffloadingSpec,

@@ -117,16 +117,14 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
         where = tier_location(tier_config, index)
         head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
         tail = "" if where else " (in memory, nothing kept)"
-        probe = getattr(cls, "probe", None)
-        if callable(probe):
-            detail = redact_text(probe(tier_config), {"secondary_tiers": [tier_config]})
-            print(f"{head}: ok{tail}; {detail}")
+        found = cls.probe(tier_config)
+        if found is not None:
+            print(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
             continue
         tier = create_secondary_tier(tier_config, view, spec, index=index)
         try:
             print(f"{head}: ok{tail}")
-            report = getattr(tier, "probe_report", None)  # what a tier's start-up probe found, if it says
-            for line in report() if callable(report) else ():
+            for line in tier.probe_report():
                 print(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
         finally:
             tier.shutdown()

@@ -29,6 +29,9 @@ from tiering.fs.errors import failure_cause
 
 logger = logging.getLogger(__name__)
 
+_REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
+"""Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
+
 StoreItem = tuple[JobState, int, bool]
 """(job, block index, bytes already reserved)."""
 
@@ -106,10 +109,8 @@ class Transfers:
                 # The room was not freed after all: refuse rather than exceed the cap.
                 self.index.commit(key, False)
                 return Admit.NO_SPACE
-            if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping:
-                return res.admit
-            if res.admit is Admit.NO_SPACE and not res.can_wait:
-                return res.admit
+            if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping or not res.can_wait:
+                return res.admit  # (DELETING without can_wait: its old copy could not be deleted)
             self.index.wait_for_space(0.05)
 
     def _store_batch(self, victims: list[Victim], items: Sequence[StoreItem]) -> None:
@@ -143,7 +144,8 @@ class Transfers:
                     ok = admit is Admit.PRESENT
                     if ok:
                         self.counters.inc("stores_already_present")
-                    outcomes.append((i, ok, "" if ok else "no_space"))
+                    cause = "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]
+                    outcomes.append((i, ok, cause))
                     continue
             try:
                 self.files.write(key, self.slot(state.meta.block_ids[i]))
@@ -217,6 +219,9 @@ class Transfers:
         elif isinstance(exc, FileNotFoundError) and known:
             self.index.remove(key, delete=False)
             self.forget([key], "vanished")
+        elif cause == "foreign" and known:  # a symlink put in its place: not ours to serve or to delete
+            self.index.remove(key, delete=False)
+            self.forget([key], "foreign")
         return cause
 
     def _load_failed(self, items: Sequence[Any], exc: BaseException) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +34,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
+from tiering.core.redact import Redactor
 from tiering.core.toolkit.config import ConfigKey, ConfigSchema
 from tiering.redis.layout import check_prefix
 
@@ -42,8 +42,6 @@ MODES = ("standalone", "cluster", "sentinel")
 EVICTION = ("server", "tier")
 CERT_REQS = ("required", "optional", "none")
 URL_SCHEMES = ("redis", "rediss", "unix")
-REDACTED = "***"
-_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
 
 
 def _check_url(url: str) -> str | None:
@@ -174,10 +172,8 @@ class RedisSettings:
         return out
 
     def redact(self, text: str) -> str:
-        """``text`` without any configured secret or URL password (replaced by ``***``)."""
-        for secret in sorted(self.secrets, key=len, reverse=True):
-            text = text.replace(secret, REDACTED)
-        return _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+        """``text`` without any configured secret or URL password (core's :class:`~tiering.core.redact.Redactor`)."""
+        return Redactor(dict(self.values), SCHEMA.secret_keys, self.secrets)(text)
 
     def location(self) -> str:
         """Where the server is, without credentials: ``redis://host:port/db``, ``sentinel mymaster@h:p,...``."""

@@ -72,6 +72,29 @@ class RedisBlockIO:
     _sizes_script: Any
     _is_cluster: bool
     _scan_done: threading.Event
+    _forget_only: bool
+    _known_limit: int
+
+    def _trim_known(self) -> None:
+        """With the server evicting: forget the least recently used known blocks beyond its ``maxmemory``.
+
+        The server cannot hold more, so older entries are likely gone; forgetting
+        them (never deleting) keeps this process's index bounded. Trims to 90 %
+        so that the O(n) snapshot of the index is taken rarely.
+        """
+        limit = self._known_limit
+        if not limit or self.index.resident_bytes <= limit:
+            return
+        surplus = self.index.resident_bytes - int(0.9 * limit)
+        forgotten: list[OffloadKey] = []
+        for key in self.index.keys():  # noqa: SIM118 (a snapshot, LRU first; the index is not iterable)
+            if surplus <= 0:
+                break
+            self.index.remove(key, delete=False)
+            surplus -= self.object_bytes
+            forgotten.append(key)
+        self.lookups.invalidate(forgotten)
+        self.counters.inc("forgotten_blocks", len(forgotten))
 
     if TYPE_CHECKING:  # provided by SecondaryTierManager
 
@@ -181,6 +204,7 @@ class RedisBlockIO:
             found = [key for key, size in zip(keys, sizes, strict=True) if size == self.object_bytes]
             self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
         self._delete(self.index.evict_to_cap(), "eviction")
+        self._trim_known()
         return dict.fromkeys(found, True)
 
     def _startup_scan(self) -> None:
@@ -212,6 +236,7 @@ class RedisBlockIO:
                 self.index.adopt_many(found.items(), ticket)
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
+            self._trim_known()
         except Exception as exc:
             self._count_error(exc, "the start-up scan")
         finally:
@@ -276,6 +301,7 @@ class RedisBlockIO:
             commits.append((key, True))
         self.counters.add({"blocks_stored": len(new), "bytes_stored": len(new) * self.block_bytes})
         self.index.commit_many(commits)
+        self._trim_known()
         self.lookups.invalidate(k for k, ok in commits if not ok)
         self.events.record_stored(new)
         record_tasks(outcomes)

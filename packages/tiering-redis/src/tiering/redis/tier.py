@@ -73,6 +73,7 @@ _COUNTERS = (
     "pipelines",
     "server_restarts",
     "scanned_blocks",
+    "forgotten_blocks",
     *(f"errors_{c}" for c in ERROR_CLASSES),
 )
 
@@ -134,6 +135,10 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self._is_cluster = settings["mode"] == "cluster"
         self._sizes_script = None if self._is_cluster else self._client.register_script(SIZES_SCRIPT)
         self._scan_done = threading.Event()
+        # With the server as eviction authority the index only remembers what is stored, bounded by what the
+        # server can hold (its maxmemory): beyond that the least recently used entries are forgotten, not deleted.
+        self._forget_only = capacity is None
+        self._known_limit = self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
@@ -303,11 +308,18 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         process knows are stored, capacity, evictions, failures by cause),
         ``pipelines`` (round trips sent), ``errors_<class>`` per
         :data:`tiering.redis.errors.ERROR_CLASSES`, ``server_maxmemory_bytes``
-        (-1: unknown) and ``server_evicts`` (1/0).
+        (-1: unknown) and ``server_evicts`` (1/0). With ``eviction: "server"``
+        the tier evicts nothing: ``capacity_bytes`` is 0 and, instead of
+        ``evictions``, ``forgotten_blocks`` counts index entries dropped to
+        keep the index within the server's ``maxmemory``.
         """
         out: dict[str, int | float] = {}
         out.update(self.counters.snapshot())
-        out.update(self.index.stats())
+        index = self.index.stats()
+        if self._forget_only:  # the server evicts; the index forgets (nothing is deleted by this tier)
+            index.pop("evictions")
+            index.pop("evicted_bytes")
+        out.update(index)
         out.update(self.jobs.stats())
         out.update(self.lookups.stats())
         out.update(failure_totals(out))

@@ -166,13 +166,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_available()
     trace = resolve_trace(args.trace)
-    with (
-        StopOnSignal(LABEL) as stopper,
-        _workspace(args.root, not args.config) as (
-            directory,
-            temporary,
-        ),
-    ):
+    with StopOnSignal(LABEL) as stopper, _workspace(args.root, not args.config) as workspace:
+        directory, temporary = workspace
         config = _stack_config(args, directory)
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
@@ -204,7 +199,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with Progress(len(requests), figures, label=LABEL) as progress:
                 report = replayer.run(requests, progress.update, stop=stopper.reason)
         except (VerificationError, TimeoutError) as exc:
-            print(f"{LABEL}: FAILED: {redact_text(str(exc))}", file=sys.stderr)
+            print(f"{LABEL}: FAILED: {redact_text(str(exc), config)}", file=sys.stderr)
             return 1
         finally:
             manager.shutdown()
