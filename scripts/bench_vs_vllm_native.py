@@ -259,12 +259,12 @@ def main(argv: list[str] | None = None) -> int:
                         block = report(title, block_bytes, records)
                         print("\n".join(block), flush=True)
                         lines += block
+                        if args.json:  # after every configuration, so a long run interrupted keeps what it measured
+                            with open(args.json, "w") as f:
+                                json.dump({"summary": lines, "passes": dump}, f, indent=1)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(f"# load avg at end {os.getloadavg()[0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": lines, "passes": dump}, f, indent=1)
     return 0
 
 
