@@ -152,7 +152,7 @@ def test_vllm_factory_resolves_our_tiers_by_module_path(
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
 
     from tiering.core import SecondaryTierFactory
-    from tiering.core.vllm import compat, testing, tiers
+    from tiering.core.vllm import testing, tiers
 
     entry = tier_entry(kind, tmp_path, request)
     cls = VllmFactory.get_tier_class(entry)
@@ -193,7 +193,7 @@ def test_bare_names_stay_vllm_builtins_and_unknown_names_explain() -> None:
 
 @needs_vllm
 def test_unknown_tier_key_is_named(tmp_path: Any) -> None:
-    from tiering.core.vllm import compat, testing
+    from tiering.core.vllm import testing
 
     entry = {"type": "tiering_example", "module_path": MODULE, "custom_parm": 3}
     with (
@@ -347,7 +347,7 @@ def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.Monke
 
 @needs_vllm
 def test_namespace_covers_revision_and_layout() -> None:
-    from tiering.core.vllm import compat, testing
+    from tiering.core.vllm import testing
 
     def digest(**entry_keys: Any) -> str:
         entry = {"type": "tiering_example", "module_path": MODULE, **entry_keys}

@@ -153,19 +153,29 @@ def _check_restart_and_corruption(
 
     # Engine A: computes the prompt, its blocks go GPU(CPU) cache -> primary -> our tier.
     a = run_engine(
-        {"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS, "kv_transfer_config": transfer(tier), "wait_for": wait}
+        {
+            "model": model,
+            "prompts": [prompt],
+            "max_tokens": MAX_TOKENS,
+            "kv_transfer_config": transfer(tier),
+            "wait_for": wait,
+        }
     )
     assert a["outputs"][0]["tokens"] == reference
     assert a["outputs"][0]["num_cached_tokens"] == 0
     # Engine B, a fresh process: the prefix comes from our tier.
-    b = run_engine({"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS, "kv_transfer_config": transfer(tier)})
+    b = run_engine(
+        {"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS, "kv_transfer_config": transfer(tier)}
+    )
     out = b["outputs"][0]
     assert out["num_cached_tokens"] == FULL_BLOCKS * 32, b["log"][-3000:]
     assert out["tokens"] == reference
     assert _tier_hits(b["metrics"], tier["type"]) >= FULL_BLOCKS, b["metrics"]
     # Every stored block corrupted: our tier refuses them, B recomputes the right tokens.
     assert corrupt() >= FULL_BLOCKS
-    c = run_engine({"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS, "kv_transfer_config": transfer(tier)})
+    c = run_engine(
+        {"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS, "kv_transfer_config": transfer(tier)}
+    )
     out = c["outputs"][0]
     assert out["tokens"] == reference
     assert out["num_cached_tokens"] == 0, c["log"][-3000:]
@@ -185,8 +195,16 @@ def test_s3_tier_serves_a_fresh_engine_and_refuses_corrupted_blocks(
     model: str, prompt: list[int], reference: list[int], s3_server: dict[str, Any]
 ) -> None:
     prefix = f"engine-{uuid.uuid4().hex[:8]}"
-    conn = {k: s3_server[k] for k in ("bucket", "endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key")}
-    tier = {"type": "tiering_s3", "module_path": "tiering.core.vllm.tiers", "prefix": prefix, "model_revision": "t", **conn}
+    conn = {
+        k: s3_server[k] for k in ("bucket", "endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key")
+    }
+    tier = {
+        "type": "tiering_s3",
+        "module_path": "tiering.core.vllm.tiers",
+        "prefix": prefix,
+        "model_revision": "t",
+        **conn,
+    }
     wait = {"s3": {**conn, "prefix": prefix}, "count": FULL_BLOCKS}
     _check_restart_and_corruption(model, prompt, reference, tier, lambda: _corrupt_s3(s3_server, prefix), wait)
 

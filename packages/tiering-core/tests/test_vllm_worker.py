@@ -72,14 +72,15 @@ def test_store_lands_in_vllms_row_layout_and_load_round_trips() -> None:
     scheduler, region = _region(num_chunks=8, row=row, slot=slot, rank=rank)
     worker = CPUOffloadingWorker(caches, bpc, region)
     try:
-        # group 0: 3 blocks starting at logical index 1 (mid-chunk) -> chunks 5, 2; group 1: 2 blocks from index 0 -> chunk 7
+        # group 0: 3 blocks from logical index 1 (mid-chunk) -> chunks 5, 2; group 1: 2 blocks from 0 -> chunk 7
         store = GPULoadStoreSpec([9, 4, 5, 11, 0], group_sizes=[3, 2], block_indices=[1, 0])
         assert worker.submit_store(7, store, BlockIDsLoadStoreSpec([5, 2, 7]))
         done = worker.get_finished()
         assert [(r.job_id, r.success, r.transfer_size) for r in done] == [(7, True, 3 * PAGE + 2 * (PAGE // 2))]
         assert worker.get_finished() == []
-        base = scheduler.create_kv_memoryview().cast("B")
-        flat = np.frombuffer(base, dtype=np.int8)
+        view = scheduler.create_kv_memoryview()
+        flat = np.frombuffer(view.tobytes(), dtype=np.int8)  # a snapshot of the whole region, as the scheduler sees it
+        view.release()
 
         def host(chunk: int, offset: int, size: int) -> bytes:
             start = chunk * row + rank * slot + offset
@@ -105,8 +106,6 @@ def test_store_lands_in_vllms_row_layout_and_load_round_trips() -> None:
         got = [tensors[0][i] for i in (1, 2, 3)] + [tensors[1][i] for i in (6, 7)]
         assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
         assert not tensors[0][0].any() and not tensors[1][5].any()  # nothing else written
-        del flat
-        base.release()
     finally:
         worker.shutdown()
         worker.shutdown()  # idempotent: the region is released once
@@ -123,7 +122,9 @@ def test_mismatched_specs_are_refused_with_the_counts() -> None:
     worker = CPUOffloadingWorker(caches, 1, region)
     try:
         with pytest.raises(ValueError, match="need 3 chunks; the job has 2 chunks"):
-            worker.submit_store(1, GPULoadStoreSpec([0, 1, 2], group_sizes=[3], block_indices=[0]), BlockIDsLoadStoreSpec([0, 1]))
+            worker.submit_store(
+                1, GPULoadStoreSpec([0, 1, 2], group_sizes=[3], block_indices=[0]), BlockIDsLoadStoreSpec([0, 1])
+            )
     finally:
         worker.shutdown()
         scheduler.cleanup()

@@ -69,9 +69,7 @@ def check_vllm_version(version: str | None) -> None:
             unparsable, or outside the range; the message names it.
     """
     if version is None:
-        raise UnsupportedVLLMVersionError(
-            f"tiering.core.vllm needs vLLM ({SUPPORTED_TEXT}), which is not installed"
-        )
+        raise UnsupportedVLLMVersionError(f"tiering.core.vllm needs vLLM ({SUPPORTED_TEXT}), which is not installed")
     match = re.match(r"(\d+)\.(\d+)", version)
     low, high = SUPPORTED_RANGE
     if match is None or not (low <= (int(match[1]), int(match[2])) < high):

@@ -21,24 +21,27 @@ logger = logging.getLogger(__name__)
 
 
 def medium_for(tier_cls: type[TieringTierManager]) -> Any:
-    """VLLM's ``Medium`` of a tiering tier class: its ``medium`` ClassVar (``"cpu"``/``"storage"``).
+    """VLLM's ``Medium`` of a tiering tier class, from its ``medium`` ClassVar.
 
-    ``medium`` decides how vLLM labels hits (``HOST`` / ``DISK``), how
-    ``load_tier_filter`` treats the tier and what KV events carry. A tier
-    that declares none gets None (vLLM's "unspecified").
+    ``"storage"`` -> ``Medium.STORAGE``; ``"cpu"`` and ``"memory"`` (host
+    memory) -> ``Medium.CPU``. The medium decides how vLLM labels hits
+    (``DISK`` / ``HOST``), how ``load_tier_filter`` treats the tier and what
+    its KV events carry.
 
     Raises:
-        ValueError: ``medium`` is set but is not one of vLLM's ``Medium`` names.
+        ValueError: ``medium`` is none of those (named, with the class).
     """
-    value = getattr(tier_cls, "medium", None)
-    if value is None:
-        return None
-    if not isinstance(value, str) or value.upper() not in Medium.__members__:
+    value = tier_cls.medium
+    medium = _MEDIA.get(value.lower()) if isinstance(value, str) else None
+    if medium is None:
         raise ValueError(
-            f"{tier_cls.__module__}.{tier_cls.__qualname__}.medium = {value!r}: "
-            f"expected one of {sorted(m.lower() for m in Medium.__members__)}"
+            f"{tier_cls.__module__}.{tier_cls.__qualname__}.medium = {value!r}: vLLM knows the media "
+            f"{sorted(_MEDIA)}"
         )
-    return Medium[value.upper()]
+    return Medium[medium]
+
+
+_MEDIA = {"storage": "STORAGE", "cpu": "CPU", "memory": "CPU"}
 
 
 TIER_NAME_PREFIX = "tiering_"

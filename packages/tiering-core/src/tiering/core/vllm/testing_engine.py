@@ -101,8 +101,12 @@ def prompt_text(ids: Sequence[int]) -> str:
 
 
 def offloading_transfer_config(extra_config: Mapping[str, Any]) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` for its ``OffloadingConnector`` with ``extra_config``."""
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": dict(extra_config)}
+    """VLLM's ``--kv-transfer-config`` for its ``OffloadingConnector`` with ``extra_config``."""
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": dict(extra_config),
+    }
 
 
 def run_engine(request: Mapping[str, Any], *, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -146,10 +150,12 @@ def run_engine(request: Mapping[str, Any], *, timeout_s: float = 600.0) -> dict[
 
 
 def stored_blocks(where: Mapping[str, Any]) -> int:
-    """Blocks a persistent tier holds: ``{"fs": root}`` counts block files under ``root`` (tiering's
-    ``*.kvb``, vLLM's ``*.bin``);
-    ``{"s3": {bucket, endpoint_url, region_name, aws_access_key_id, aws_secret_access_key, prefix}}``
-    counts objects over 4 KiB under ``prefix``.
+    """Blocks a persistent tier holds, as its storage shows them.
+
+    ``{"fs": root}`` counts block files under ``root`` (tiering's ``*.kvb``,
+    vLLM's ``*.bin``); ``{"s3": {bucket, endpoint_url, region_name,
+    aws_access_key_id, aws_secret_access_key, prefix}}`` counts objects over
+    4 KiB under ``prefix``.
     """
     if "fs" in where:
         return sum(f.endswith((".kvb", ".bin")) for _, _, files in os.walk(str(where["fs"])) for f in files)

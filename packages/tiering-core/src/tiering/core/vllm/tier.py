@@ -39,6 +39,7 @@ from tiering.core.base import OffloadKey as TieringOffloadKey
 from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
+from tiering.core.toolkit.events import BlockRemoved
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
@@ -47,6 +48,7 @@ from tiering.core.vllm.compat import (
     OffloadingConnectorStats,
     OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
+    OffloadingEvent,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -64,7 +66,7 @@ STAT_LABELS = ("tiering_tier", "stat")
 INFO_KEYS = ("tiering_tier", "tiering_namespace")
 """Labels this tier adds to vLLM's ``vllm:kv_offload_config_info`` (vLLM >= 0.33)."""
 
-RESERVED_KWARGS = ("model_revision", "kv_layout", "locality")
+RESERVED_KWARGS = ("model_revision", "kv_layout", "locality", "enable_kv_events")
 """Tier-entry keys the wrapper consumes; every other key goes to the tiering tier."""
 
 _DRAIN_WARN_S = 10.0
@@ -86,7 +88,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         **tier_kwargs: the tier entry's other keys. ``model_revision`` and
             ``kv_layout`` go into tiering's namespace, ``locality``
             (``"LOCAL"``/``"REMOTE"``, exactly vLLM's ``Locality`` values) to
-            vLLM's tier filter and KV events; the rest are the
+            vLLM's tier filter and KV events, ``enable_kv_events`` (bool,
+            default False, as vLLM's fs tier) to :meth:`take_events`; the rest are the
             tiering tier's own keys.
 
     Raises:
@@ -122,6 +125,17 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         locality = tier_kwargs.pop("locality", None)
         # vLLM's own tiers take exactly Locality's values ("LOCAL", "REMOTE") and raise its ValueError.
         self.locality = Locality(locality) if locality is not None else None
+        enable_kv_events = tier_kwargs.pop("enable_kv_events", False)
+        if not isinstance(enable_kv_events, bool):
+            raise TypeError(f"tier {tier_type!r}: enable_kv_events must be a bool, got {enable_kv_events!r}")
+        # As vLLM's fs and obj tiers: events only when the entry and the engine (kv_events_config) both ask.
+        self._events_enabled = enable_kv_events and bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+        if enable_kv_events and not self._events_enabled:
+            logger.warning(
+                "enable_kv_events is set on secondary tier %r but KV cache events are disabled globally; "
+                "the tier will not emit events.",
+                tier_type,
+            )
         view = primary_block_view(primary_kv_view, offloading_spec)
         self.tiering_spec = tiering_spec_from_vllm(
             offloading_spec,
@@ -281,6 +295,38 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         except Exception:
             self._errors += 1
             logger.exception("tiering tier %r on_request_finished raised", self.tiering_name)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """The tier's KV events as vLLM's ``OffloadingEvent`` (``enable_kv_events`` and vLLM's KV events on).
+
+        ``BlockStored`` of the tiering tier (a store) becomes a stored event,
+        ``BlockRemoved`` (its own eviction, a bad block removed, a block that
+        vanished at a rescan, e.g. deleted by ``tiering gc``) a removed one;
+        vLLM's own fs and obj tiers never emit removals. Each carries the
+        tier's ``medium`` and ``locality``, and ``ownership`` = the tier's
+        ``type``, so vLLM tracks our residency apart from the primary tier's;
+        stored events set ``removal_expected`` (a removal will follow).
+        """
+        try:
+            events = self.tier.take_events()
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r take_events raised", self.tiering_name)
+            return []
+        if not self._events_enabled:
+            return []
+        return [
+            OffloadingEvent(
+                keys=[OffloadKey(bytes(k)) for k in event.keys],
+                medium=self.medium,
+                removed=isinstance(event, BlockRemoved),
+                locality=self.locality,
+                ownership=self.tier_type,
+                removal_expected=not isinstance(event, BlockRemoved),
+            )
+            for event in events
+            if event.keys
+        ]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Forward a use of ``keys`` to the tier's recency order."""

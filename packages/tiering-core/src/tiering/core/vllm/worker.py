@@ -67,7 +67,9 @@ class CPUOffloadingWorker(OffloadingWorker):  # type: ignore[misc]
         self._host: list[torch.Tensor] = []
         for t_idx, kv in enumerate(kv_caches.tensors):
             if kv.tensor.device.type != "cpu":
-                raise ValueError(f"KV cache tensor {t_idx} is on {kv.tensor.device}; this worker copies CPU tensors only")
+                raise ValueError(
+                    f"KV cache tensor {t_idx} is on {kv.tensor.device}; this worker copies CPU tensors only"
+                )
             page = int(kv.page_size_bytes)
             self._engine.append(kv.tensor.view(torch.int8).view(-1, page))
             host = mmap_region.create_next_worker_view(page * self.blocks_per_chunk)
@@ -100,7 +102,7 @@ class CPUOffloadingWorker(OffloadingWorker):  # type: ignore[misc]
     def submit_load(
         self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False
     ) -> bool:
-        """Copy primary chunks ``src_spec`` into engine blocks ``dst_spec`` now (``expedited``: vLLM 0.33; no effect)."""
+        """Copy primary chunks ``src_spec`` into engine blocks ``dst_spec`` now (``expedited``: 0.33, no effect)."""
         nbytes, seconds = self._transfer(dst_spec, src_spec, store=False)
         self.bytes_loaded += nbytes
         self._finished.append(TransferResult(job_id, True, transfer_size=nbytes, transfer_time=seconds))
