@@ -63,7 +63,7 @@ def test_replay_counters_match_report_and_an_independent_count():
     jobs = sample(snap, "tiering_jobs_total", index="0", kind="store")
     (hist,) = [h for h in snap["tiering_store_duration_seconds"] if h["labels"]["index"] == "0"]
     assert hist["count"] == jobs and hist["buckets"]["+Inf"] == jobs
-    assert sample(snap, "tiering_inflight_jobs", index="0") == 0
+    assert sample(snap, "tiering_in_flight_jobs", index="0") == 0
 
 
 @requires_tier("example")

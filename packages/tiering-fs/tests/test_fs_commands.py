@@ -9,7 +9,7 @@ import pytest
 from tiering.core import TieringOffloadingSpec
 from tiering.core.bench import Replayer, synthetic_chat
 from tiering.core.cli import main
-from tiering.fs.backend import TRAILER_BYTES
+from tiering.fs.layout import TRAILER_BYTES
 
 
 def populate(root, revision="r1", requests=40):

@@ -16,7 +16,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-import tiering.fs.tier as fs_tier
+import tiering.fs.blocks as fs_blocks
 from tiering.core import (
     JobMetadata,
     OffloadingSpec,
@@ -27,13 +27,20 @@ from tiering.core import (
 )
 from tiering.core.base import block_view
 from tiering.core.factory import create_secondary_tier
-from tiering.core.format import HEADER_SIZE, checksum
+from tiering.core.format import HEADER_SIZE, BlockFormatError, checksum
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
+from tiering.core.toolkit.config import (
+    InvalidTypeError,
+    InvalidValueError,
+    MissingKeyError,
+    TierConfigError,
+)
 from tiering.fs import FsspecSecondaryTierManager
-from tiering.fs.backend import TRAILER_BYTES, LocalBackend
-from tiering.fs.tier import RootNotUsableError
+from tiering.fs.errors import DirectIONotUsableError, RootNotUsableError
+from tiering.fs.io.local import LocalBackend
+from tiering.fs.layout import HOST, TRAILER_BYTES
 
 WORKER = Path(__file__).with_name("fs_worker.py")
 BB = 16 * 1024
@@ -142,24 +149,44 @@ def test_entry_point_resolves_and_unknown_key_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("config", "exc", "match"),
     [
-        ({"n_read_threads": 0}, ValueError, "n_read_threads"),
-        ({"n_write_threads": "4"}, TypeError, "n_write_threads"),
-        ({"fsync": 1}, TypeError, "fsync"),
-        ({"capacity_bytes": 100}, ValueError, "capacity_bytes 100 is smaller than one stored block"),
-        ({"capacity_bytes": 1.5e9}, TypeError, "capacity_bytes"),
-        ({"lookup_fallback": "sometimes"}, ValueError, "lookup_fallback"),
-        ({"stale_temp_s": -1}, ValueError, "stale_temp_s"),
-        ({"startup_scan_wait_s": "2"}, TypeError, "startup_scan_wait_s"),
-        ({"startup_scan_wait_s": -1}, ValueError, "startup_scan_wait_s"),
-        ({"storage_options": "x"}, TypeError, "storage_options"),
-        ({"root": ""}, TypeError, "root"),
+        ({"n_read_threads": 0}, InvalidValueError, "n_read_threads: must be an integer >= 1, got 0"),
+        ({"n_write_threads": "4"}, InvalidTypeError, "n_write_threads"),
+        ({"fsync": 1}, InvalidTypeError, "fsync"),
+        ({"capacity_bytes": 100}, InvalidValueError, "capacity_bytes 100 is smaller than one stored block"),
+        ({"capacity_bytes": 1.5e9}, InvalidTypeError, "capacity_bytes"),
+        ({"lookup_fallback": "sometimes"}, InvalidValueError, "lookup_fallback"),
+        ({"o_direct": "yes"}, InvalidValueError, "o_direct"),
+        ({"o_direct": 1}, InvalidTypeError, "o_direct"),
+        ({"stale_temp_s": -1}, InvalidValueError, "stale_temp_s"),
+        ({"startup_scan_wait_s": "2"}, InvalidTypeError, "startup_scan_wait_s"),
+        ({"startup_scan_wait_s": -1}, InvalidValueError, "startup_scan_wait_s"),
+        ({"storage_options": "x"}, InvalidTypeError, "storage_options"),
+        ({"root": ""}, InvalidValueError, "root: must be a non-empty string"),
+        ({"root": None}, MissingKeyError, "root: required"),
         ({"root": "nosuchproto://x"}, ValueError, "nosuchproto"),
     ],
 )
 def test_bad_config_values_are_named(tmp_path, config, exc, match):
     kwargs = {"root": str(tmp_path), **config}
-    with pytest.raises(exc, match=match):
+    with pytest.raises(exc, match=match) as info:
         FsspecSecondaryTierManager(make_spec(), allocate_host_buffer(2, BB), "fs", **kwargs)
+    if isinstance(info.value, TierConfigError):
+        # The factory labels it with the entry: secondary_tiers[N].<key>.
+        assert info.value.with_entry("secondary_tiers[0]").args[0].startswith(f"secondary_tiers[0].{info.value.key}:")
+
+
+def test_schema_declares_every_constructor_key():
+    import inspect
+
+    params = set(inspect.signature(FsspecSecondaryTierManager).parameters) - {
+        "offloading_spec",
+        "primary_kv_view",
+        "tier_type",
+    }
+    assert set(FsspecSecondaryTierManager.config_schema.keys) == params
+    assert FsspecSecondaryTierManager.config_schema.secret_keys == {"storage_options"}
+    with pytest.raises(MissingKeyError, match=r"secondary_tiers\[0\]\.root: required"):
+        FsspecSecondaryTierManager.config_schema.validate({"type": "fs"}, entry="secondary_tiers[0]")
 
 
 def test_root_that_cannot_be_created_names_path_and_reason(tmp_path):
@@ -174,10 +201,10 @@ def test_root_that_cannot_be_created_names_path_and_reason(tmp_path):
 def test_read_only_root_fails_at_construction(tmp_path, monkeypatch):
     real_open = os.open
 
-    def read_only(path, flags, *args):
+    def read_only(path, flags, *args, **kwargs):
         if flags & os.O_CREAT:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(RootNotUsableError, match="not writable: Read-only file system") as info:
@@ -269,7 +296,7 @@ def test_C04_restart_in_new_process_reuses_every_block(tmp_path, open_tier, capl
     keys = [make_key(i, b"c04") for i in range(100)]
     assert all(tier.lookup(k, CTX) is True for k in keys)
     assert store_many(tier, view, keys)
-    assert tier.stats()["blocks_stored"] == 0 and tier.stats()["stores_skipped_present"] == 100
+    assert tier.stats()["blocks_stored"] == 0 and tier.stats()["stores_already_present"] == 100
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in block_files(tmp_path)} == before
     assert loads_exact(tier, view, keys)
 
@@ -364,7 +391,7 @@ def test_C06_truncated_file_is_a_miss_once(tmp_path, open_tier, monkeypatch):
     assert not os.path.exists(k4)
     assert tier.lookup(keys[3], CTX) is False
     s = tier.stats()
-    assert (s["load_failed_truncated"], s["bad_files_removed"], s["load_jobs_failed"]) == (1, 1, 1)
+    assert (s["load_failed_truncated"], s["bad_blocks_removed"], s["load_jobs_failed"]) == (1, 1, 1)
     # The intact blocks stay: a job without K4 succeeds.
     assert load(tier, view, keys[4:], list(range(8, 12)))
     assert block_view(view, 8).tobytes() == block_payload(keys[4], bb)
@@ -448,7 +475,7 @@ def test_damaged_file_is_a_removed_miss(tmp_path, open_tier, damage, cause):
     block_view(view, 9)[:] = bytes(BB)
     assert load(tier, view, [key], [9]) is False
     s = tier.stats()
-    assert s[f"load_failed_{cause}"] == 1 and s["bad_files_removed"] == 1
+    assert s[f"load_failed_{cause}"] == 1 and s["bad_blocks_removed"] == 1
     assert not path.exists()
     assert tier.lookup(key, CTX) is False
     # A second attempt is a plain miss, not another verification failure.
@@ -612,7 +639,7 @@ def test_stale_temporaries_are_removed_only_when_safe(tmp_path, open_tier):
     shard.mkdir(parents=True)
     dead_pid = subprocess.Popen(["true"])
     dead_pid.wait()
-    host = fs_tier._HOST
+    host = HOST
     names = {
         "dead_owner": f"aa.kvb.tmp.{host}.{dead_pid.pid}.1f",
         "live_owner": f"bb.kvb.tmp.{host}.{os.getppid()}.2f",
@@ -726,10 +753,10 @@ def test_permission_denied_creating_the_temp_fails_cleanly(tmp_path, open_tier, 
     tier, view = open_tier(tmp_path)
     real_open = os.open
 
-    def deny(path, flags, *args):
+    def deny(path, flags, *args, **kwargs):
         if ".tmp." in str(path):
             raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", deny)
     assert store(tier, view, [make_key(1)]) is False
@@ -746,7 +773,7 @@ def test_injected_eio_on_read_fails_the_load_and_keeps_the_file(tmp_path, open_t
 
     monkeypatch.setattr(os, "preadv", eio)
     assert load(tier, view, [key], [5]) is False
-    assert tier.stats()["load_failed_io_error"] == 1 and tier.stats()["bad_files_removed"] == 0
+    assert tier.stats()["load_failed_io_error"] == 1 and tier.stats()["bad_blocks_removed"] == 0
     assert os.path.exists(tier.block_path(key))  # an I/O error is not proof of a bad file
     monkeypatch.undo()
     assert load(tier, view, [key], [5]) and block_view(view, 5).tobytes() == block_payload(key, BB)
@@ -768,12 +795,12 @@ def test_unexpected_exception_fails_the_job_and_workers_survive(tmp_path, open_t
     def boom(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(fs_tier, "encode_header", boom)
+    monkeypatch.setattr(fs_blocks, "encode_header", boom)
     assert store(tier, view, [make_key(1)]) is False
     assert tier.stats()["store_failed_internal"] == 1
     monkeypatch.undo()
     assert store(tier, view, [make_key(2)]) is True
-    assert all(t.is_alive() for t in tier._threads)
+    assert all(t.is_alive() for t in tier.pool._threads)
 
 
 def test_fsync_option_syncs_file_and_directory(tmp_path, open_tier, monkeypatch):
@@ -833,8 +860,7 @@ def test_a_worker_takes_a_share_of_a_long_queue_and_shutdown_skips_the_rest(tmp_
     deadline = time.monotonic() + 10
     while not written and time.monotonic() < deadline:  # the writer has taken its tasks once one is written
         time.sleep(0.005)
-    with tier._lock:
-        queued = len(tier._stores)
+    queued = tier.pool.pending()
     # The only writer took 16 blocks (its share, capped) at once (the idle reader helps one block at a
     # time, 50 ms each: taking one task at a time, the two could not have taken 16 by now).
     assert queued <= 64 - 16
@@ -949,7 +975,7 @@ def test_block_bytes_not_a_page_multiple_falls_back_to_buffered(tmp_path, open_t
     (path,) = {Path(tier.block_path(keys[0]))}
     data = path.read_bytes()
     assert len(data) == bb + TRAILER_BYTES and data[:bb] == block_payload(keys[0], bb)
-    with pytest.raises(fs_tier.DirectIONotUsableError, match=r"o_direct is true.*not a multiple of 4096"):
+    with pytest.raises(DirectIONotUsableError, match=r"o_direct is true.*not a multiple of 4096"):
         open_tier(tmp_path / "strict", spec=spec, o_direct=True)
 
 
@@ -969,7 +995,7 @@ def test_unaligned_primary_buffer_falls_back_to_buffered(tmp_path):
     finally:
         tier.shutdown()
         del flat, view
-    with pytest.raises(fs_tier.DirectIONotUsableError):
+    with pytest.raises(DirectIONotUsableError):
         region2 = mmap.mmap(-1, n * BB + 512)
         v2 = memoryview(region2)[512 : 512 + n * BB].cast("B", (n, BB))
         FsspecSecondaryTierManager(make_spec(num_blocks=n), v2, "fs", root=str(tmp_path / "b"), o_direct=True)
@@ -983,7 +1009,7 @@ def test_o_direct_true_on_tmpfs_raises_a_clear_error(open_tier):
         root.mkdir()
         if LocalBackend.probe_direct(str(root)) is None:
             pytest.skip("O_DIRECT works on this tmpfs")
-        with pytest.raises(fs_tier.DirectIONotUsableError) as info:
+        with pytest.raises(DirectIONotUsableError) as info:
             open_tier(root, o_direct=True)
         assert str(root) in str(info.value) and "O_DIRECT" in str(info.value)
         tier, view = open_tier(root)  # "auto": buffered, same layout
@@ -1028,7 +1054,7 @@ def test_round_trip_from_a_dev_shm_primary_buffer(tmp_path, monkeypatch):
 def test_o_direct_read_of_a_truncated_file_is_short_not_an_error(tmp_path):
     import mmap
 
-    from tiering.fs.backend import _preadv_all
+    from tiering.fs.io.local import _preadv_all
 
     _direct_or_skip(tmp_path)
     path = tmp_path / "short"
@@ -1041,7 +1067,7 @@ def test_o_direct_read_of_a_truncated_file_is_short_not_an_error(tmp_path):
         os.close(fd)
     # Through the back end: a file shorter than it should be is a truncation, never EINVAL.
     backend = LocalBackend(direct=True)
-    with pytest.raises(fs_tier.BlockFormatError, match="expected"):
+    with pytest.raises(BlockFormatError, match="expected"):
         backend.read_block(str(path), memoryview(payload), memoryview(trailer), 8192 + TRAILER_BYTES)
 
 
@@ -1052,5 +1078,5 @@ def test_o_direct_config_values(tmp_path, memroot, open_tier):
         open_tier(tmp_path, o_direct=1)
     tier, _ = open_tier(memroot)
     assert tier.o_direct is False and "not a local" in tier.o_direct_reason
-    with pytest.raises(fs_tier.DirectIONotUsableError, match="not a local"):
+    with pytest.raises(DirectIONotUsableError, match="not a local"):
         open_tier(memroot, o_direct=True)

@@ -16,7 +16,7 @@ from tiering.core.inspection import BlockInfo
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.s3 import S3SecondaryTierManager
-from tiering.s3 import inspection as s3_inspection
+from tiering.s3 import client as s3_client
 from tiering.s3.inspection import S3Inspector
 
 BLOCK = 4096
@@ -162,15 +162,11 @@ def test_ls_paginates_and_treats_an_empty_prefix_as_empty(tmp_path, s3, monkeypa
     populate(s3, "r2", n=1)
     populate(s3, "r3", n=1)
     inspector = S3Inspector.from_config(s3.tier_config())
-    paginate = inspector._client.get_paginator("list_objects_v2").paginate
+    inspector.page_size = 2
     pages = []
-
-    def small_pages(**kwargs):
-        for page in paginate(**kwargs, PaginationConfig={"PageSize": 2}):
-            pages.append(kwargs["Prefix"])
-            yield page
-
-    monkeypatch.setattr(inspector._client, "get_paginator", lambda name: types.SimpleNamespace(paginate=small_pages))
+    inspector._client.boto.meta.events.register(
+        "before-parameter-build.s3.ListObjectsV2", lambda params, **_: pages.append(params["Prefix"])
+    )
     assert len(inspector.namespaces()) == 3  # three namespaces listed two common prefixes a page
     assert pages.count(f"{s3.prefix}/") == 2
     assert len(list(inspector.blocks(digest))) == 7
@@ -279,16 +275,14 @@ def test_removal_is_batched_and_refuses_what_is_not_a_block(s3, beside, monkeypa
             inspector.remove_namespace(bad)
     assert len(block_objects(s3, digest)) == 7  # nothing went before the refusals
 
-    monkeypatch.setattr(s3_inspection, "DELETE_BATCH", 3)
-    real = inspector._client.delete_objects
+    monkeypatch.setattr(s3_client, "DELETE_BATCH", 3)
     sizes = []
 
-    def recording(**kwargs):
-        sizes.append(len(kwargs["Delete"]["Objects"]))
-        assert all(o["Key"].startswith(f"{s3.prefix}/{digest}/") for o in kwargs["Delete"]["Objects"])
-        return real(**kwargs)
+    def recording(params, **_):
+        sizes.append(len(params["Delete"]["Objects"]))
+        assert all(o["Key"].startswith(f"{s3.prefix}/{digest}/") for o in params["Delete"]["Objects"])
 
-    monkeypatch.setattr(inspector._client, "delete_objects", recording)
+    inspector._client.boto.meta.events.register("before-parameter-build.s3.DeleteObjects", recording)
     assert inspector.remove_blocks(digest, blocks[:2] + blocks[:2]) == 4  # already gone: not an error
     assert inspector.remove_namespace(digest) == 5
     assert sizes == [3, 1, 3, 2, 1]  # 4 keys; 5 blocks; namespace.json

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NewType
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NewType
 
 if TYPE_CHECKING:
+    from tiering.core.inspection import TierInspector
     from tiering.core.spec import OffloadingSpec
+    from tiering.core.toolkit.config import ConfigSchema
+    from tiering.core.toolkit.events import KVEvent
 
 OffloadKey = NewType("OffloadKey", bytes)
 """A block's name: its prefix hash (chained over all token ids up to and
@@ -117,10 +120,48 @@ class SecondaryTierManager(abc.ABC):
         primary_kv_view: the primary tier's host buffer, see above.
         tier_type: the registered name of the tier (``"fs"``, ``"s3"``, ...).
 
+    Extension points (class attributes and classmethods a tier may
+    override; core asks them instead of knowing any backend by name):
+
+    - :attr:`medium`: where the blocks live, for KV events and vLLM's tier
+      medium (``"storage"``, ``"memory"``, ``"cpu"``...).
+    - :attr:`config_schema`: the tier's declared config keys
+      (:class:`~tiering.core.toolkit.config.ConfigSchema`), used for
+      side-effect-free validation (``tiering check`` without ``--probe``)
+      and to know which keys are secret.
+    - :meth:`inspector`: a :class:`~tiering.core.inspection.TierInspector`
+      for ``tiering ls/stat/gc/verify`` (persistent tiers).
+    - :meth:`default_local_config`: a config entry for a local persistent
+      tier under a directory (``tiering bench`` asks installed tiers).
+    - :meth:`take_events`: KV events (:mod:`tiering.core.toolkit.events`).
+
     Raises:
         ValueError: ``primary_kv_view`` is not 2-D or its rows are not
             ``offloading_spec.block_bytes`` long.
     """
+
+    medium: ClassVar[str] = "storage"
+    """Where this tier keeps blocks (vLLM's KV event / tier medium), e.g. ``"storage"`` or ``"memory"``."""
+
+    config_schema: ClassVar[ConfigSchema | None] = None
+    """The tier's declared config keys; None: only the constructor signature is known."""
+
+    @classmethod
+    def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector | None:
+        """An offline inspector of the tier's stored blocks for a config entry; None: not inspectable.
+
+        Must not start threads or write anything; may open a client.
+        """
+        return None
+
+    @classmethod
+    def default_local_config(cls, directory: str) -> dict[str, Any] | None:
+        """A ``secondary_tiers`` entry (``type`` included) for a local persistent tier under ``directory``.
+
+        Used where core needs "some persistent tier" without naming one (the
+        benchmark's default stack). None: this tier cannot be local.
+        """
+        return None
 
     def __init__(
         self,
@@ -202,6 +243,14 @@ class SecondaryTierManager(abc.ABC):
         as they are. Must be safe to call from another thread.
         """
         return {}
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events (blocks stored / removed) since the last call, oldest first. Default: none.
+
+        A tier keeping a :class:`~tiering.core.toolkit.events.KVEventLog`
+        returns its :meth:`~tiering.core.toolkit.events.KVEventLog.take_events`.
+        """
+        return []
 
     def shutdown(self) -> None:  # noqa: B027
         """Stop background work. Jobs in flight are finished or reported failed first."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
+from tiering.core.toolkit.jobs import JobState, JobTracker
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +68,14 @@ class _PendingLoad:
     jobs: set[int] = dataclasses.field(default_factory=set)
     pinned: list[OffloadKey] = dataclasses.field(default_factory=list)
     failed_at: int | None = None
+    abandoned: bool = False  # the request ended while a promotion was in flight
 
 
 @dataclasses.dataclass
-class _Job:
+class _JobContext:
+    """What the manager keeps beside a submitted job (the :class:`JobState`'s ``context``)."""
+
     tier_idx: int
-    meta: JobMetadata
     load: _PendingLoad | None = None
     submitted: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -89,7 +92,8 @@ class TieringManager:
         self.primary = primary
         self.secondary_tiers = list(secondary_tiers)
         self._job_ids = itertools.count()
-        self._jobs: dict[int, _Job] = {}
+        # Jobs submitted to a secondary tier and not yet reported; each is finished exactly once.
+        self._jobs = JobTracker(queue_results=False)
         self._loads: dict[str, _PendingLoad] = {}
         self._finished_loads: list[LoadResult] = []
         self._held: dict[str, list[OffloadKey]] = {}
@@ -189,7 +193,7 @@ class TieringManager:
         self._loads[req_id] = load
         for idx, (tier_keys, block_ids) in per_tier.items():
             job = JobMetadata(next(self._job_ids), tier_keys, block_ids, True, req_context)
-            self._jobs[job.job_id] = _Job(idx, job, load)
+            self._jobs.start(job, _JobContext(idx, load))
             load.jobs.add(job.job_id)
             self._submit(idx, job)
         self._maybe_finish_load(load)
@@ -208,6 +212,11 @@ class TieringManager:
         if load.jobs:
             return
         req_id = load.req_context.req_id
+        if load.abandoned:
+            # The request ended while this load was in flight: nobody will complete it (C10).
+            self.primary.unpin(load.pinned)
+            load.pinned = []
+            return
         del self._loads[req_id]
         n = len(load.keys) if load.failed_at is None else load.failed_at
         # Blocks after a failed one are not usable for this request: unpin them.
@@ -263,7 +272,7 @@ class TieringManager:
                 continue
             block_ids = self.primary.pin(missing, record_access=False)
             job = JobMetadata(next(self._job_ids), missing, block_ids, False, req_context)
-            self._jobs[job.job_id] = _Job(idx, job)
+            self._jobs.start(job, _JobContext(idx))
             self._submit(idx, job)
 
     def _tier_holds(self, idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
@@ -313,18 +322,19 @@ class TieringManager:
                 self._on_result(idx, result)
 
     def _on_result(self, idx: int, result: JobResult) -> None:
-        job = self._jobs.pop(result.job_id, None)
-        if job is None or job.tier_idx != idx:
+        state = self._jobs.get(result.job_id)
+        if state is None or state.context.tier_idx != idx:
             logger.error("secondary tier %d reported unknown job %d; ignored", idx, result.job_id)
-            if job is not None:
-                self._jobs[result.job_id] = job
             return
-        meta = job.meta
-        self._record_job(idx, job, result.success)
+        if self._jobs.report(result) is None:  # finished concurrently (cannot happen on one thread)
+            return
+        meta = state.meta
+        ctx: _JobContext = state.context
+        self._record_job(idx, state, result.success)
         if not meta.is_promotion:
             self.primary.unpin(meta.keys)
             return
-        load = job.load
+        load = ctx.load
         assert load is not None
         load.jobs.discard(meta.job_id)
         kept = set(meta.keys) if result.success else set(result.successful_keys or ()) & set(meta.keys)
@@ -335,36 +345,49 @@ class TieringManager:
         self.primary.pin(ok, record_access=False)
         load.pinned.extend(ok)
         if failed:
-            self._failed_keys[meta.req_context.req_id].update(failed)
+            if not load.abandoned:
+                self._failed_keys[meta.req_context.req_id].update(failed)
             first = min(load.keys.index(k) for k in failed)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
         if ok and idx > 0:
             self._cascade(ok, meta.req_context, range(idx))  # fill the tiers above the one that had them
         self._maybe_finish_load(load)
 
-    def _record_job(self, idx: int, job: _Job, success: bool) -> None:
+    def _record_job(self, idx: int, job: JobState, success: bool) -> None:
         kind = "load" if job.meta.is_promotion else "store"
         labels = self._tier_labels[idx]
         self.metrics.inc("jobs_total", {**labels, "kind": kind, "outcome": "ok" if success else "failed"})
-        self.metrics.observe(f"{kind}_duration_seconds", labels, time.monotonic() - job.submitted)
+        self.metrics.observe(f"{kind}_duration_seconds", labels, time.monotonic() - job.context.submitted)
         if success:
             done = "loaded" if job.meta.is_promotion else "stored"
             blocks = len(job.meta.keys)
             self.metrics.inc(f"blocks_{done}_total", labels, blocks)
             self.metrics.inc(f"{done}_bytes_total", labels, blocks * self.primary.block_bytes)
 
-    def inflight_jobs(self) -> dict[int, int]:
+    def in_flight_jobs(self) -> dict[int, int]:
         """Jobs submitted and not yet reported, per secondary tier index."""
         counts: dict[int, int] = defaultdict(int)
-        for job in list(self._jobs.values()):
-            counts[job.tier_idx] += 1
+        for state in self._jobs.in_flight_states():
+            counts[state.context.tier_idx] += 1
         return dict(counts)
 
     # -- lifecycle ----------------------------------------------------------
     def on_request_finished(self, req_context: ReqContext) -> None:
-        """Forget per-request state (failed keys; pins of an uncompleted load)."""
-        self._failed_keys.pop(req_context.req_id, None)
+        """Forget per-request state and release every pin taken for the request.
+
+        A finished load not yet completed is released (and no longer
+        reported by :meth:`get_finished`); a load still in flight is
+        abandoned: its pins are released when its last job is reported (or
+        at :meth:`shutdown`), and it is never reported (case C10).
+        """
+        req_id = req_context.req_id
+        self._failed_keys.pop(req_id, None)
         self.complete_load(req_context)
+        if any(r.req_context.req_id == req_id for r in self._finished_loads):
+            self._finished_loads = [r for r in self._finished_loads if r.req_context.req_id != req_id]
+        load = self._loads.pop(req_id, None)
+        if load is not None:
+            load.abandoned = True
         for tier in self.secondary_tiers:
             try:
                 tier.on_request_finished(req_context)
@@ -374,13 +397,28 @@ class TieringManager:
     def has_pending_work(self) -> bool:
         """Whether any job is still in flight (polls the tiers first, so a wait loop on it ends)."""
         self._poll_tiers()
-        return bool(self._jobs)
+        return self._jobs.in_flight() > 0
 
     def shutdown(self) -> None:
-        """Shut down every secondary tier (each reports or fails its jobs first)."""
+        """Shut down every secondary tier (each reports or fails its jobs first), then release every pin.
+
+        A job a tier did not report by then counts as failed (a report
+        arriving later is ignored as unknown); loads finished and not yet
+        completed are released.
+        """
         for tier in self.secondary_tiers:
             try:
                 tier.shutdown()
             except Exception:
                 logger.exception("secondary tier %s shutdown raised", tier.tier_type)
         self._poll_tiers()
+        for state in self._jobs.in_flight_states():
+            logger.error(
+                "secondary tier %d did not report job %d by shutdown; counted as failed",
+                state.context.tier_idx,
+                state.meta.job_id,
+            )
+            self._on_result(state.context.tier_idx, JobResult(state.meta.job_id, False))
+        for req_id in list(self._held):
+            self.primary.unpin(self._held.pop(req_id))
+        self._finished_loads = []

@@ -48,7 +48,7 @@ GAUGES = {
     "resident_blocks": "Blocks held by the tier.",
     "resident_bytes": "Bytes held by the tier.",
     "capacity_bytes": "Capacity of the tier in bytes (0: unbounded).",
-    "inflight_jobs": "Transfer jobs submitted to the tier and not yet reported.",
+    "in_flight_jobs": "Transfer jobs submitted to the tier and not yet reported.",
 }
 HISTOGRAMS = {
     "store_duration_seconds": "Time from submitting a store job to its report.",
@@ -184,10 +184,10 @@ def collect(
     gauges["resident_bytes"][key] = primary.num_resident * primary.block_bytes
     gauges["capacity_bytes"][key] = primary.num_blocks * primary.block_bytes
     counters.setdefault("evictions_total", {})[key] = primary.evictions
-    inflight = manager.inflight_jobs()
+    inflight = manager.in_flight_jobs()
     for idx, tier in enumerate(manager.secondary_tiers):
         key = tuple(sorted(tier_labels(tier.tier_type, idx).items()))
-        gauges["inflight_jobs"][key] = inflight.get(idx, 0)
+        gauges["in_flight_jobs"][key] = inflight.get(idx, 0)
         try:
             stats = dict(tier.stats())
         except Exception:

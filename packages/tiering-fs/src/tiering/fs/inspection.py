@@ -3,27 +3,26 @@
 Only files laid out by this package are blocks or namespace files
 (``<root>/<32 hex digest>/namespace.json`` and
 ``<root>/<digest>/<ab>/<key hex>.kvb``, each the payload followed by a
-4096-byte trailer page that starts with the header); temporaries of writers in
-flight (``*.kvb.tmp.<host>.<pid>.<token>``) are neither reported as foreign
-nor removed here (the tier's own start-up scan cleans stale ones); anything
-else is foreign and is never deleted.
+4096-byte trailer page that starts with the header); temporaries
+(``<name>.tmp.<host>.<pid>.<nonce>.<counter>``, see :mod:`tiering.fs.layout`)
+are neither reported as foreign nor removed here (the tier's own start-up scan
+cleans stale ones); anything else, and every symlink (to a file or a
+directory, wherever it is), is foreign and is never deleted or followed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tiering.core.format import HEADER_SIZE, TruncatedBlockError
 from tiering.core.inspection import BlockInfo, TierInspector
-from tiering.fs.backend import TRAILER_BYTES, Backend, StoredFile
-
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
-_BLOCK = re.compile(r"^([0-9a-f]{2})/((?:[0-9a-f]{2})+)\.kvb$")
-_TEMP = re.compile(r"\.kvb\.tmp\.[A-Za-z0-9_-]+\.\d+\.[0-9a-f]+$")
+from tiering.fs.io import Backend, StoredFile, open_backend
+from tiering.fs.layout import BLOCK_RE as _BLOCK
+from tiering.fs.layout import DIGEST_RE as _DIGEST
+from tiering.fs.layout import NAMESPACE_FILE, TRAILER_BYTES, is_temp_name
 
 
 class FsInspector(TierInspector):
@@ -48,12 +47,10 @@ class FsInspector(TierInspector):
             ValueError: no ``root`` or an unknown protocol.
             FileNotFoundError: the root does not exist.
         """
-        from tiering.fs.tier import FsspecSecondaryTierManager
-
         root = config.get("root")
         if not isinstance(root, str) or not root:
             raise ValueError(f"fs tier: 'root' must be a non-empty path or URL, got {root!r}")
-        backend, base = FsspecSecondaryTierManager._open_backend(root, dict(config.get("storage_options") or {}))
+        backend, base = open_backend(root, dict(config.get("storage_options") or {}))
         if backend.is_local and not os.path.isdir(base):
             raise FileNotFoundError(f"fs tier root {root!r} does not exist")
         return cls(backend, base, root)
@@ -70,27 +67,27 @@ class FsInspector(TierInspector):
 
     def namespaces(self) -> list[str]:
         found = set()
-        for rel, _ in self._files():
+        for rel, stored in self._files():
             top = rel.split("/", 1)[0]
-            if _DIGEST.match(top):
+            if _DIGEST.match(top) and not stored.is_link:
                 found.add(top)
         return sorted(found)
 
     def read_namespace_file(self, digest: str) -> bytes | None:
-        return self.backend.read_small(f"{self.root}/{digest}/namespace.json")
+        return self.backend.read_small(f"{self.root}/{digest}/{NAMESPACE_FILE}")
 
     def blocks(self, digest: str) -> Iterator[BlockInfo]:
         for stored in self.backend.scan(f"{self.root}/{digest}"):
             rel = stored.path.replace(os.sep, "/").split(f"/{digest}/", 1)[-1]
             match = _BLOCK.match(rel)
-            if match:
+            if match and not stored.is_link:
                 yield BlockInfo(stored.path, bytes.fromhex(match.group(2)), stored.size, stored.mtime)
 
     def foreign(self) -> Iterator[str]:
         for rel, stored in self._files():
             top, _, rest = rel.partition("/")
-            ours = _DIGEST.match(top) and (rest == "namespace.json" or _BLOCK.match(rest) or _TEMP.search(rest))
-            if not ours:
+            ours = _DIGEST.match(top) and (rest == NAMESPACE_FILE or _BLOCK.match(rest) or is_temp_name(rest))
+            if stored.is_link or not ours:
                 yield stored.path
 
     def read_block(self, digest: str, block: BlockInfo) -> bytes:
@@ -131,7 +128,7 @@ class FsInspector(TierInspector):
         if not _DIGEST.match(digest):
             raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
         removed = self.remove_blocks(digest, list(self.blocks(digest)))
-        self.backend.remove(f"{self.root}/{digest}/namespace.json")
+        self.backend.remove(f"{self.root}/{digest}/{NAMESPACE_FILE}")
         if self.backend.is_local:
             _remove_empty_dirs(os.path.join(self.root, digest))
         return removed

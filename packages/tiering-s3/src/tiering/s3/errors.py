@@ -64,14 +64,18 @@ _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 
 
 def error_code(exc: BaseException) -> str:
-    """The S3 error code of a ``ClientError`` (``"NoSuchKey"``, ``"403"``...), else ``""``."""
+    """The S3 error code (``"NoSuchKey"``, ``"403"``...) of a ``ClientError`` / :class:`S3RequestError`, else ``""``."""
+    if isinstance(exc, S3RequestError):
+        return exc.code
     if isinstance(exc, bexc.ClientError):
         return str(exc.response.get("Error", {}).get("Code", ""))
     return ""
 
 
 def http_status(exc: BaseException) -> int:
-    """The HTTP status of a ``ClientError``, else 0."""
+    """The HTTP status of a ``ClientError`` or :class:`S3RequestError`, else 0."""
+    if isinstance(exc, S3RequestError):
+        return exc.status
     if isinstance(exc, bexc.ClientError):
         return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     return 0
@@ -81,11 +85,14 @@ def classify_error(exc: BaseException) -> str:
     """Sort an exception raised by a boto3 call into one of :data:`ERROR_CLASSES`.
 
     Args:
-        exc: what the call raised (after botocore's own retries).
+        exc: what the call raised (after botocore's own retries), or an
+            :class:`S3RequestError` (which carries its class).
 
     Returns:
         The error class label.
     """
+    if isinstance(exc, S3RequestError):
+        return exc.error_class
     if isinstance(exc, bexc.ClientError):
         code, status = error_code(exc), http_status(exc)
         if code in _THROTTLE_CODES or status in (429, 503):
@@ -171,3 +178,54 @@ class S3StartupError(RuntimeError, OSError):
     def __init__(self, message: str, cause: str) -> None:
         super().__init__(message)
         self.cause = cause
+
+
+class S3RequestError(Exception):
+    """One failed S3 request, translated once from botocore by :meth:`tiering.s3.client.S3Client.call`.
+
+    The message is redacted (no credential) and names the operation. The
+    botocore exception is not chained (its text is already in the message).
+
+    Attributes:
+        op: the boto3 operation (``"get_object"``).
+        error_class: one of :data:`ERROR_CLASSES`.
+        code: the S3 error code (``"NoSuchKey"``), ``""`` for a non-HTTP failure.
+        status: the HTTP status, 0 for a non-HTTP failure.
+        kind: the botocore exception's class name (``"ReadTimeoutError"``).
+        bucket_region: the ``x-amz-bucket-region`` response header, ``""`` when absent.
+    """
+
+    def __init__(
+        self, op: str, error_class: str, code: str, status: int, kind: str, message: str, bucket_region: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.op = op
+        self.error_class = error_class
+        self.code = code
+        self.status = status
+        self.kind = kind
+        self.bucket_region = bucket_region
+
+    @classmethod
+    def from_botocore(cls, op: str, exc: BaseException, redact: Redactor) -> S3RequestError:
+        """Translate what a boto3 call raised (``ClientError`` or ``BotoCoreError``)."""
+        region = ""
+        if isinstance(exc, bexc.ClientError):
+            headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            region = str(headers.get("x-amz-bucket-region", ""))
+        return cls(op, classify_error(exc), error_code(exc), http_status(exc), type(exc).__name__, redact(exc), region)
+
+    @property
+    def not_found(self) -> bool:
+        """Whether the object or bucket does not exist."""
+        return self.error_class == "not_found"
+
+    @property
+    def precondition_failed(self) -> bool:
+        """Whether a conditional request was refused (HTTP 412): e.g. ``If-None-Match`` met an existing object."""
+        return self.status == 412 or self.code == "PreconditionFailed"
+
+    @property
+    def no_credentials(self) -> bool:
+        """Whether boto3 found no credentials at all."""
+        return self.kind == "NoCredentialsError"

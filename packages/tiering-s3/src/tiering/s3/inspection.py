@@ -12,47 +12,37 @@ an object, so a block being read is either read whole or not found (a miss for t
 
 from __future__ import annotations
 
-import inspect
 import logging
-import re
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from tiering.core.factory import check_tier_keys
 from tiering.core.inspection import BlockInfo, TierInspector
-from tiering.s3.errors import S3StartupError, classify_error
-from tiering.s3.tier import (
-    DELETE_BATCH,
-    NAMESPACE_OBJECT,
-    PROBE_PREFIX,
-    ConnectionSettings,
-    S3SecondaryTierManager,
-    parse_block_name,
-)
+from tiering.s3.client import S3Client
+from tiering.s3.config import ConnectionSettings
+from tiering.s3.errors import S3RequestError, S3StartupError
+from tiering.s3.layout import DIGEST_RE, NAMESPACE_OBJECT, PROBE_RE, parse_block_name
 
 logger = logging.getLogger(__name__)
-
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
-_PROBE = re.compile(rf"^{re.escape(PROBE_PREFIX)}[0-9a-f]{{32}}$")
 
 
 class S3Inspector(TierInspector):
     """Walks and prunes the prefix of an s3 tier.
 
     Args:
-        client: a boto3 S3 client.
+        client: the S3 client of the tier's bucket.
         settings: the validated connection settings (bucket, prefix, endpoint, redaction).
     """
 
-    def __init__(self, client: Any, settings: ConnectionSettings) -> None:
+    def __init__(self, client: S3Client, settings: ConnectionSettings) -> None:
         self._client = client
         self._settings = settings
         self.bucket = settings.bucket_name
         self.prefix = settings.normalized_prefix
         self.root = f"{self.prefix}/" if self.prefix else ""
+        self.page_size = 1000
+        """Keys per ListObjectsV2 page (tests lower it to exercise pagination)."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> S3Inspector:
@@ -67,58 +57,48 @@ class S3Inspector(TierInspector):
             S3StartupError: (an ``OSError``) the endpoint, bucket, region, credentials,
                 permissions or TLS are wrong; the message says which, without credentials.
         """
+        from tiering.s3.tier import S3SecondaryTierManager
+
         entry = {k: v for k, v in config.items() if k not in ("type", "module_path")}
         check_tier_keys(S3SecondaryTierManager, entry, "s3 tier")
-        params = inspect.signature(S3SecondaryTierManager).parameters
-        names = ConnectionSettings.__dataclass_fields__
-        settings = ConnectionSettings(**{name: entry.get(name, params[name].default) for name in names})
+        settings = ConnectionSettings.from_entry(entry)
         settings.validate()
-        client = settings.make_client(2)
+        client = S3Client(settings, 2)
         inspector = cls(client, settings)
         try:
-            settings.check_bucket(client, inspector.root)
+            client.check_bucket(inspector.root)
         except BaseException:
             client.close()
             raise
         return inspector
 
     # -- helpers -------------------------------------------------------------
-    def _fail(self, what: str, exc: BaseException) -> S3StartupError:
-        return self._settings.startup_error(what, exc, self._client, self.root, action="inspection")
+    def _fail(self, what: str, exc: S3RequestError) -> S3StartupError:
+        return self._client.startup_error(what, exc, self.root, action="inspection")
 
     def _list(self, prefix: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
         """Pages of ListObjectsV2 under ``prefix`` (which is always inside the tier's prefix)."""
         if not prefix.startswith(self.root):
             raise ValueError(f"refusing to list {prefix!r}: outside s3://{self.bucket}/{self.prefix}")
-        kwargs = {"Bucket": self.bucket, "Prefix": prefix}
-        if delimiter:
-            kwargs["Delimiter"] = delimiter
         try:
-            yield from self._client.get_paginator("list_objects_v2").paginate(**kwargs)
-        except (ClientError, BotoCoreError) as exc:
+            yield from self._client.list_pages(prefix, delimiter, self.page_size)
+        except S3RequestError as exc:
             raise self._fail(f"ListObjectsV2 of {prefix!r}", exc) from None
 
     def _base(self, digest: str) -> str:
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
+        if not isinstance(digest, str) or not DIGEST_RE.match(digest):
             raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
         return f"{self.root}{digest}"
 
     def _delete(self, names: list[str]) -> int:
-        """DeleteObjects in batches of :data:`DELETE_BATCH`; returns the keys the server did not refuse."""
-        removed = 0
-        for start in range(0, len(names), DELETE_BATCH):
-            batch = names[start : start + DELETE_BATCH]
-            try:
-                response = self._client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
-                )
-            except (ClientError, BotoCoreError) as exc:
-                raise self._fail(f"DeleteObjects of {len(batch)} keys", exc) from None
-            errors = response.get("Errors", [])
-            for err in errors[:3]:
-                logger.warning("s3 tier: delete of %s failed: %s", err.get("Key"), err.get("Code"))
-            removed += len(batch) - len(errors)
-        return removed
+        """Delete ``names`` (batched, see :meth:`S3Client.delete_many`); returns how many the server did not refuse."""
+        try:
+            errors = self._client.delete_many(names)
+        except S3RequestError as exc:
+            raise self._fail(f"delete of {len(names)} keys", exc) from None
+        for name, code in list(errors.items())[:3]:
+            logger.warning("s3 tier: delete of %s failed: %s", name, code)
+        return len(names) - len(errors)
 
     # -- TierInspector -------------------------------------------------------------
     def location(self) -> str:
@@ -135,21 +115,16 @@ class S3Inspector(TierInspector):
         for page in self._list(self.root, delimiter="/"):
             for common in page.get("CommonPrefixes", ()):
                 name = common["Prefix"][len(self.root) :].rstrip("/")
-                if _DIGEST.match(name):
+                if DIGEST_RE.match(name):
                     found.add(name)
         return sorted(found)
 
     def read_namespace_file(self, digest: str) -> bytes | None:
         name = f"{self._base(digest)}/{NAMESPACE_OBJECT}"
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=name)
-            with response["Body"] as stream:
-                raw: bytes = stream.read()
-        except (ClientError, BotoCoreError) as exc:
-            if classify_error(exc) == "not_found":
-                return None
+            return self._client.get(name)
+        except S3RequestError as exc:
             raise self._fail(f"GetObject of {name!r}", exc) from None
-        return raw
 
     def blocks(self, digest: str) -> Iterator[BlockInfo]:
         base = self._base(digest)
@@ -164,9 +139,9 @@ class S3Inspector(TierInspector):
             for obj in page.get("Contents", ()):
                 name = obj["Key"]
                 top, _, rest = name[len(self.root) :].partition("/")
-                ours = _DIGEST.match(top) and (
+                ours = DIGEST_RE.match(top) and (
                     rest == NAMESPACE_OBJECT
-                    or _PROBE.match(rest)
+                    or PROBE_RE.match(rest)
                     or parse_block_name(f"{self.root}{top}", name) is not None
                 )
                 if not ours:
@@ -182,13 +157,11 @@ class S3Inspector(TierInspector):
     def read_block(self, digest: str, block: BlockInfo) -> bytes:
         self._check_block(digest, block)
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=block.name)
-            with response["Body"] as stream:
-                data: bytes = stream.read()
-        except (ClientError, BotoCoreError) as exc:
-            if classify_error(exc) == "not_found":
-                raise FileNotFoundError(block.name) from None
+            data = self._client.get(block.name)
+        except S3RequestError as exc:
             raise self._fail(f"GetObject of {block.name!r}", exc) from None
+        if data is None:
+            raise FileNotFoundError(block.name)
         return data
 
     def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
@@ -205,7 +178,7 @@ class S3Inspector(TierInspector):
                 key = parse_block_name(base, name)
                 if key is not None:
                     blocks.append(BlockInfo(name, key, int(obj["Size"]), obj["LastModified"].timestamp()))
-                elif _PROBE.match(name[len(base) + 1 :]):
+                elif PROBE_RE.match(name[len(base) + 1 :]):
                     leftovers.append(name)  # a probe left by a tier that died while starting
         removed = self.remove_blocks(digest, blocks)
         self._delete([f"{base}/{NAMESPACE_OBJECT}", *leftovers])

@@ -22,53 +22,32 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import json
 import logging
-import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
-
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.format import (
     HEADER_SIZE,
     BlockFormatError,
     TruncatedBlockError,
-    checksum,
     encode_header,
     verify_block,
 )
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
-from tiering.s3.errors import (
-    ERROR_CLASSES,
-    Redactor,
-    S3StartupError,
-    classify_error,
-    error_code,
-    http_status,
-)
+from tiering.s3.client import DELETE_BATCH, S3Client, ServerFeatures
+from tiering.s3.config import ConnectionSettings, _check_int
+from tiering.s3.errors import ERROR_CLASSES, S3RequestError, classify_error
+from tiering.s3.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-ADDRESSING_STYLES = ("auto", "path", "virtual")
-RETRY_MODES = ("standard", "adaptive", "legacy")
-CHECKSUM_MODES = ("when_supported", "when_required")
 NEGATIVE_LOOKUP_TTL_S = 5.0
 """How long a HEAD that found nothing answers ``lookup`` with False before asking again."""
-DELETE_BATCH = 1000
-"""Keys per DeleteObjects request (the S3 maximum)."""
-NAMESPACE_OBJECT = "namespace.json"
-PROBE_PREFIX = ".probe-"
-"""Name start of the startup probe object ``<prefix>/<digest>/.probe-<32 hex>`` (written and deleted at once)."""
-_HEX = frozenset("0123456789abcdef")
 _STAT_NAMES = (
     "lookups_hit",
     "lookups_miss",
@@ -93,254 +72,6 @@ _STAT_NAMES = (
     "delete_failures",
     "startup_listed_blocks",
 )
-
-
-def _check_str(name: str, value: Any, *, allow_none: bool = True, choices: Sequence[str] = ()) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"s3 tier: config key {name!r} must be a non-empty string, got {type(value).__name__}")
-    if choices and value not in choices:
-        raise ValueError(f"s3 tier: config key {name!r} is {value!r}; allowed: {', '.join(map(repr, choices))}")
-
-
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum else "")
-        raise ValueError(f"s3 tier: config key {name!r} must be an integer {bound}, got {value!r}")
-
-
-def _check_seconds(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"s3 tier: config key {name!r} must be a number of seconds > 0, got {value!r}")
-
-
-def parse_block_name(base: str, name: str) -> bytes | None:
-    """The key of a block object named ``name`` under ``base`` (``<prefix>/<digest>``), else None.
-
-    Only ``<base>/<shard>/<key hex>`` whose shard is the one :meth:`S3SecondaryTierManager.object_key`
-    gives the key is a block object; anything else (``namespace.json``, probe objects, foreign
-    objects) answers None.
-    """
-    if not name.startswith(base + "/"):
-        return None
-    rest = name[len(base) + 1 :]
-    shard, _, keyhex = rest.partition("/")
-    if len(shard) != 2 or not keyhex or len(keyhex) % 2 or not set(keyhex) <= _HEX:
-        return None
-    key = bytes.fromhex(keyhex)
-    return key if f"{checksum(key) & 0xFF:02x}" == shard else None
-
-
-@dataclasses.dataclass(frozen=True)
-class ConnectionSettings:
-    """The keys of an ``s3`` tier entry that say where the bucket is and how to talk to it.
-
-    Shared by the tier and its offline inspector (:mod:`tiering.s3.inspection`), so both
-    validate the same keys alike, build the same client and classify startup failures the
-    same way. The credentials are kept out of ``repr``. Fields: the constructor keys of
-    :class:`S3SecondaryTierManager` of the same names (whose defaults are the only ones).
-    """
-
-    bucket: str | None
-    prefix: str
-    endpoint_url: str | None
-    region_name: str | None
-    addressing_style: str
-    aws_access_key_id: str | None = dataclasses.field(repr=False)
-    aws_secret_access_key: str | None = dataclasses.field(repr=False)
-    aws_session_token: str | None = dataclasses.field(repr=False)
-    profile_name: str | None
-    ca_bundle: str | None
-    verify: bool
-    max_concurrency: int
-    retry_mode: str
-    max_attempts: int
-    connect_timeout: float
-    read_timeout: float
-    request_checksum_calculation: str | None
-    response_checksum_validation: str | None
-
-    @property
-    def redact(self) -> Redactor:
-        """A redactor of the configured secrets."""
-        return Redactor([self.aws_access_key_id, self.aws_secret_access_key, self.aws_session_token])
-
-    @property
-    def bucket_name(self) -> str:
-        """The bucket (call :meth:`validate` first)."""
-        if not isinstance(self.bucket, str) or not self.bucket:
-            raise ValueError("s3 tier: config key 'bucket' is required")
-        return self.bucket
-
-    @property
-    def normalized_prefix(self) -> str:
-        """The prefix without empty parts (no leading, trailing or doubled ``/``)."""
-        return "/".join(part for part in self.prefix.split("/") if part)
-
-    def validate(self) -> None:
-        """Check every value's type and range.
-
-        Raises:
-            ValueError: a wrong value; the message names the key (never a secret's value).
-        """
-        if self.bucket is None:
-            raise ValueError("s3 tier: config key 'bucket' is required")
-        _check_str("bucket", self.bucket, allow_none=False)
-        if not isinstance(self.prefix, str):
-            raise ValueError(f"s3 tier: config key 'prefix' must be a string, got {type(self.prefix).__name__}")
-        endpoint_url = self.endpoint_url
-        _check_str("endpoint_url", endpoint_url)
-        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"s3 tier: config key 'endpoint_url' must start with http:// or https://, got {endpoint_url!r}"
-            )
-        _check_str("region_name", self.region_name)
-        _check_str("addressing_style", self.addressing_style, allow_none=False, choices=ADDRESSING_STYLES)
-        for name, secret in (
-            ("aws_access_key_id", self.aws_access_key_id),
-            ("aws_secret_access_key", self.aws_secret_access_key),
-            ("aws_session_token", self.aws_session_token),
-        ):
-            if secret is not None and (not isinstance(secret, str) or not secret):
-                raise ValueError(f"s3 tier: config key {name!r} must be a non-empty string")
-        if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
-            raise ValueError("s3 tier: 'aws_access_key_id' and 'aws_secret_access_key' must be given together")
-        _check_str("profile_name", self.profile_name)
-        _check_str("ca_bundle", self.ca_bundle)
-        if not isinstance(self.verify, bool):
-            raise ValueError(f"s3 tier: config key 'verify' must be true or false, got {self.verify!r}")
-        if self.ca_bundle is not None:
-            if not self.verify:
-                raise ValueError("s3 tier: 'ca_bundle' is set but 'verify' is false; set one or the other")
-            if not os.path.isfile(self.ca_bundle):
-                raise ValueError(f"s3 tier: config key 'ca_bundle' names {self.ca_bundle!r}, which is not a file")
-        _check_int("max_concurrency", self.max_concurrency, 1, 1024)
-        _check_str("retry_mode", self.retry_mode, allow_none=False, choices=RETRY_MODES)
-        _check_int("max_attempts", self.max_attempts, 1, 100)
-        _check_seconds("connect_timeout", self.connect_timeout)
-        _check_seconds("read_timeout", self.read_timeout)
-        _check_str("request_checksum_calculation", self.request_checksum_calculation, choices=CHECKSUM_MODES)
-        _check_str("response_checksum_validation", self.response_checksum_validation, choices=CHECKSUM_MODES)
-
-    def make_client(self, max_pool_connections: int) -> Any:
-        """A boto3 S3 client configured through :class:`botocore.config.Config` (no request is sent).
-
-        Raises:
-            S3StartupError: botocore refused the configuration (e.g. an unknown profile).
-        """
-        default_checksum = "when_required" if self.endpoint_url else "when_supported"
-        config = Config(
-            region_name=self.region_name,
-            max_pool_connections=max_pool_connections,
-            retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},
-            connect_timeout=self.connect_timeout,
-            read_timeout=self.read_timeout,
-            s3={"addressing_style": self.addressing_style},
-            request_checksum_calculation=self.request_checksum_calculation or default_checksum,
-            response_checksum_validation=self.response_checksum_validation or default_checksum,
-        )
-        try:
-            session = boto3.session.Session(
-                aws_access_key_id=self.aws_access_key_id,
-                aws_secret_access_key=self.aws_secret_access_key,
-                aws_session_token=self.aws_session_token,
-                profile_name=self.profile_name,
-                region_name=self.region_name,
-            )
-            return session.client(
-                "s3",
-                endpoint_url=self.endpoint_url,
-                verify=self.ca_bundle if self.ca_bundle else self.verify,
-                config=config,
-            )
-        except BotoCoreError as exc:
-            raise S3StartupError(
-                f"s3 tier: cannot create the S3 client: {self.redact(exc)}", classify_error(exc)
-            ) from None
-
-    def check_bucket(self, client: Any, list_prefix: str) -> None:
-        """``HeadBucket``; on 403, a one-key ``ListObjectsV2`` of ``list_prefix`` tells credentials from permissions.
-
-        Raises:
-            S3StartupError: see :meth:`startup_error`.
-        """
-        try:
-            client.head_bucket(Bucket=self.bucket)
-        except ClientError as exc:
-            if http_status(exc) == 403:
-                # HEAD responses carry no error code: ask again with a GET to learn
-                # whether the credentials or the permissions are at fault.
-                try:
-                    client.list_objects_v2(Bucket=self.bucket, Prefix=list_prefix, MaxKeys=1)
-                except (ClientError, BotoCoreError) as inner:
-                    raise self.startup_error("ListObjectsV2", inner, client, list_prefix) from None
-            raise self.startup_error("HeadBucket", exc, client, list_prefix) from None
-        except BotoCoreError as exc:
-            raise self.startup_error("HeadBucket", exc, client, list_prefix) from None
-
-    def startup_error(
-        self, what: str, exc: BaseException, client: Any, scope: str, action: str = "startup probe"
-    ) -> S3StartupError:
-        """An :class:`S3StartupError` saying what is wrong (endpoint, bucket, region, credentials, ...).
-
-        Args:
-            what: the request that failed (``"HeadBucket"``), for the message.
-            exc: what it raised.
-            client: the client that sent it (its region is named on a region mismatch).
-            scope: the keys it concerned (``"<prefix>/<digest>/"``), named on access denied.
-            action: what was under way, for the message of an unclassified failure.
-        """
-        where = f"endpoint {self.endpoint_url!r}" if self.endpoint_url else "AWS"
-        code, status, cls = error_code(exc), http_status(exc), classify_error(exc)
-        detail = self.redact(exc)
-        if isinstance(exc, NoCredentialsError):
-            return S3StartupError(
-                "s3 tier: no credentials found in boto3's default chain (environment, shared config files, "
-                "instance or container role); set aws_access_key_id / aws_secret_access_key or profile_name",
-                "credentials",
-            )
-        if cls == "credentials":
-            return S3StartupError(
-                f"s3 tier: credentials were rejected by {where} during {what} ({code or type(exc).__name__}): "
-                "check aws_access_key_id / aws_secret_access_key / aws_session_token / profile_name "
-                "or the environment's AWS credentials",
-                "credentials",
-            )
-        if cls == "tls":
-            return S3StartupError(
-                f"s3 tier: TLS certificate verification of {where} failed during {what}: {detail}; "
-                "check 'ca_bundle' (or 'verify')",
-                "tls",
-            )
-        if cls == "timeout":
-            return S3StartupError(f"s3 tier: {where} did not answer in time during {what}: {detail}", "timeout")
-        if cls == "connection":
-            return S3StartupError(
-                f"s3 tier: cannot reach {where} during {what}: {detail}; check 'endpoint_url' and the network",
-                "endpoint",
-            )
-        if code in ("NoSuchBucket", "404", "NotFound") or status == 404:
-            return S3StartupError(
-                f"s3 tier: bucket {self.bucket!r} does not exist at {where} (HTTP {status or code}); check 'bucket'",
-                "bucket",
-            )
-        if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraint"):
-            headers = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            actual = headers.get("x-amz-bucket-region", "another region")
-            return S3StartupError(
-                f"s3 tier: bucket {self.bucket!r} is in {actual}, not the configured region "
-                f"{client.meta.region_name!r}; check 'region_name'",
-                "region",
-            )
-        if cls == "access_denied":
-            return S3StartupError(
-                f"s3 tier: access denied to s3://{self.bucket}/{scope} at {where} during {what} "
-                f"({code or status}): the credentials are valid but lack permission "
-                "(s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject needed)",
-                "permission",
-            )
-        return S3StartupError(f"s3 tier: {action} failed at {where} during {what}: {detail}", "other")
 
 
 class _Job:
@@ -463,8 +194,10 @@ class S3SecondaryTierManager(SecondaryTierManager):
         namespace = offloading_spec.namespace
         self._namespace = namespace
         self._digest = namespace.digest_bytes
-        self.base = f"{self.prefix}/{namespace.digest}" if self.prefix else namespace.digest
-        self._client: Any = conn.make_client(max_concurrency + 1)  # + the deleter thread
+        self.layout = Layout(self.prefix, namespace.digest)
+        self.base = self.layout.base
+        self._client = S3Client(conn, max_concurrency + 1)  # + the deleter thread
+        self.features = ServerFeatures()
 
         # -- state, all guarded by self._lock ---------------------------------
         self._lock = threading.Lock()
@@ -485,11 +218,10 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._stats: collections.Counter[str] = collections.Counter()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="tiering-s3")
         self._deleter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tiering-s3-delete")
-        self.conditional_put_supported = True
 
         started = time.monotonic()
         try:
-            self._probe(region_name)
+            self._probe()
             listed = self._rebuild_index()
         except BaseException:
             self._executor.shutdown(wait=False)
@@ -521,10 +253,12 @@ class S3SecondaryTierManager(SecondaryTierManager):
     # -- naming ------------------------------------------------------------
     def object_key(self, key: bytes) -> str:
         """The object key of block ``key``: ``<prefix>/<digest>/<shard>/<key hex>``."""
-        return f"{self.base}/{checksum(key) & 0xFF:02x}/{key.hex()}"
+        return self.layout.block(key)
 
-    def _parse_object_key(self, name: str) -> bytes | None:
-        return parse_block_name(self.base, name)
+    @property
+    def conditional_put_supported(self) -> bool:
+        """Whether the server honours ``If-None-Match`` (found by the start-up probe)."""
+        return self.features.conditional_put
 
     def __repr__(self) -> str:
         return (
@@ -533,59 +267,39 @@ class S3SecondaryTierManager(SecondaryTierManager):
         )
 
     # -- startup -----------------------------------------------------------
-    def _startup_error(self, what: str, exc: BaseException) -> S3StartupError:
-        return self._conn.startup_error(what, exc, self._client, f"{self.base}/")
-
-    def _probe(self, region_name: str | None) -> None:
-        client, bucket = self._client, self.bucket
-        self._conn.check_bucket(client, self.base + "/")
+    def _probe(self) -> None:
+        self._client.check_bucket(self.layout.listing_prefix)
+        self.features = self._client.probe_features(self.layout.new_probe())
         body = json.dumps(
             {**self._namespace.to_dict(), "digest": self._namespace.digest}, indent=1, sort_keys=True
         ).encode()
-        probe_key = f"{self.base}/{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
-            self._put_if_absent(f"{self.base}/{NAMESPACE_OBJECT}", body, content_type="application/json")
-            client.put_object(Bucket=bucket, Key=probe_key, Body=b"probe", IfNoneMatch="*")
-            try:
-                client.put_object(Bucket=bucket, Key=probe_key, Body=b"probe", IfNoneMatch="*")
-                self.conditional_put_supported = False
-                logger.warning(
-                    "s3 tier: the server ignores If-None-Match (conditional put); concurrent writers of one "
-                    "key may overwrite each other (harmless: a key's bytes are fixed within a namespace)"
-                )
-            except ClientError as exc:
-                if http_status(exc) != 412:
-                    raise
-            client.delete_object(Bucket=bucket, Key=probe_key)
-        except (ClientError, BotoCoreError) as exc:
-            raise self._startup_error("the write/delete probe", exc) from None
+            name, conditional = self.layout.namespace_object, self.features.conditional_put
+            self._client.put(name, body, if_absent=conditional, content_type="application/json")
+        except S3RequestError as exc:
+            raise self._client.startup_error("PutObject of namespace.json", exc, self.layout.listing_prefix) from None
 
-    def _put_if_absent(self, name: str, body: bytes, content_type: str = "application/octet-stream") -> bool:
-        """PUT ``body`` at ``name`` unless an object exists; True when this call created it."""
-        try:
-            self._client.put_object(Bucket=self.bucket, Key=name, Body=body, IfNoneMatch="*", ContentType=content_type)
-        except ClientError as exc:
-            if http_status(exc) == 412 or error_code(exc) == "PreconditionFailed":
-                return False
-            raise
-        return True
+    def probe_report(self) -> list[str]:
+        """What the start-up probe found, one line each (for ``tiering check --probe``); never a credential."""
+        return [f"s3://{self.bucket}/{self.base}", *self.features.describe()]
 
     def _rebuild_index(self) -> int:
         entries: list[tuple[float, bytes, int]] = []
         bad: list[bytes] = []
-        paginator = self._client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.base + "/"):
+            for page in self._client.list_pages(self.layout.listing_prefix):
                 for obj in page.get("Contents", ()):
-                    key = self._parse_object_key(obj["Key"])
+                    key = self.layout.parse(obj["Key"])
                     if key is None:
                         continue
                     if obj["Size"] != self.object_bytes:
                         bad.append(key)
                         continue
                     entries.append((obj["LastModified"].timestamp(), key, obj["Size"]))
-        except (ClientError, BotoCoreError) as exc:
-            raise self._startup_error("ListObjectsV2 of the namespace prefix", exc) from None
+        except S3RequestError as exc:
+            raise self._client.startup_error(
+                "ListObjectsV2 of the namespace prefix", exc, self.layout.listing_prefix
+            ) from None
         entries.sort()
         with self._lock:
             for _, key, size in entries:
@@ -660,14 +374,10 @@ class S3SecondaryTierManager(SecondaryTierManager):
     def _delete_batch(self, batch: list[bytes]) -> None:
         failed = len(batch)
         try:
-            response = self._client.delete_objects(
-                Bucket=self.bucket,
-                Delete={"Objects": [{"Key": self.object_key(k)} for k in batch], "Quiet": True},
-            )
-            errors = response.get("Errors", [])
+            errors = self._client.delete_many([self.object_key(k) for k in batch])
             failed = len(errors)
-            for err in errors[:3]:
-                logger.warning("s3 tier: delete of %s failed: %s", err.get("Key"), err.get("Code"))
+            for name, code in list(errors.items())[:3]:
+                logger.warning("s3 tier: delete of %s failed: %s", name, code)
         except BaseException as exc:
             self._count_error(exc, f"DeleteObjects of {len(batch)} keys")
         finally:
@@ -744,11 +454,9 @@ class S3SecondaryTierManager(SecondaryTierManager):
         found: int | None = None
         try:
             if not self._closed:
-                response = self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
-                found = int(response["ContentLength"])
+                found = self._client.head(self.object_key(key))
         except BaseException as exc:
-            if classify_error(exc) != "not_found":
-                self._count_error(exc, "HEAD")
+            self._count_error(exc, "HEAD")
         finally:
             with self._lock:
                 self._heads_inflight -= 1
@@ -788,32 +496,34 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 successful = [k for k in tracker.keys if k in tracker.loaded]
             self._finished.append(JobResult(tracker.job_id, tracker.ok, successful))
 
-    def _spawn(self, tracker: _Job, fn: Callable[[bytes, int], bool], key: bytes, block_id: int) -> None:
-        """Run ``fn(key, block_id)`` on the pool; any exception becomes a failed block, counted."""
+    def _spawn(self, tracker: _Job, is_store: bool, key: bytes, block_id: int) -> None:
+        """Run one block's PUT (``is_store``) or GET on the pool; any exception becomes a failed block, counted."""
+        kind = "store" if is_store else "load"
+        fn: Callable[[bytes, int], bool] = self._put if is_store else self._get
 
         def run() -> None:
             ok = False
             try:
                 ok = (not self._closed) and fn(key, block_id)
             except BaseException as exc:
-                cause = self._count_error(exc, f"{fn.__name__.strip('_')} of block {key.hex()[:16]}")
+                cause = self._count_error(exc, f"{kind} of block {key.hex()[:16]}")
                 with self._lock:
-                    self._stats[f"{'store' if fn == self._put else 'load'}_failed_{cause}"] += 1
+                    self._stats[f"{kind}_failed_{cause}"] += 1
             finally:
                 with self._lock:
-                    self._after_block(fn, key, ok)
+                    self._after_block(is_store, key, ok)
                     self._finish_block(tracker, ok, key)
 
         try:
             self._executor.submit(run)
         except RuntimeError:  # shut down between the check and here
             with self._lock:
-                self._after_block(fn, key, False)
+                self._after_block(is_store, key, False)
                 self._finish_block(tracker, False)
 
-    def _after_block(self, fn: Callable[[bytes, int], bool], key: bytes, ok: bool) -> None:
-        """Index bookkeeping after a PUT or GET (lock held)."""
-        if fn == self._put:
+    def _after_block(self, is_store: bool, key: bytes, ok: bool) -> None:
+        """Index bookkeeping after a PUT (``is_store``) or GET (lock held)."""
+        if is_store:
             self._store_refs[key] -= 1
             if ok:
                 self._store_ok.add(key)
@@ -866,7 +576,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
                     self._reserved[key] = self.object_bytes
                     self._used += self.object_bytes
                 self._store_refs[key] += 1
-                self._spawn(tracker, self._put, key, block_id)
+                self._spawn(tracker, True, key, block_id)
 
     def _put(self, key: bytes, block_id: int) -> bool:
         with self._lock:
@@ -875,7 +585,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
             pending_delete.wait()
         slot = self.block(block_id)
         body = b"".join((encode_header(self._digest, key, slot), slot))
-        if self._put_if_absent(self.object_key(key), body):
+        if self._client.put(self.object_key(key), body, if_absent=self.features.conditional_put):
             with self._lock:
                 self._stats["blocks_stored"] += 1
                 self._stats["bytes_stored"] += len(body)
@@ -900,22 +610,17 @@ class S3SecondaryTierManager(SecondaryTierManager):
                 if key in self._index:
                     self._index.move_to_end(key)
                 self._loading[key] += 1
-                self._spawn(tracker, self._get, key, block_id)
+                self._spawn(tracker, False, key, block_id)
 
     def _get(self, key: bytes, block_id: int) -> bool:
-        try:
-            response = self._client.get_object(Bucket=self.bucket, Key=self.object_key(key))
-        except ClientError as exc:
-            if classify_error(exc) != "not_found":
-                raise
+        data = self._client.get(self.object_key(key))
+        if data is None:
             with self._lock:
                 self._stats["loads_missing"] += 1
                 self._stats["load_failed_missing"] += 1
                 self._index_remove(key)
                 self._heads[key] = time.monotonic()
             return False
-        with response["Body"] as stream:
-            data = stream.read()
         slot = self.block(block_id)
         view = memoryview(data)
         try:
@@ -981,7 +686,8 @@ class S3SecondaryTierManager(SecondaryTierManager):
             out["inflight_stores"] = sum(self._store_refs.values())
             out["inflight_loads"] = sum(self._loading.values())
         out["startup_seconds"] = round(getattr(self, "startup_seconds", 0.0), 3)
-        out["conditional_put_supported"] = int(self.conditional_put_supported)
+        out["conditional_put_supported"] = int(self.features.conditional_put)
+        out["batch_delete_supported"] = int(self._client.batch_delete)
         return out
 
     def shutdown(self) -> None:

@@ -1,0 +1,492 @@
+"""A capacity-bounded index of the blocks a tier holds: key -> size, in LRU order.
+
+One :class:`CapacityIndex` per tier instance (per process). It is the tier's
+single account of which blocks exist and how many bytes they occupy, and it
+keeps that account true under concurrency:
+
+- **Reservations.** A store reserves its bytes before writing
+  (:meth:`CapacityIndex.reserve`) and commits after publishing
+  (:meth:`CapacityIndex.commit`); meanwhile ``lookup`` says
+  :attr:`KeyState.WRITING` (a tier answers None) and the bytes count against
+  the cap. Making room hands back the least recently used blocks as
+  :class:`Victim` s for the caller to delete.
+- **Eviction forgets a key only after its delete succeeded.** A victim stays
+  counted in :attr:`CapacityIndex.used_bytes` (state :attr:`KeyState.DELETING`,
+  answered as absent) until :meth:`CapacityIndex.deleted` reports the delete's
+  outcome; new reservations may already use its room (its caller is deleting
+  it right now). A failed delete
+  keeps the bytes counted (the block still exists) and the key is handed out
+  again by :meth:`CapacityIndex.retry_deletes` or settled by the next
+  :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16.)
+- **Epochs.** A read (a load, or a lookup probe that may adopt a block another
+  process wrote) takes a ticket first (:meth:`CapacityIndex.ticket`); a key
+  removed after that ticket was taken is not re-inserted by the read's
+  :meth:`CapacityIndex.adopt`. So a load that raced an eviction's delete
+  cannot put the key back while its file is gone. (Fault kind 2 / case C13.)
+- **Reconciliation.** :meth:`CapacityIndex.reconcile` replaces the contents
+  with what a rescan found, keeping in-flight reservations and every change
+  made since the scan's ticket.
+
+A fleet-wide cap is a backend's own business (e.g. a server-side limit);
+this index only bounds what this process accounts for.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+from tiering.core.base import OffloadKey
+
+
+class KeyState(enum.Enum):
+    """What the index knows about one key."""
+
+    RESIDENT = "resident"
+    """Stored and complete: a tier answers ``lookup`` with True."""
+    WRITING = "writing"
+    """A store of it is in flight in this process: a tier answers None."""
+    DELETING = "deleting"
+    """Being deleted, or its delete failed: a tier answers False (its bytes still count)."""
+    ABSENT = "absent"
+    """Not known to the index (another process may hold it: a tier may probe)."""
+
+
+class Admit(enum.Enum):
+    """The answer of :meth:`CapacityIndex.reserve`."""
+
+    RESERVED = "reserved"
+    """Bytes reserved: write the block, then :meth:`CapacityIndex.commit`."""
+    PRESENT = "present"
+    """Already resident (now most recently used): nothing to write."""
+    DELETING = "deleting"
+    """Its old copy is being deleted: writing now could be undone by that delete; wait and retry."""
+    NO_SPACE = "no_space"
+    """No room even after evicting every resident block; :attr:`Reservation.can_wait` says whether waiting helps."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Victim:
+    """A block the caller must delete, then report with :meth:`CapacityIndex.deleted`.
+
+    Attributes:
+        key: the block's key.
+        size: bytes it occupies (as accounted).
+    """
+
+    key: OffloadKey
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Reservation:
+    """Result of :meth:`CapacityIndex.reserve`.
+
+    Attributes:
+        admit: what the caller does next (see :class:`Admit`).
+        victims: blocks evicted to make room; delete them (even when
+            ``admit`` is not RESERVED) and report each with :meth:`CapacityIndex.deleted`.
+        can_wait: for NO_SPACE, True when writes in flight hold bytes that
+            may be released (:meth:`CapacityIndex.wait_for_space`, then retry).
+    """
+
+    admit: Admit
+    victims: tuple[Victim, ...] = ()
+    can_wait: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ReconcileReport:
+    """What :meth:`CapacityIndex.reconcile` changed.
+
+    Attributes:
+        added: keys the scan found that the index did not hold.
+        vanished: resident keys the scan did not find (forgotten).
+        deletes_confirmed: keys whose failed or pending delete the scan found gone (bytes freed).
+    """
+
+    added: tuple[OffloadKey, ...]
+    vanished: tuple[OffloadKey, ...]
+    deletes_confirmed: tuple[OffloadKey, ...]
+
+
+class CapacityIndex:
+    """The blocks of one tier instance: sizes, LRU order, reservations, deletes in flight.
+
+    Thread safe; every method takes the index's own lock once (batch methods
+    take it once for the whole batch). Sizes are bytes as the tier accounts
+    them (e.g. the block file size including its header/trailer).
+
+    Args:
+        capacity_bytes: cap on :attr:`used_bytes`; None: unbounded.
+
+    Raises:
+        ValueError: ``capacity_bytes`` is negative.
+    """
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        # key -> (size, clock value when it was added); LRU first.
+        self._resident: collections.OrderedDict[OffloadKey, tuple[int, int]] = collections.OrderedDict()
+        self._resident_bytes = 0
+        # key -> [size, writers in flight, any writer succeeded]
+        self._writing: dict[OffloadKey, list[int]] = {}
+        self._writing_bytes = 0
+        self._deleting: dict[OffloadKey, int] = {}  # handed out to be deleted, outcome not yet known
+        self._undeleted: dict[OffloadKey, int] = {}  # delete failed: bytes still there
+        self._deleting_bytes = 0  # bytes of _deleting
+        self._undeleted_bytes = 0  # bytes of _undeleted
+        self._clock = 0
+        self._removed_at: dict[OffloadKey, int] = {}  # key -> clock of its last removal
+        self._tickets: collections.Counter[int] = collections.Counter()
+        self._evictions = 0
+        self._evicted_bytes = 0
+        self._failed_deletes = 0
+
+    # -- queries ----------------------------------------------------------------
+    def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
+        """The state of ``key``; a resident key becomes most recently used when ``touch``."""
+        with self._lock:
+            return self._state(key, touch)
+
+    def _state(self, key: OffloadKey, touch: bool) -> KeyState:
+        if key in self._writing:
+            return KeyState.WRITING
+        if key in self._resident:
+            if touch:
+                self._resident.move_to_end(key)
+            return KeyState.RESIDENT
+        if key in self._deleting or key in self._undeleted:
+            return KeyState.DELETING
+        return KeyState.ABSENT
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is resident (no LRU update)."""
+        with self._lock:
+            return key in self._resident
+
+    def __len__(self) -> int:
+        """Number of resident blocks."""
+        with self._lock:
+            return len(self._resident)
+
+    def touch(self, keys: Iterable[OffloadKey]) -> None:
+        """Make the resident ones of ``keys`` most recently used (one lock round)."""
+        with self._lock:
+            for key in keys:
+                if key in self._resident:
+                    self._resident.move_to_end(key)
+
+    def keys(self) -> list[OffloadKey]:
+        """Resident keys, least recently used first (a snapshot)."""
+        with self._lock:
+            return list(self._resident)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes counted against the cap: resident + reserved for writes + deletes pending or failed."""
+        with self._lock:
+            return self._used()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of resident blocks."""
+        with self._lock:
+            return self._resident_bytes
+
+    def _used(self) -> int:
+        return self._resident_bytes + self._writing_bytes + self._deleting_bytes + self._undeleted_bytes
+
+    def _committed(self) -> int:
+        # What the cap is checked against: a victim handed out is being deleted by its caller right now, so
+        # its bytes are not in the way of new reservations; if the delete fails they come back (undeleted)
+        # and the next reservation evicts to make up for them.
+        return self._resident_bytes + self._writing_bytes + self._undeleted_bytes
+
+    # -- stores -------------------------------------------------------------------
+    def reserve(self, key: OffloadKey, size: int) -> Reservation:
+        """Reserve ``size`` bytes for a write of ``key``, evicting LRU blocks to make room.
+
+        A second reservation of a key already being written joins the first
+        (no more bytes); the key becomes resident when the last writer
+        commits and any of them succeeded.
+
+        Raises:
+            ValueError: ``size`` is negative.
+        """
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        with self._lock:
+            if key in self._resident and key not in self._writing:
+                self._resident.move_to_end(key)
+                return Reservation(Admit.PRESENT)
+            if key in self._deleting or key in self._undeleted:
+                return Reservation(Admit.DELETING, can_wait=key in self._deleting)
+            entry = self._writing.get(key)
+            if entry is not None:
+                entry[1] += 1
+                return Reservation(Admit.RESERVED)
+            victims = self._make_room(size)
+            cap = self.capacity_bytes
+            if cap is not None and self._committed() + size > cap:
+                can_wait = bool(self._writing_bytes)
+                return Reservation(Admit.NO_SPACE, victims, can_wait)
+            self._writing[key] = [size, 1, 0]
+            self._writing_bytes += size
+            return Reservation(Admit.RESERVED, victims)
+
+    def commit(self, key: OffloadKey, ok: bool) -> None:
+        """End one reserved write of ``key``: resident when ``ok`` (after the last writer), else released."""
+        self.commit_many(((key, ok),))
+
+    def commit_many(self, outcomes: Iterable[tuple[OffloadKey, bool]]) -> None:
+        """:meth:`commit` for a batch of writes, one lock round.
+
+        Raises:
+            KeyError: a key has no reservation.
+        """
+        with self._lock:
+            for key, ok in outcomes:
+                entry = self._writing[key]
+                entry[1] -= 1
+                if ok:
+                    entry[2] = 1
+                if entry[1] > 0:
+                    continue
+                del self._writing[key]
+                size = entry[0]
+                self._writing_bytes -= size
+                if entry[2]:
+                    self._insert(key, size)
+            self._space.notify_all()
+
+    def wait_for_space(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for a commit, a release or a delete outcome."""
+        with self._space:
+            self._space.wait(timeout_s)
+
+    # -- reads and adoption ----------------------------------------------------------
+    def ticket(self) -> int:
+        """An epoch ticket to take *before* a read or probe whose result may :meth:`adopt` a key.
+
+        Return it with :meth:`release_ticket` (or use :meth:`reading`).
+        """
+        with self._lock:
+            ticket = self._clock
+            self._tickets[ticket] += 1
+            return ticket
+
+    def release_ticket(self, ticket: int) -> None:
+        """Return a ticket from :meth:`ticket`; removal records older than every live ticket are dropped."""
+        with self._lock:
+            self._tickets[ticket] -= 1
+            if self._tickets[ticket] <= 0:
+                del self._tickets[ticket]
+            if not self._tickets:
+                self._removed_at.clear()
+            elif len(self._removed_at) > 4096 + 4 * len(self._resident):
+                oldest = min(self._tickets)
+                self._removed_at = {k: c for k, c in self._removed_at.items() if c > oldest}
+
+    @contextmanager
+    def reading(self) -> Iterator[int]:
+        """``with index.reading() as ticket:`` takes and releases a ticket around a read."""
+        ticket = self.ticket()
+        try:
+            yield ticket
+        finally:
+            self.release_ticket(ticket)
+
+    def adopt(self, key: OffloadKey, size: int, ticket: int) -> bool:
+        """Record that a read (begun at ``ticket``) found ``key`` complete with ``size`` bytes.
+
+        A resident key is only touched. The key is *not* inserted when it was
+        removed (evicted, deleted, found bad, vanished) after ``ticket`` was
+        taken, when a delete of it is pending or failed, or while this process
+        writes it: in each case the bytes the read saw may be gone.
+
+        Returns:
+            True when ``key`` is resident afterwards.
+        """
+        return self.adopt_many(((key, size),), ticket) == 1
+
+    def adopt_many(self, found: Iterable[tuple[OffloadKey, int]], ticket: int) -> int:
+        """:meth:`adopt` for a batch, one lock round; returns how many keys are resident afterwards."""
+        n = 0
+        with self._lock:
+            for key, size in found:
+                if key in self._resident:
+                    self._resident.move_to_end(key)
+                    n += 1
+                elif self._may_adopt(key, ticket):
+                    self._insert(key, size)
+                    n += 1
+            if n:
+                self._space.notify_all()
+        return n
+
+    def _may_adopt(self, key: OffloadKey, ticket: int) -> bool:
+        if key in self._writing or key in self._deleting or key in self._undeleted:
+            return False
+        removed = self._removed_at.get(key)
+        return removed is None or removed <= ticket
+
+    def _insert(self, key: OffloadKey, size: int) -> None:
+        old = self._resident.pop(key, None)
+        if old is not None:
+            self._resident_bytes -= old[0]
+        self._clock += 1
+        self._resident[key] = (size, self._clock)
+        self._resident_bytes += size
+
+    # -- removal and eviction ------------------------------------------------------------
+    def remove(self, key: OffloadKey, delete: bool = True) -> Victim | None:
+        """Take ``key`` out of the resident set (a block found bad, or gone).
+
+        Args:
+            key: the key.
+            delete: True when the caller will delete the bytes: the key stays
+                counted (DELETING) until :meth:`deleted`; False when the bytes
+                are known gone (forgotten at once).
+
+        Returns:
+            The victim to delete (``delete`` True and the key was resident), else None.
+        """
+        with self._lock:
+            entry = self._resident.pop(key, None)
+            if entry is None:
+                return None
+            self._resident_bytes -= entry[0]
+            self._removed(key)
+            if not delete:
+                self._space.notify_all()
+                return None
+            self._deleting[key] = entry[0]
+            self._deleting_bytes += entry[0]
+            return Victim(key, entry[0])
+
+    def _removed(self, key: OffloadKey) -> None:
+        self._clock += 1
+        self._removed_at[key] = self._clock
+
+    def _make_room(self, need: int) -> tuple[Victim, ...]:
+        cap = self.capacity_bytes
+        if cap is None:
+            return ()
+        victims: list[Victim] = []
+        while self._resident and self._committed() + need > cap:
+            key, (size, _) = self._resident.popitem(last=False)
+            self._resident_bytes -= size
+            self._removed(key)
+            self._deleting[key] = size
+            self._deleting_bytes += size
+            victims.append(Victim(key, size))
+        self._evictions += len(victims)
+        self._evicted_bytes += sum(v.size for v in victims)
+        return tuple(victims)
+
+    def evict_to_cap(self) -> tuple[Victim, ...]:
+        """Evict LRU blocks until :attr:`used_bytes` fits the cap (after a rescan or adoption)."""
+        with self._lock:
+            return self._make_room(0)
+
+    def deleted(self, key: OffloadKey, ok: bool) -> None:
+        """Report the outcome of deleting a victim; see :meth:`deleted_many`."""
+        self.deleted_many(((key, ok),))
+
+    def deleted_many(self, outcomes: Iterable[tuple[OffloadKey, bool]]) -> None:
+        """Report delete outcomes, one lock round.
+
+        ``ok`` True (the bytes are gone, also when they were already gone):
+        the key is forgotten and its bytes freed. False: the bytes stay
+        counted, the key answers DELETING and is handed out again by
+        :meth:`retry_deletes` (or settled by :meth:`reconcile`).
+        """
+        with self._lock:
+            for key, ok in outcomes:
+                size = self._deleting.pop(key, None)
+                if size is None:
+                    continue
+                self._deleting_bytes -= size
+                if not ok:
+                    self._undeleted[key] = size
+                    self._undeleted_bytes += size
+                    self._failed_deletes += 1
+            self._space.notify_all()
+
+    def retry_deletes(self) -> tuple[Victim, ...]:
+        """The keys whose delete failed, handed out again (now DELETING, awaiting :meth:`deleted`)."""
+        with self._lock:
+            victims = tuple(Victim(k, s) for k, s in self._undeleted.items())
+            self._deleting.update(self._undeleted)
+            self._deleting_bytes += self._undeleted_bytes
+            self._undeleted.clear()
+            self._undeleted_bytes = 0
+            return victims
+
+    # -- reconciliation ---------------------------------------------------------------
+    def reconcile(self, found: Mapping[OffloadKey, int], ticket: int) -> ReconcileReport:
+        """Replace the resident set with what a scan (begun at ``ticket``) found.
+
+        Args:
+            found: every complete block the scan saw, key -> size, least
+                recently used (oldest) first; new keys are placed before the
+                keys already resident (a scan's blocks are older than any
+                block used since).
+            ticket: taken before the scan started listing.
+
+        Keys written, adopted or removed since ``ticket`` keep their current
+        state (the scan may have listed them before the change); in-flight
+        writes are kept. A key whose delete failed or is pending and that
+        the scan did not find has its bytes freed.
+        """
+        with self._lock:
+            added = [k for k in found if k not in self._resident and self._may_adopt(k, ticket)]
+            for key in reversed(added):
+                size = found[key]
+                self._clock += 1
+                self._resident[key] = (size, self._clock)
+                self._resident.move_to_end(key, last=False)
+                self._resident_bytes += size
+            vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
+            for key in vanished:
+                size, _ = self._resident.pop(key)
+                self._resident_bytes -= size
+                self._removed(key)
+            confirmed = [k for k in self._undeleted if k not in found]
+            for key in confirmed:
+                self._undeleted_bytes -= self._undeleted.pop(key)
+            self._space.notify_all()
+            return ReconcileReport(tuple(added), tuple(vanished), tuple(confirmed))
+
+    # -- figures --------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """Figures under the :mod:`tiering.core.toolkit.stats` names.
+
+        ``resident_blocks`` / ``resident_bytes`` (blocks a lookup answers True
+        for), ``used_bytes`` (counted against the cap: resident + reserved +
+        pending or failed deletes), ``reserved_bytes``, ``pending_delete_bytes``,
+        ``in_flight_stores`` (keys being written), ``capacity_bytes`` (0:
+        unbounded), ``evictions`` / ``evicted_bytes``, ``failed_deletes``.
+        """
+        with self._lock:
+            return {
+                "resident_blocks": len(self._resident),
+                "resident_bytes": self._resident_bytes,
+                "used_bytes": self._used(),
+                "reserved_bytes": self._writing_bytes,
+                "pending_delete_bytes": self._deleting_bytes + self._undeleted_bytes,
+                "in_flight_stores": len(self._writing),
+                "capacity_bytes": self.capacity_bytes or 0,
+                "evictions": self._evictions,
+                "evicted_bytes": self._evicted_bytes,
+                "failed_deletes": self._failed_deletes,
+            }

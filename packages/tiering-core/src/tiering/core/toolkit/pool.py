@@ -1,0 +1,227 @@
+"""An I/O worker pool with separate read and write queues.
+
+Reads (loads, lookup probes) are on a request's critical path; writes
+(stores) only keep primary slots pinned. So :class:`IOPool` keeps two
+queues and two groups of threads:
+
+- every idle thread takes queued reads first (writers too, unless
+  ``writers_prefer_writes``), so a burst of loads gets every thread;
+- readers with no read queued help with writes, ``reader_help_batch`` items
+  at a time (default 1), so a load arriving waits for at most that much
+  write work;
+- a submission is split into shares (:func:`~tiering.core.toolkit.jobs.split_batches`)
+  and each worker takes one share at once, calling the batch function with
+  the whole share: a job's blocks cost one queue lock round per share, and
+  the batch function can record their outcomes in one
+  :meth:`~tiering.core.toolkit.jobs.JobState.record` call.
+
+No thread dies silently: an exception from a batch function is logged and
+passed to the submission's ``on_error`` with the items it was given (which a
+tier turns into failed blocks). :meth:`IOPool.shutdown` hands every
+still-queued item to its ``on_error`` exactly once (with
+:class:`PoolShutdownError`), lets running batches finish, and joins the
+threads.
+
+The two-queue layout follows vLLM's fs tier ``DualQueueThreadPool``
+(``vllm/v1/kv_offload/tiering/fs/thread_pool.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from tiering.core.toolkit.jobs import split_batches
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["read", "write"]
+BatchFn = Callable[[Sequence[Any]], None]
+ErrorFn = Callable[[Sequence[Any], BaseException], None]
+
+
+class PoolShutdownError(RuntimeError):
+    """Given to ``on_error`` for items still queued when the pool shut down (they never ran)."""
+
+
+@dataclasses.dataclass
+class _Unit:
+    fn: BatchFn
+    items: list[Any]
+    on_error: ErrorFn
+
+
+class IOPool:
+    """Read and write worker threads over two queues (see the module docstring).
+
+    Args:
+        n_read_threads: reader threads, >= 1.
+        n_write_threads: writer threads, >= 0 (0: readers do the writes too).
+        name: thread name prefix (``<name>-read-<i>``, ``<name>-write-<i>``).
+        max_batch: most items in one share.
+        reader_help_batch: most write items a reader takes at once when helping.
+        writers_prefer_writes: writers take queued writes before reads
+            (vLLM's store-priority threads); default False (reads first everywhere).
+
+    Raises:
+        ValueError: a thread count or batch size is out of range.
+    """
+
+    def __init__(
+        self,
+        n_read_threads: int,
+        n_write_threads: int,
+        *,
+        name: str = "tiering-io",
+        max_batch: int = 16,
+        reader_help_batch: int = 1,
+        writers_prefer_writes: bool = False,
+    ) -> None:
+        if n_read_threads < 1 or n_write_threads < 0:
+            raise ValueError(f"need >= 1 reader and >= 0 writers, got {n_read_threads} and {n_write_threads}")
+        if max_batch < 1 or reader_help_batch < 1:
+            raise ValueError(f"max_batch and reader_help_batch must be >= 1, got {max_batch}, {reader_help_batch}")
+        self.n_read_threads = n_read_threads
+        self.n_write_threads = n_write_threads
+        self.max_batch = max_batch
+        self.reader_help_batch = reader_help_batch
+        self.writers_prefer_writes = writers_prefer_writes
+        self._lock = threading.Lock()
+        self._readers_cv = threading.Condition(self._lock)
+        self._writers_cv = threading.Condition(self._lock)
+        self._idle_cv = threading.Condition(self._lock)
+        self._reads: collections.deque[_Unit] = collections.deque()
+        self._writes: collections.deque[_Unit] = collections.deque()
+        self._running = 0
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        for i in range(n_read_threads):
+            self._start(f"{name}-read-{i}", True)
+        for i in range(n_write_threads):
+            self._start(f"{name}-write-{i}", False)
+
+    def _start(self, thread_name: str, is_reader: bool) -> None:
+        thread = threading.Thread(target=self._worker, args=(is_reader,), name=thread_name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def submit(self, kind: Kind, fn: BatchFn, items: Sequence[Any], on_error: ErrorFn) -> None:
+        """Queue ``items`` to be processed by ``fn`` in shares, on the ``kind`` queue.
+
+        Args:
+            kind: ``"read"`` or ``"write"``.
+            fn: called on a worker with one share (a list of items); must
+                handle per-item failures itself; an exception it raises fails
+                the whole share through ``on_error``.
+            items: the work, e.g. ``(job state, block index)`` pairs.
+            on_error: called with the items of a share that raised (with the
+                exception) or never ran (:class:`PoolShutdownError`), exactly once per item.
+
+        After :meth:`shutdown`, ``on_error`` is called at once, on the caller's thread.
+        """
+        if not items:
+            return
+        parts = self.n_read_threads if kind == "read" else max(1, self.n_write_threads)
+        units = [
+            _Unit(fn, [items[i] for i in share], on_error)
+            for share in split_batches(range(len(items)), parts, self.max_batch)
+        ]
+        with self._lock:
+            if not self._stopping:
+                (self._reads if kind == "read" else self._writes).extend(units)
+                self._readers_cv.notify(len(units))
+                self._writers_cv.notify(len(units))
+                return
+        self._fail(units, PoolShutdownError("the I/O pool is shut down"))
+
+    def submit_call(self, kind: Kind, call: Callable[[], None]) -> None:
+        """Queue a single callable (e.g. a lookup cache's resolution); its exception is logged."""
+
+        def run(_items: Sequence[Any]) -> None:
+            call()
+
+        def failed(_items: Sequence[Any], exc: BaseException) -> None:
+            if not isinstance(exc, PoolShutdownError):
+                logger.error("I/O pool: %r raised", call, exc_info=exc)
+
+        self.submit(kind, run, (None,), failed)
+
+    @staticmethod
+    def _fail(units: Sequence[_Unit], exc: BaseException) -> None:
+        for unit in units:
+            try:
+                unit.on_error(unit.items, exc)
+            except Exception:
+                logger.exception("I/O pool: on_error raised for %d items", len(unit.items))
+
+    def _take(self, is_reader: bool) -> _Unit | None:
+        """The next unit for this thread (lock held), None when there is none."""
+        reads, writes = self._reads, self._writes
+        if self.writers_prefer_writes and not is_reader and writes:
+            return writes.popleft()
+        if reads:
+            return reads.popleft()
+        if writes:
+            if not is_reader or len(writes[0].items) <= self.reader_help_batch:
+                return writes.popleft()
+            head = writes[0]
+            part = _Unit(head.fn, head.items[: self.reader_help_batch], head.on_error)
+            del head.items[: self.reader_help_batch]
+            return part
+        return None
+
+    def _worker(self, is_reader: bool) -> None:
+        cv = self._readers_cv if is_reader else self._writers_cv
+        while True:
+            with self._lock:
+                unit = self._take(is_reader)
+                while unit is None:
+                    if self._stopping:
+                        return
+                    cv.wait()
+                    unit = self._take(is_reader)
+                self._running += 1
+            try:
+                unit.fn(unit.items)
+            except BaseException as exc:  # never let a worker die silently
+                logger.exception("I/O pool: a batch of %d items raised", len(unit.items))
+                self._fail((unit,), exc)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    self._idle_cv.notify_all()
+
+    def pending(self) -> int:
+        """Items queued (not yet taken by a worker)."""
+        with self._lock:
+            return sum(len(u.items) for u in self._reads) + sum(len(u.items) for u in self._writes)
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until nothing is queued or running; False when ``timeout_s`` passed first."""
+        with self._idle_cv:
+            return self._idle_cv.wait_for(lambda: not (self._reads or self._writes or self._running), timeout_s)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop: queued items go to their ``on_error`` (once), running batches finish, threads are joined.
+
+        Idempotent.
+        """
+        with self._lock:
+            already = self._stopping
+            self._stopping = True
+            dropped = list(self._reads) + list(self._writes)
+            self._reads.clear()
+            self._writes.clear()
+            self._readers_cv.notify_all()
+            self._writers_cv.notify_all()
+            self._idle_cv.notify_all()
+        self._fail(dropped, PoolShutdownError("the I/O pool shut down before this work ran"))
+        if wait and not already:
+            current = threading.current_thread()
+            for thread in self._threads:
+                if thread is not current:
+                    thread.join()

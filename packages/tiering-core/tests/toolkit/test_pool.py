@@ -1,0 +1,107 @@
+import threading
+import time
+
+import pytest
+
+from tiering.core.toolkit.pool import IOPool, PoolShutdownError
+
+
+def collect():
+    done, errors, lock = [], [], threading.Lock()
+
+    def fn(items):
+        with lock:
+            done.append(list(items))
+
+    def on_error(items, exc):
+        with lock:
+            errors.append((list(items), type(exc)))
+
+    return fn, on_error, done, errors
+
+
+def test_items_are_processed_in_shares():
+    pool = IOPool(2, 2, max_batch=4)
+    fn, on_error, done, errors = collect()
+    pool.submit("write", fn, list(range(10)), on_error)
+    pool.submit("read", fn, list(range(100, 103)), on_error)
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    flat = sorted(i for share in done for i in share)
+    assert flat == list(range(10)) + list(range(100, 103))
+    assert max(len(s) for s in done) <= 5 and not errors
+
+
+def test_exceptions_become_on_error_and_workers_survive():
+    pool = IOPool(1, 1)
+    fn, on_error, done, errors = collect()
+
+    def bad(items):
+        raise OSError("disk")
+
+    pool.submit("write", bad, [1, 2], on_error)
+    pool.submit("read", bad, [3], on_error)
+    assert pool.wait_idle(5)
+    pool.submit("read", fn, [4], on_error)  # the workers are still alive
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert sorted(i for items, _ in errors for i in items) == [1, 2, 3]
+    assert {t for _, t in errors} == {OSError}
+    assert done == [[4]]
+
+
+def test_shutdown_reports_every_queued_item_once():
+    pool = IOPool(1, 1, max_batch=1)
+    gate = threading.Event()
+    fn, on_error, done, errors = collect()
+
+    def slow(items):
+        gate.wait(5)
+        fn(items)
+
+    pool.submit("write", slow, list(range(20)), on_error)
+    time.sleep(0.05)
+    t = threading.Thread(target=pool.shutdown)
+    t.start()
+    time.sleep(0.05)
+    gate.set()
+    t.join(5)
+    seen = sorted([i for s in done for i in s] + [i for items, _ in errors for i in items])
+    assert seen == list(range(20))
+    assert all(exc is PoolShutdownError for _, exc in errors)
+    late = []
+    pool.submit("read", fn, [99], lambda items, exc: late.append((list(items), type(exc))))
+    assert late == [([99], PoolShutdownError)]
+
+
+def test_readers_take_reads_first_and_help_writers_one_item_at_a_time():
+    pool = IOPool(1, 0, max_batch=16, reader_help_batch=1)
+    order, gate = [], threading.Event()
+
+    def write(items):
+        gate.wait(5)
+        order.append(("w", list(items)))
+
+    def read(items):
+        order.append(("r", list(items)))
+
+    pool.submit("write", write, [1, 2, 3], lambda i, e: None)
+    time.sleep(0.05)  # the reader took write item 1 and waits at the gate
+    pool.submit("read", read, [10], lambda i, e: None)
+    gate.set()
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert order[0] == ("w", [1])
+    assert order[1] == ("r", [10])  # the read overtook the queued writes
+    assert sorted(i for kind, items in order[2:] for i in items) == [2, 3]
+
+
+def test_submit_call_and_bad_sizes():
+    pool = IOPool(1, 1)
+    ran = threading.Event()
+    pool.submit_call("read", ran.set)
+    assert ran.wait(5)
+    pool.shutdown()
+    pool.shutdown()  # idempotent
+    with pytest.raises(ValueError):
+        IOPool(0, 1)

@@ -1,0 +1,152 @@
+"""The fs tier's configuration keys, their defaults and their checks.
+
+A ``secondary_tiers`` entry of type ``fs``::
+
+    {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
+
+Every key is declared once, in :data:`FS_SCHEMA` (the toolkit's
+:class:`~tiering.core.toolkit.config.ConfigSchema`: ``tiering check`` checks
+an entry against it without side effects, and it marks ``storage_options``
+secret); each is also a keyword argument of
+:class:`~tiering.fs.tier.FsspecSecondaryTierManager`. :class:`FsConfig`
+holds the checked values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from tiering.core.toolkit.config import ConfigKey, ConfigSchema, InvalidValueError
+from tiering.fs.layout import TRAILER_BYTES
+
+LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
+"""Values of ``lookup_fallback``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FsConfig:
+    """The checked configuration of one fs tier.
+
+    Attributes:
+        root: a local directory path or an fsspec URL (``file://...``,
+            ``memory://...``, ``s3://bucket/prefix`` with s3fs installed...).
+            Created when absent. Required.
+        storage_options: keyword arguments for the fsspec filesystem
+            (credentials, endpoint...); ignored for plain local paths.
+        n_read_threads: threads serving loads (and existence probes), >= 1.
+            With no load or probe queued, a reader helps with stores, one
+            block at a time, so a load arriving waits at most one block
+            write for it.
+        n_write_threads: threads serving stores, >= 1. Loads are preferred:
+            every idle thread, reader or writer, takes a queued load before a
+            queued store (stores only keep primary slots pinned; loads are on
+            a request's critical path). The same split as vLLM's fs tier
+            (read-priority and write-priority threads).
+        fsync: fsync each block file and its directory at publish (local
+            only). Off by default: it costs about 20-50% of store throughput
+            on this class of disk; without it a power loss (not a process
+            crash) can leave a published file empty or torn, which the
+            verification on load then rejects as a miss.
+        capacity_bytes: optional cap, in bytes, on the namespace directory's
+            measured usage (block files and temporaries); least recently used
+            blocks are evicted to make room. At least one stored block
+            (``block_bytes + 4096``).
+        stale_temp_s: temporaries older than this (seconds) are removed by
+            the start-up scan and periodic rescans even when their owner
+            cannot be checked (another host); temporaries of a dead process
+            on this host are removed at once.
+        rescan_interval_s: seconds between background rescans of the
+            namespace directory that re-measure usage (blocks of other
+            processes included) and evict down to the cap. Only with
+            ``capacity_bytes``; 0 disables.
+        lookup_fallback: how a lookup of a key missing from the in-memory
+            index checks the filesystem (blocks of other processes):
+            ``"stat"`` (a synchronous ``lstat``; local default), ``"async"``
+            (a background probe, the lookup answers None meanwhile; default
+            for non-local roots), ``"off"``, or ``"auto"``.
+        o_direct: move blocks with ``O_DIRECT`` on a local root (no page
+            cache; much faster from a ``/dev/shm`` primary buffer):
+            ``"auto"`` uses it when a probe write/read in the namespace
+            directory succeeds and every primary slot is page aligned
+            (``block_bytes`` a multiple of 4096, the buffer's base address
+            too), else buffered I/O; ``True`` requires it; ``False`` never.
+            The file layout is the same either way.
+        startup_scan_wait_s: seconds the constructor waits for the start-up
+            scan of the namespace directory (it runs on a background
+            thread), so that the first lookups after a restart are answered
+            from the in-memory index instead of ``lookup_fallback``; a
+            larger namespace keeps scanning in the background after the
+            wait. 0 returns at once.
+    """
+
+    root: str
+    storage_options: dict[str, Any] | None = None
+    n_read_threads: int = 8
+    n_write_threads: int = 4
+    fsync: bool = False
+    capacity_bytes: int | None = None
+    stale_temp_s: float = 600.0
+    rescan_interval_s: float = 30.0
+    lookup_fallback: str = "auto"
+    o_direct: bool | str = "auto"
+    startup_scan_wait_s: float = 2.0
+
+    @classmethod
+    def check(cls, tier_type: str, stored_block_bytes: int, values: Mapping[str, Any]) -> FsConfig:
+        """Check an entry against :data:`FS_SCHEMA` and the block geometry; no side effects.
+
+        Args:
+            tier_type: the tier's registered name, for messages.
+            stored_block_bytes: bytes one stored block occupies (the lower
+                bound of ``capacity_bytes``).
+            values: the entry's keys (missing ones take their defaults).
+
+        Raises:
+            MissingKeyError: no ``root``.
+            UnknownKeyError: a key the fs tier does not have (also a ``TypeError``).
+            InvalidTypeError: a value of the wrong type (also a ``TypeError``).
+            InvalidValueError: a value out of range, or ``capacity_bytes``
+                smaller than one stored block.
+        """
+        schema = FS_SCHEMA if tier_type == FS_SCHEMA.tier else ConfigSchema(tier_type, list(FS_SCHEMA.keys.values()))
+        cfg = cls(**schema.validate(values))
+        cap = cfg.capacity_bytes
+        if cap is not None and cap < stored_block_bytes:
+            raise InvalidValueError(
+                tier_type,
+                "capacity_bytes",
+                f"capacity_bytes {cap} is smaller than one stored block ({stored_block_bytes} bytes = "
+                f"{stored_block_bytes - TRAILER_BYTES} block + {TRAILER_BYTES} trailer)",
+            )
+        return cfg
+
+
+def _seconds(name: str, default: float, doc: str) -> ConfigKey:
+    return ConfigKey(name, (float,), default=default, minimum=0, doc=doc)
+
+
+FS_SCHEMA = ConfigSchema(
+    "fs",
+    [
+        ConfigKey("root", (str,), required=True, non_empty=True, doc="local directory or fsspec URL"),
+        ConfigKey(
+            "storage_options",
+            (dict,),
+            nullable=True,
+            secret=True,
+            doc="fsspec filesystem options (may hold credentials: redacted)",
+        ),
+        ConfigKey("n_read_threads", (int,), default=8, minimum=1, doc="threads serving loads and probes"),
+        ConfigKey("n_write_threads", (int,), default=4, minimum=1, doc="threads serving stores"),
+        ConfigKey("fsync", (bool,), default=False, doc="fsync each block file and its directory at publish"),
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, doc="cap on the namespace's bytes"),
+        _seconds("stale_temp_s", 600.0, "age after which any temporary is removed"),
+        _seconds("rescan_interval_s", 30.0, "seconds between rescans (with capacity_bytes; 0: none)"),
+        ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),
+        ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
+        _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
+    ],
+)
+"""Every key of an ``fs`` entry (:attr:`FsspecSecondaryTierManager.config_schema`)."""

@@ -1,0 +1,313 @@
+"""The local fast path: POSIX files through ``os``, no payload copies, optional ``O_DIRECT``.
+
+Blocks move with ``os.pwritev`` / ``os.preadv`` straight from / into the
+primary tier's slot memory (the trailer page goes in the same system call as
+a second buffer), so no payload byte is copied in Python and the GIL is
+released while the kernel copies. With ``direct=True`` block files are opened
+with ``O_DIRECT`` (the caller guarantees page-aligned buffers of page-multiple
+sizes), which bypasses the page cache: from a ``/dev/shm`` mapping, buffered
+writes are several times slower than direct ones.
+
+**O_DIRECT at run time.** The tier probes ``O_DIRECT`` once at start-up; a
+filesystem can still refuse it later (remounted, a shard directory moved to
+another mount). A block whose ``O_DIRECT`` open or transfer fails with an
+errno meaning "unsupported" (:data:`DIRECT_UNSUPPORTED`) is redone with
+buffered I/O at once, so the block is not lost, and the back end stops
+using ``O_DIRECT`` for good, with one warning (:attr:`LocalBackend.direct_lost`).
+
+**Symlinks.** Nothing below the namespace directory is reached through a
+symlink: a block's directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and
+the file relative to it with ``O_NOFOLLOW`` (a symlinked shard directory or
+block file fails with ``ELOOP`` / ``ENOTDIR``: a failed store, a missed load),
+and :meth:`LocalBackend.size` (the lookup fallback) answers None for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import mmap
+import os
+import stat
+from collections.abc import Iterator, Sequence
+
+from tiering.core.format import TruncatedBlockError
+from tiering.fs.io import Backend, StoredFile
+from tiering.fs.layout import ODIRECT_PROBE_NAME, temp_namer
+
+logger = logging.getLogger(__name__)
+
+DIRECT_ALIGN = 4096
+"""Alignment ``O_DIRECT`` needs here for buffer addresses, lengths and file offsets."""
+
+DIRECT_UNSUPPORTED = frozenset(
+    {errno.EINVAL, getattr(errno, "EOPNOTSUPP", errno.EINVAL), getattr(errno, "ENOTSUP", errno.EINVAL)}
+)
+"""Errnos of an ``O_DIRECT`` open or transfer that mean "not supported here" (the fallback triggers on them)."""
+
+_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+_OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+_OPEN_READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC
+_OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+
+
+def _pwritev_all(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+    """Write every buffer at ``offset`` with ``os.pwritev``, resuming after short writes."""
+    bufs = [b for b in buffers if b.nbytes]
+    total = 0
+    while bufs:
+        n = os.pwritev(fd, bufs, offset + total)
+        if n <= 0:
+            raise OSError(errno.EIO, "pwritev wrote no bytes")
+        total += n
+        while bufs and n >= bufs[0].nbytes:
+            n -= bufs[0].nbytes
+            bufs.pop(0)
+        if n:
+            bufs[0] = bufs[0][n:]
+    return total
+
+
+def _preadv_all(fd: int, buffers: Sequence[memoryview], offset: int, direct: bool = False) -> int:
+    """Fill every buffer from ``offset`` with ``os.preadv``; stop early at end of file.
+
+    With ``direct`` (an ``O_DIRECT`` descriptor) a short read that ends off
+    :data:`DIRECT_ALIGN` is the end of the file (a truncated file): it is not
+    resumed, since an unaligned offset would fail with ``EINVAL``.
+    """
+    bufs = [b for b in buffers if b.nbytes]
+    total = 0
+    while bufs:
+        n = os.preadv(fd, bufs, offset + total)
+        if n <= 0:
+            break
+        total += n
+        if direct and (offset + total) % DIRECT_ALIGN:
+            break
+        while bufs and n >= bufs[0].nbytes:
+            n -= bufs[0].nbytes
+            bufs.pop(0)
+        if n:
+            bufs[0] = bufs[0][n:]
+    return total
+
+
+def _split(path: str) -> tuple[str, str]:
+    directory, _, name = path.rpartition("/")
+    return directory or "/", name
+
+
+def _open_dir(directory: str) -> int:
+    """A descriptor of ``directory``, refusing a symlink as its last component (``ELOOP`` / ``ENOTDIR``)."""
+    return os.open(directory, _OPEN_DIR)
+
+
+class LocalBackend(Backend):
+    """POSIX files through ``os``: positional vectored I/O, no payload copies.
+
+    Args:
+        direct: open block files with ``O_DIRECT`` (see :meth:`probe_direct`);
+            every buffer passed to :meth:`write_block` / :meth:`read_block`
+            must then start on a :data:`DIRECT_ALIGN` boundary and be a
+            multiple of it long. Small files (``namespace.json``) are always
+            buffered. Falls back to buffered I/O for good when the
+            filesystem refuses ``O_DIRECT`` at run time (see the module doc).
+    """
+
+    is_local = True
+
+    def __init__(self, direct: bool = False) -> None:
+        self.direct = direct
+        self.direct_lost = ""
+
+    @staticmethod
+    def probe_direct(directory: str) -> str | None:
+        """Whether ``O_DIRECT`` works in ``directory``: None when it does, else the reason.
+
+        Writes and reads back one aligned page in a temporary file (a
+        :mod:`tiering.fs.layout` temporary name, removed afterwards, and
+        removed by a later start-up scan if this process dies first); tmpfs
+        and some overlay filesystems refuse ``O_DIRECT`` with ``EINVAL``.
+        """
+        if not _O_DIRECT:
+            return "O_DIRECT is not available on this platform"
+        path = temp_namer(f"{directory}/{ODIRECT_PROBE_NAME}")
+        page = mmap.mmap(-1, DIRECT_ALIGN)
+        back = mmap.mmap(-1, DIRECT_ALIGN)
+        try:
+            page[:8] = b"TKVBPROB"
+            fd = os.open(path, _OPEN_WRITE | _O_DIRECT, 0o600)
+            try:
+                if os.pwritev(fd, [page], 0) != DIRECT_ALIGN:
+                    return "short O_DIRECT write"
+            finally:
+                os.close(fd)
+            fd = os.open(path, _OPEN_READ | _O_DIRECT)
+            try:
+                if os.preadv(fd, [back], 0) != DIRECT_ALIGN or back[:] != page[:]:
+                    return "O_DIRECT read back differs"
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return f"O_DIRECT probe failed: {exc.strerror or exc}"
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            page.close()
+            back.close()
+        return None
+
+    def _give_up_direct(self, exc: OSError, what: str) -> None:
+        if self.direct:
+            self.direct = False
+            self.direct_lost = f"O_DIRECT {what} failed at run time: {exc.strerror or exc}"
+            logger.warning("fs tier: %s; using buffered I/O from now on", self.direct_lost)
+
+    def makedirs(self, path: str) -> None:
+        """See :meth:`Backend.makedirs`."""
+        os.makedirs(path, exist_ok=True)
+
+    def is_real_directory(self, path: str) -> bool:
+        """See :meth:`Backend.is_real_directory` (``lstat``: a symlink to a directory is not one)."""
+        try:
+            return stat.S_ISDIR(os.lstat(path).st_mode)
+        except OSError:
+            return False
+
+    def write_block(self, tmp: str, final: str, payload: memoryview, trailer: memoryview, fsync: bool) -> None:
+        """See :meth:`Backend.write_block` (``tmp`` and ``final`` in the same directory, never via a symlink)."""
+        directory, tmp_name = _split(tmp)
+        final_name = _split(final)[1]
+        dfd = _open_dir(directory)
+        try:
+            direct = self.direct
+            try:
+                _publish(dfd, tmp_name, final_name, [payload, trailer], _O_DIRECT if direct else 0, fsync)
+            except OSError as exc:
+                if not (direct and exc.errno in DIRECT_UNSUPPORTED):
+                    raise
+                self._give_up_direct(exc, "write")
+                _publish(dfd, tmp_name, final_name, [payload, trailer], 0, fsync)
+        finally:
+            os.close(dfd)
+
+    def read_block(self, path: str, payload: memoryview, trailer: memoryview, expected_size: int) -> int:
+        """See :meth:`Backend.read_block` (never via a symlink: ``ELOOP`` / ``ENOTDIR`` instead)."""
+        directory, name = _split(path)
+        dfd = _open_dir(directory)
+        try:
+            direct = self.direct
+            try:
+                return _read(dfd, name, path, payload, trailer, expected_size, direct)
+            except OSError as exc:
+                if not (direct and exc.errno in DIRECT_UNSUPPORTED):
+                    raise
+                self._give_up_direct(exc, "read")
+                return _read(dfd, name, path, payload, trailer, expected_size, False)
+        finally:
+            os.close(dfd)
+
+    def size(self, path: str) -> int | None:
+        """See :meth:`Backend.size`: None for a symlinked file or a file in a symlinked directory."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or not self.is_real_directory(_split(path)[0]):
+            return None
+        return st.st_size
+
+    def remove(self, path: str) -> bool:
+        """See :meth:`Backend.remove` (a symlink is removed itself, never its target)."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    def write_small_atomic(self, tmp: str, final: str, data: bytes) -> None:
+        """See :meth:`Backend.write_small_atomic` (buffered, always fsynced: written once per namespace)."""
+        directory, tmp_name = _split(tmp)
+        dfd = _open_dir(directory)
+        try:
+            _publish(dfd, tmp_name, _split(final)[1], [memoryview(data)], 0, fsync=True)
+        finally:
+            os.close(dfd)
+
+    def read_small(self, path: str) -> bytes | None:
+        """See :meth:`Backend.read_small` (never via a symlinked file)."""
+        try:
+            fd = os.open(path, _OPEN_READ)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def scan(self, directory: str) -> Iterator[StoredFile]:
+        """See :meth:`Backend.scan` (``os.scandir``, depth first; vanished entries are skipped)."""
+        stack = [directory]
+        while stack:
+            current = stack.pop()
+            try:
+                with os.scandir(current) as it:
+                    entries = list(it)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_symlink():
+                        st = entry.stat(follow_symlinks=False)
+                        yield StoredFile(entry.path, entry.name, st.st_size, st.st_mtime, True)
+                    elif entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        yield StoredFile(entry.path, entry.name, st.st_size, st.st_mtime)
+                except FileNotFoundError:
+                    continue
+
+
+def _publish(dfd: int, tmp: str, final: str, buffers: Sequence[memoryview], extra_flags: int, fsync: bool) -> None:
+    """Write ``buffers`` to the new file ``tmp`` in directory ``dfd``, rename it to ``final``.
+
+    Never leaves ``tmp`` behind. ``fsync`` syncs the file before the rename
+    and the directory after it. No ``stat`` of ``final`` first: the rename
+    replaces an existing block atomically (same bytes for the same key).
+    """
+    fd = os.open(tmp, _OPEN_WRITE | extra_flags, 0o644, dir_fd=dfd)
+    try:
+        try:
+            _pwritev_all(fd, buffers, 0)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+    if fsync:
+        os.fsync(dfd)
+
+
+def _read(
+    dfd: int, name: str, path: str, payload: memoryview, trailer: memoryview, expected_size: int, direct: bool
+) -> int:
+    fd = os.open(name, _OPEN_READ | (_O_DIRECT if direct else 0), dir_fd=dfd)
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected_size:
+            raise TruncatedBlockError(f"{path} is {size} bytes, expected {expected_size}")
+        got = _preadv_all(fd, [payload, trailer], 0, direct)
+        if got != size:
+            # The file shrank under us (replaced or truncated): treat as torn.
+            raise TruncatedBlockError(f"{path}: read {got} bytes of {size}")
+        return size
+    finally:
+        os.close(fd)

@@ -1,0 +1,174 @@
+"""The fs tier's view of its namespace directory: the start-up scan, periodic rescans, stale temporary gc.
+
+A scan lists the namespace directory once and sorts every entry:
+
+- a block file where this tier would put it, of the stored size: indexed
+  (newest first at the LRU end), unless this process removed or is writing
+  it meanwhile;
+- a block file of the wrong size: damage (final names only ever appear
+  complete), removed;
+- a temporary (:mod:`tiering.fs.layout`): removed when provably stale
+  (:func:`is_stale_temp`), else its bytes count against the cap until it is
+  gone;
+- a symlink, or anything else: never indexed, never removed (``tiering ls``
+  / ``verify`` report it as foreign).
+
+Keys indexed before that no longer have a file were removed by another
+process (``tiering gc``, another tier instance evicting, a user): the tier
+forgets them and reports them removed. Then the tier evicts down to its cap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+from tiering.fs.io import Backend
+from tiering.fs.layout import HOST, TempOwner, block_path, key_of_block_name, temp_namer, temp_owner
+
+logger = logging.getLogger(__name__)
+
+
+class ScanResult(NamedTuple):
+    """What one pass over the namespace directory found.
+
+    Attributes:
+        blocks: key -> (size in bytes, mtime in seconds since the epoch) of every valid block file.
+        temp_bytes: bytes of temporaries left in place (not ours, not provably stale).
+        temps_removed: stale temporaries removed.
+        bad_removed: block files of the wrong size removed.
+        links: symlinks found (left alone).
+        complete: False when the scan stopped early (shutdown): nothing may be forgotten then.
+    """
+
+    blocks: dict[bytes, tuple[int, float]]
+    temp_bytes: int
+    temps_removed: int
+    bad_removed: int
+    links: int
+    complete: bool
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
+
+
+def is_stale_temp(owner: TempOwner, age_s: float, stale_temp_s: float) -> bool:
+    """Whether a temporary can be removed without harming a live writer.
+
+    Provably stale: written on this host by a process that is gone (its pid
+    is not alive), or by an earlier process that had this process's pid (same
+    pid, another nonce: pid reuse after a restart in a container). Any
+    temporary older than ``stale_temp_s`` is stale too (another host, or a
+    live pid that may have been reused), this process's own included (its
+    writers remove their temporaries on failure; one still there that old is
+    a leak).
+
+    Args:
+        owner: parsed from the name (:func:`tiering.fs.layout.temp_owner`).
+        age_s: seconds since the file's last modification.
+        stale_temp_s: the configured age limit, seconds.
+    """
+    if age_s > stale_temp_s:
+        return True
+    if owner.host != HOST:
+        return False
+    if owner.pid == os.getpid():
+        return owner.nonce != temp_namer.nonce
+    return not _pid_alive(owner.pid)
+
+
+def scan_namespace(
+    backend: Backend,
+    namespace_dir: str,
+    stored_block_bytes: int,
+    stale_temp_s: float,
+    stopping: Callable[[], bool],
+) -> ScanResult:
+    """List ``namespace_dir`` once (see the module doc); removes stale temporaries and wrong-sized blocks."""
+    blocks: dict[bytes, tuple[int, float]] = {}
+    temp_bytes = temps_removed = bad_removed = links = 0
+    now = time.time()
+    mine = temp_namer.owner()
+    complete = True
+    for entry in backend.scan(namespace_dir):
+        if stopping():
+            complete = False
+            break
+        if entry.is_link:
+            links += 1
+            continue
+        owner = temp_owner(entry.name)
+        if owner is not None:
+            age = now - entry.mtime if entry.mtime > 0 else 0.0
+            if is_stale_temp(owner, age, stale_temp_s) and backend.remove(entry.path):
+                temps_removed += 1
+                continue
+            if owner != mine:  # this process's own writes are reserved in its index already
+                temp_bytes += entry.size
+            continue
+        key = key_of_block_name(entry.name)
+        if key is None or entry.path.replace(os.sep, "/") != block_path(namespace_dir, key):
+            continue  # not where this tier would put it: leave it alone
+        if entry.size != stored_block_bytes:
+            # Final names appear only complete: a wrong size is damage (or a torn file after power loss).
+            if backend.remove(entry.path):
+                bad_removed += 1
+            continue
+        blocks[key] = (entry.size, entry.mtime)
+    return ScanResult(blocks, temp_bytes, temps_removed, bad_removed, links, complete)
+
+
+class Rescanner:
+    """The background thread that runs the start-up scan, then a rescan every ``interval_s``.
+
+    Args:
+        scan: one pass (``scan(first)``); its exceptions are logged, never fatal.
+        interval_s: seconds between rescans; 0 stops after the start-up scan.
+        name: the thread's name.
+    """
+
+    def __init__(self, scan: Callable[[bool], None], interval_s: float, name: str) -> None:
+        self._scan = scan
+        self.interval_s = interval_s
+        self.first_done = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        first = True
+        while not self._stopping:
+            try:
+                self._scan(first)
+            except Exception:
+                logger.exception("fs tier: scan failed")
+            finally:
+                if first:
+                    self.first_done.set()
+                first = False
+            if self.interval_s <= 0:
+                return
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Run the next rescan now."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop after the pass in progress; wait up to ``timeout_s`` seconds for it."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout_s)

@@ -1,0 +1,244 @@
+"""Moving blocks on the I/O pool: store and load shares, evictions' deletes, and what they settle.
+
+:class:`Transfers` is the fs tier's work per job, on the toolkit's
+:class:`~tiering.core.toolkit.pool.IOPool`. A store job reserves its bytes
+in the :class:`~tiering.core.toolkit.index.CapacityIndex` when it is
+submitted (so ``lookup`` answers None while it is queued); a worker takes a
+share of the job (consecutive blocks, up to 16), moves them through
+:class:`~tiering.fs.blocks.BlockFiles`, and settles the share with one
+round per lock: index (commit / adopt), counters, KV events, job outcomes.
+
+Loads take an index ticket before reading, so a block evicted while it was
+read is never put back into the index (case C13); a delete that fails keeps
+its bytes counted until a rescan retries it (case C16).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tiering.core.base import OffloadKey
+from tiering.core.format import BlockFormatError
+from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, KeyState, KVEventLog, Victim
+from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks
+from tiering.fs.blocks import BlockFiles
+from tiering.fs.errors import failure_cause
+
+logger = logging.getLogger(__name__)
+
+StoreItem = tuple[JobState, int, bool]
+"""(job, block index, bytes already reserved)."""
+
+LoadItem = tuple[JobState, int]
+"""(job, block index)."""
+
+
+class Transfers:
+    """Store and load shares of one tier instance (see the module doc).
+
+    Args:
+        index: the tier's block index.
+        files: the tier's block files.
+        counters: the tier's counters (stats vocabulary names).
+        events: the tier's KV event log.
+        pool: the tier's I/O pool.
+        slot: primary slot ``block_id`` -> its ``memoryview`` (``block_bytes`` long).
+        stopping: True once the tier is shutting down (blocks not yet moved then fail as ``shutdown``).
+
+    Attributes:
+        on_removed: called with keys that left the tier (evicted, bad, vanished), e.g. to drop cached lookups.
+    """
+
+    def __init__(
+        self,
+        index: CapacityIndex,
+        files: BlockFiles,
+        counters: Counters,
+        events: KVEventLog,
+        pool: IOPool,
+        slot: Callable[[int], memoryview],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.index = index
+        self.files = files
+        self.counters = counters
+        self.events = events
+        self.pool = pool
+        self.slot = slot
+        self._is_stopping = stopping
+        self.block_bytes = files.block_bytes
+        self.stored_block_bytes = files.stored_block_bytes
+        self.on_removed: Callable[[Sequence[OffloadKey]], None] | None = None
+
+    @property
+    def _stopping(self) -> bool:
+        return self._is_stopping()
+
+    # -- stores -------------------------------------------------------------------------------
+    def store(self, state: JobState) -> None:
+        """Reserve every block of a store job and queue them on the write queue (scheduler thread)."""
+        job = state.meta
+        items: list[StoreItem] = []
+        present: list[tuple[int, bool, str]] = []
+        victims: list[Victim] = []
+        for i, key in enumerate(job.keys):
+            res = self.index.reserve(key, self.stored_block_bytes)
+            victims.extend(res.victims)
+            if res.admit is Admit.PRESENT:
+                present.append((i, True, ""))
+            else:  # not reserved (no room yet, or its old copy is being deleted): the worker retries
+                items.append((state, i, res.admit is Admit.RESERVED))
+        if present:
+            self.counters.inc("stores_already_present", len(present))
+            state.record(present)
+        # The first share to run deletes the victims before it writes, so the files on disk keep to the cap.
+        self.pool.submit("write", functools.partial(self._store_batch, victims), items, self._store_failed)
+
+    def _reserve_now(self, key: OffloadKey) -> Admit:
+        """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
+        while True:
+            res = self.index.reserve(key, self.stored_block_bytes)
+            if res.victims:
+                self.delete(res.victims, "eviction")
+            if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping:
+                return res.admit
+            if res.admit is Admit.NO_SPACE and not res.can_wait:
+                return res.admit
+            self.index.wait_for_space(0.05)
+
+    def _store_batch(self, victims: list[Victim], items: Sequence[StoreItem]) -> None:
+        """Write one share of a store job (after deleting the job's victims); settle it with one round per lock."""
+        mine = []
+        while victims:
+            try:
+                mine.append(victims.pop())  # atomic: each victim is deleted by exactly one share
+            except IndexError:
+                break
+        if mine:
+            self.delete(mine, "eviction")
+        outcomes: list[tuple[int, bool, str]] = []
+        commits: list[tuple[OffloadKey, bool]] = []
+        stored: list[OffloadKey] = []
+        state = items[0][0]
+        for _, i, reserved in items:
+            key = state.meta.keys[i]
+            if self._stopping:
+                if reserved:
+                    commits.append((key, False))
+                outcomes.append((i, False, SHUTDOWN))
+                continue
+            if not reserved:
+                admit = self._reserve_now(key)
+                if admit is not Admit.RESERVED:
+                    ok = admit is Admit.PRESENT
+                    if ok:
+                        self.counters.inc("stores_already_present")
+                    outcomes.append((i, ok, "" if ok else "no_space"))
+                    continue
+            try:
+                self.files.write(key, self.slot(state.meta.block_ids[i]))
+            except Exception as exc:
+                cause = failure_cause(exc, load=False)
+                _log_failure("store", key, cause, exc)
+                commits.append((key, False))
+                outcomes.append((i, False, cause))
+                continue
+            commits.append((key, True))
+            stored.append(key)
+            outcomes.append((i, True, ""))
+        self.index.commit_many(commits)
+        if stored:
+            self.counters.add({"blocks_stored": len(stored), "bytes_stored": len(stored) * self.block_bytes})
+            self.events.record_stored(stored)
+        state.record(outcomes)
+
+    def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
+        """The pool's ``on_error`` for stores: release reservations, fail the blocks (once)."""
+        self.index.commit_many((s.meta.keys[i], False) for s, i, reserved in items if reserved)
+        fail_tasks(((s, i) for s, i, _ in items), SHUTDOWN if self._stopping else "internal")
+
+    # -- loads ----------------------------------------------------------------------------------
+    def load(self, state: JobState) -> None:
+        """Queue every block of a load job on the read queue (scheduler thread)."""
+        job = state.meta
+        self.index.touch(job.keys)
+        items: list[LoadItem] = [(state, i) for i in range(len(job.keys))]
+        self.pool.submit("read", self._load_batch, items, self._load_failed)
+
+    def _load_batch(self, items: Sequence[LoadItem]) -> None:
+        """Read and verify one share of a load job; a key evicted meanwhile is never re-indexed (C13)."""
+        outcomes: list[tuple[int, bool, str]] = []
+        found: list[tuple[OffloadKey, int]] = []
+        state = items[0][0]
+        failed = False  # a share is a run of consecutive blocks: after a failure the rest is skipped
+        with self.index.reading() as ticket:
+            for _, i in items:
+                if self._stopping:
+                    outcomes.append((i, False, SHUTDOWN))
+                    continue
+                if failed or state.should_skip(i):
+                    outcomes.append((i, False, ""))  # the request recomputes from an earlier failed block
+                    continue
+                key = state.meta.keys[i]
+                try:
+                    size = self.files.read(key, self.slot(state.meta.block_ids[i]))
+                except Exception as exc:
+                    failed = True
+                    outcomes.append((i, False, self._load_failure(key, exc)))
+                    continue
+                found.append((key, size))
+                outcomes.append((i, True, ""))
+            self.index.adopt_many(found, ticket)
+        if found:
+            self.counters.add({"blocks_loaded": len(found), "bytes_loaded": len(found) * self.block_bytes})
+        state.record(outcomes)
+
+    def _load_failure(self, key: OffloadKey, exc: BaseException) -> str:
+        """Settle one failed read: a bad file is removed, a vanished one forgotten; returns the cause."""
+        known = self.index.lookup(key, touch=False) is KeyState.RESIDENT
+        cause = failure_cause(exc, load=True, in_index=known)
+        _log_failure("load", key, cause, exc)
+        if isinstance(exc, BlockFormatError):
+            victim = self.index.remove(key, delete=True)
+            if victim is not None:
+                self.delete([victim], "bad")
+            elif self.files.remove(key):
+                self.counters.inc("bad_blocks_removed")
+        elif isinstance(exc, FileNotFoundError) and known:
+            self.index.remove(key, delete=False)
+            self.forget([key], "vanished")
+        return cause
+
+    def _load_failed(self, items: Sequence[Any], exc: BaseException) -> None:
+        fail_tasks(items, SHUTDOWN if self._stopping else "internal")
+
+    # -- deletes and removals -----------------------------------------------------------------------
+    def delete(self, victims: Iterable[Victim], reason: str) -> None:
+        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16)."""
+        outcomes = [(v.key, self.files.remove(v.key)) for v in victims]
+        self.index.deleted_many(outcomes)
+        gone = [k for k, ok in outcomes if ok]
+        if reason == "bad" and gone:
+            self.counters.inc("bad_blocks_removed", len(gone))
+        for key, ok in outcomes:
+            if not ok:
+                logger.warning(
+                    "fs tier: cannot delete %s (%s); kept counted, retried at the next rescan", key.hex(), reason
+                )
+        self.forget(gone, reason)
+
+    def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
+        if keys:
+            self.events.record_removed(keys, reason)
+            if self.on_removed is not None:
+                self.on_removed(keys)
+
+
+def _log_failure(what: str, key: OffloadKey, cause: str, exc: BaseException) -> None:
+    if cause == "internal":
+        logger.error("fs tier: %s of %s failed", what, key.hex(), exc_info=exc)
+    else:
+        logger.warning("fs tier: %s of %s failed (%s): %s", what, key.hex(), cause, exc)
