@@ -60,6 +60,13 @@ def transfer(config: str, root: str) -> dict[str, Any] | None:
     return offloading_transfer_config(extra)
 
 
+def where(config: str, root: str) -> dict[str, Any]:
+    """How :func:`~tiering.core.vllm.testing_engine.stored_blocks` counts the blocks of ``config``'s tier."""
+    if config == "vllm-fs":
+        return {"directory": root, "suffix": ".bin"}
+    return {"tier": "fs", "config": {"root": root}}
+
+
 def block_files(root: str) -> list[str]:
     """The block files of either tier under ``root`` (vLLM: ``*.bin``, tiering: ``*.kvb``)."""
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith((".bin", ".kvb"))]
@@ -91,7 +98,7 @@ def corrupt(root: str) -> int:
 def native_fs_io() -> bool:
     """Whether vLLM's native fs I/O extension loads in this environment."""
     try:
-        import vllm.fs_io_C  # type: ignore[import-not-found]  # noqa: F401
+        import vllm.fs_io_C  # noqa: F401
     except ImportError:
         return False
     return True
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prompts": [prompt],
                 "max_tokens": args.max_tokens,
                 "kv_transfer_config": transfer(config, roots[config]),
-                "wait_for": {"fs": roots[config], "count": args.prompt_tokens // 32, "timeout_s": 300},
+                "wait_for": {"count": args.prompt_tokens // 32, "timeout_s": 300, **where(config, roots[config])},
             }
             run_engine(request)
             print(f"# {config}: {len(block_files(roots[config]))} block files after warm-up", flush=True)

@@ -187,7 +187,7 @@ def test_fs_tier_serves_a_fresh_engine_and_refuses_corrupted_blocks(
 ) -> None:
     root = str(tmp_path / "kv")
     tier = {"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", "root": root, "model_revision": "t"}
-    wait = {"fs": root, "count": FULL_BLOCKS}
+    wait = {"tier": "fs", "config": {"root": root}, "count": FULL_BLOCKS}
     _check_restart_and_corruption(model, prompt, reference, tier, lambda: _corrupt_fs(root), wait)
 
 
@@ -205,7 +205,7 @@ def test_s3_tier_serves_a_fresh_engine_and_refuses_corrupted_blocks(
         "model_revision": "t",
         **conn,
     }
-    wait = {"s3": {**conn, "prefix": prefix}, "count": FULL_BLOCKS}
+    wait = {"tier": "s3", "config": {**conn, "prefix": prefix}, "count": FULL_BLOCKS}
     _check_restart_and_corruption(model, prompt, reference, tier, lambda: _corrupt_s3(s3_server, prefix), wait)
 
 
@@ -225,6 +225,7 @@ def test_example_tier_serves_a_prompt_after_evictions_within_one_engine(
             "max_tokens": MAX_TOKENS,
             "kv_transfer_config": transfer(tier, cpu_bytes=16 * 32 * 1024),
             "engine_kwargs": {"num_gpu_blocks_override": 24},
+            "max_model_len": 512,  # 24 blocks of 32 tokens hold at most 768
         }
     )
     first, *_, last = result["outputs"]

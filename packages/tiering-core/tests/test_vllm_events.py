@@ -84,16 +84,24 @@ def test_events_stay_off_unless_the_entry_and_the_engine_ask(tmp_path: Any) -> N
             "enable_kv_events": enable_entry,
         }
         extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 32 * ROW, "secondary_tiers": [entry]}
-        with testing.vllm_manager(
-            extra, worker_kv_bytes_per_block=ROW, enable_kv_cache_events=enable_engine
-        ) as (_, mgr, drv):
+        with testing.vllm_manager(extra, worker_kv_bytes_per_block=ROW, enable_kv_cache_events=enable_engine) as (
+            _,
+            mgr,
+            drv,
+        ):
             drv.finish(drv.store([[testing.make_key(1)]], lambda k: testing.payload(k, drv.row_bytes)))
             drv.wait_idle()
             assert _take(mgr) == []
-    with pytest.raises(TypeError, match="enable_kv_events must be a bool"), testing.vllm_manager(
-        {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 32 * ROW,
-         "secondary_tiers": [{"type": "tiering_example", "module_path": MODULE, "enable_kv_events": "yes"}]},
-        worker_kv_bytes_per_block=ROW,
+    with (
+        pytest.raises(TypeError, match="enable_kv_events must be a bool"),
+        testing.vllm_manager(
+            {
+                "spec_name": "TieringOffloadingSpec",
+                "cpu_bytes_to_use": 32 * ROW,
+                "secondary_tiers": [{"type": "tiering_example", "module_path": MODULE, "enable_kv_events": "yes"}],
+            },
+            worker_kv_bytes_per_block=ROW,
+        ),
     ):
         pass
 
@@ -158,7 +166,7 @@ def test_engine_publishes_our_events_over_zmq_on_localhost(tmp_path: Any) -> Non
                     "endpoint": f"tcp://127.0.0.1:{port}",
                     "topic": "kv",
                 },
-                "wait_for": {"fs": root, "count": 14},
+                "wait_for": {"tier": "fs", "config": {"root": root}, "count": 14},
             }
         )
         time.sleep(1.0)

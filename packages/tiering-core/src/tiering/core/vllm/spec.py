@@ -44,6 +44,8 @@ class TieringSpec(TieringOffloadingSpec):  # type: ignore[misc]
         Exception: as vLLM's spec (e.g. ``cpu_bytes_to_use`` missing).
     """
 
+    _cpu_worker: CPUOffloadingWorker | None = None
+
     def get_worker(self, kv_caches: CanonicalKVCaches) -> Any:
         """The worker of this process: vLLM's on a GPU/XPU device, :class:`CPUOffloadingWorker` on CPU.
 
@@ -53,9 +55,9 @@ class TieringSpec(TieringOffloadingSpec):  # type: ignore[misc]
         """
         if not is_cpu_platform():
             return super().get_worker(kv_caches)
-        if self._worker is None:
-            self._worker = self._create_cpu_worker(kv_caches)
-        return self._worker
+        if self._cpu_worker is None:
+            self._cpu_worker = self._create_cpu_worker(kv_caches)
+        return self._cpu_worker
 
     def _create_cpu_worker(self, kv_caches: CanonicalKVCaches) -> CPUOffloadingWorker:
         if self.config.canonical_layout:

@@ -117,9 +117,9 @@ def run_engine(request: Mapping[str, Any], *, timeout_s: float = 600.0) -> dict[
             after the other), ``max_tokens``, ``kv_transfer_config`` (or
             None: no offloading), optional ``engine_kwargs`` (e.g.
             ``num_gpu_blocks_override``), ``kv_events_config``,
-            ``wait_for`` (``{"fs": root}`` or ``{"s3": {...}}`` plus ``count``:
+            ``wait_for`` (:func:`stored_blocks`' argument plus ``count``:
             before exiting, step the engine until the tier holds ``count``
-            blocks, see :func:`stored_blocks`).
+            blocks).
         timeout_s: limit for the whole process.
 
     Returns:
@@ -152,25 +152,23 @@ def run_engine(request: Mapping[str, Any], *, timeout_s: float = 600.0) -> dict[
 def stored_blocks(where: Mapping[str, Any]) -> int:
     """Blocks a persistent tier holds, as its storage shows them.
 
-    ``{"fs": root}`` counts block files under ``root`` (tiering's ``*.kvb``,
-    vLLM's ``*.bin``); ``{"s3": {bucket, endpoint_url, region_name,
-    aws_access_key_id, aws_secret_access_key, prefix}}`` counts objects over
-    4 KiB under ``prefix``.
+    Args:
+        where: ``{"tier": name, "config": entry}``: the blocks a tiering
+            tier's inspector (:meth:`~tiering.core.base.SecondaryTierManager.inspector`)
+            lists under every namespace of the entry's storage; or
+            ``{"directory": path, "suffix": ".bin"}``: files under ``path``
+            whose name ends with ``suffix`` (another engine's tier, e.g.
+            vLLM's own fs tier).
     """
-    if "fs" in where:
-        return sum(f.endswith((".kvb", ".bin")) for _, _, files in os.walk(str(where["fs"])) for f in files)
-    import boto3
+    if "directory" in where:
+        suffix = str(where.get("suffix", ""))
+        return sum(f.endswith(suffix) for _, _, files in os.walk(str(where["directory"])) for f in files)
+    from tiering.core.factory import SecondaryTierFactory
 
-    conf = dict(where["s3"])
-    client = boto3.client(
-        "s3",
-        endpoint_url=conf["endpoint_url"],
-        region_name=conf["region_name"],
-        aws_access_key_id=conf["aws_access_key_id"],
-        aws_secret_access_key=conf["aws_secret_access_key"],
-    )
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=conf["bucket"], Prefix=conf["prefix"])
-    return sum(obj["Size"] > 4096 for page in pages for obj in page.get("Contents", []))
+    inspector = SecondaryTierFactory.get_class(str(where["tier"])).inspector(dict(where["config"]))
+    if inspector is None:
+        raise ValueError(f"tier {where['tier']!r} has no inspector: its stored blocks cannot be counted")
+    return sum(1 for digest in inspector.namespaces() for _ in inspector.blocks(digest))
 
 
 def _offload_metrics(llm: Any) -> dict[str, float]:
@@ -202,6 +200,9 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
         "seed": 0,
         "enable_prefix_caching": True,
         "disable_log_stats": False,
+        # On the CPU backend this is the share of the machine's memory that must be free at start-up;
+        # the KV cache itself is VLLM_CPU_KVCACHE_SPACE (1 GiB). A shared CI machine rarely has 92% free.
+        "gpu_memory_utilization": float(request.get("gpu_memory_utilization", 0.25)),
     }
     if request.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = KVTransferConfig(**request["kv_transfer_config"])
