@@ -11,6 +11,10 @@ For each wheel it checks that
 - it ships the ``tiering/<x>/py.typed`` marker;
 - its METADATA ``Name`` is a package of this tree and its ``Version`` equals the
   package's ``__about__.py``;
+- its METADATA ``Project-URL`` entries are the package's ``[project.urls]``
+  (every package declares some);
+- tiering-core ships the replay traces (:data:`SHIPPED_DATA`) with their
+  Apache-2.0 licence and attribution, identical to the tree's files;
 - for a backend: ``entry_points.txt`` declares the ``tiering.tiers`` entry point
   of the package's ``pyproject.toml``, naming a class of the package that the
   wheel ships; and its METADATA ``Requires-Dist`` on tiering-core admits the
@@ -28,6 +32,7 @@ import configparser
 import re
 import sys
 import zipfile
+from email.message import Message
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -40,10 +45,65 @@ from _release import (
     admits,
     core_version,
     load_packages,
+    tomllib,
 )
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+TRACE_DATA = "tiering/core/bench/data"
+SHIPPED_DATA = {
+    CORE: [
+        f"{TRACE_DATA}/mooncake_conversation_trace.jsonl",
+        f"{TRACE_DATA}/mooncake_synthetic_trace.jsonl",
+        f"{TRACE_DATA}/LICENSE-APACHE-2.0",
+        f"{TRACE_DATA}/README.md",
+    ]
+}
+"""Data files a wheel must ship (path inside the wheel), by distribution."""
+
+ATTRIBUTION = {
+    f"{TRACE_DATA}/README.md": ("kvcache-ai/Mooncake", "Apache License"),
+    f"{TRACE_DATA}/LICENSE-APACHE-2.0": ("Apache License",),
+}
+"""Texts each licence / attribution file must contain."""
+
+
+def _data_problems(zf: zipfile.ZipFile, package: Package) -> list[str]:
+    """Check the data files a wheel must ship: present, equal to the tree's copy, attribution intact."""
+    names = set(zf.namelist())
+    problems = []
+    for name in SHIPPED_DATA.get(package.dist, []):
+        if name not in names:
+            problems.append(f"{name} missing (shipped data)")
+            continue
+        data = zf.read(name)
+        source = package.path / "src" / name
+        if source.is_file() and source.read_bytes() != data:
+            problems.append(f"{name} differs from {source.relative_to(package.path)}")
+        text = data.decode("utf-8", errors="replace")
+        problems += [f"{name} lacks {needle!r}" for needle in ATTRIBUTION.get(name, ()) if needle not in text]
+    return problems
+
+
+def _declared_urls(package: Package) -> dict[str, str]:
+    """The ``[project.urls]`` of a package's pyproject.toml."""
+    data = tomllib.loads((package.path / "pyproject.toml").read_text(encoding="utf-8"))
+    return dict(data.get("project", {}).get("urls", {}))
+
+
+def _url_problems(meta: Message, package: Package) -> list[str]:
+    """METADATA ``Project-URL`` against the package's ``[project.urls]``."""
+    declared = _declared_urls(package)
+    if not declared:
+        return [f"{package.dist}'s pyproject.toml has no [project.urls]"]
+    shipped = {}
+    for line in meta.get_all("Project-URL") or []:
+        label, _, url = line.partition(",")
+        shipped[label.strip()] = url.strip()
+    if shipped != declared:
+        return [f"METADATA Project-URL {shipped} != [project.urls] {declared}"]
+    return []
 
 
 def _dist_info(names: list[str]) -> str | None:
@@ -130,6 +190,10 @@ def check_wheel(wheel: Path, packages: dict[str, Package], core: Version) -> tup
             version = Version(meta.get("Version", ""))
         except InvalidVersion:
             version = None
+        problems += _url_problems(meta, package)
+        problems += _data_problems(zf, package)
+        if SHIPPED_DATA.get(package.dist):
+            summary.append(f"{len(SHIPPED_DATA[package.dist])} data files")
         if version != package.version:
             problems.append(
                 f"METADATA Version {meta.get('Version')} != {package.about.name} version {package.version} "

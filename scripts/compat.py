@@ -11,6 +11,14 @@ that the backend's ``tiering-core`` range admits. A tagged version is built from
 the tag (``git archive``); the current version from the work tree. The newest is
 the current tree's core. When both are the same build the tests run once.
 
+While tiering-core has a single version (no release tag of another core
+version), the oldest and the newest admitted core are the same build and the
+run would only repeat the unit tests: the script says so in one line and
+exits 0 (``--force`` runs anyway).
+
+Logs go to ``.ci/state/compat-logs`` (``--logs DIR``), never the system
+temporary directory.
+
 Each run gets a fresh ``python3.11 -m venv`` with pip, installs the core wheel, the
 backend wheel (built from the current tree, with its ``test`` extra when it has
 one) and pytest, then runs ``pytest packages/tiering-<x>/tests`` from the
@@ -272,6 +280,12 @@ def compat(repo: Path, names: list[str], workdir: Path, python: str, pytest_args
     return rows
 
 
+def single_core_version(repo: Path) -> Version | None:
+    """The core version when it is the only one (no release tag of another version), else None."""
+    current = core_version(load_packages(repo))
+    return None if any(v != current for v in core_tags(repo)) else current
+
+
 def print_table(rows: list[Row]) -> None:
     """Print the result rows as an aligned table."""
     header = ("backend", "run", "declares", "core", "built from", "status", "result", "time")
@@ -301,11 +315,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default="python3.11", help="interpreter for the venvs (default: python3.11)")
     parser.add_argument("--pytest-args", default="-q", help="extra pytest arguments, one string (default: -q)")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder, kept (default: temp)")
+    parser.add_argument("--logs", type=Path, default=None, help="log folder (default: .ci/state/compat-logs)")
+    parser.add_argument("--force", action="store_true", help="run even while tiering-core has a single version")
     args = parser.parse_args(argv)
     repo = (args.repo or REPO_ROOT).resolve()
+    try:
+        only = single_core_version(repo)
+    except ReleaseError as exc:
+        print(f"compat: {exc}", file=sys.stderr)
+        return 2
+    if only is not None and not args.force:
+        print(
+            f"compat: skipped: {CORE} {only} is the only core version (no release tag of another), so each "
+            "backend's oldest and newest admitted core are this tree's and the unit runs already cover them"
+        )
+        return 0
     workdir = args.workdir.resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="tiering-compat-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    logs = workdir if args.workdir else Path(tempfile.gettempdir()) / "tiering-compat-logs"
+    logs = (args.logs or repo / ".ci" / "state" / "compat-logs").resolve()
     t0 = time.monotonic()
     try:
         rows = compat(repo, args.backends, workdir, args.python, shlex.split(args.pytest_args))
@@ -313,11 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compat: {exc}", file=sys.stderr)
         return 2
     finally:
-        if args.workdir is None:  # keep only the logs of a temporary workdir
+        if logs != workdir:  # keep the logs; a temporary workdir goes
             shutil.rmtree(logs, ignore_errors=True)
-            logs.mkdir()
+            logs.mkdir(parents=True)
             for log in workdir.glob("*.log"):
                 shutil.copy(log, logs / log.name)
+        if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     print()
     print_table(rows)

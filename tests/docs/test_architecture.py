@@ -40,7 +40,9 @@ def test_core_names_no_backend():
         for path in sorted(CORE.rglob("*.py"))
         if "testing" not in path.parts and path.name != "testing.py"
         for line, value in _code_strings(path)
-        if value in BACKENDS or value in {f"tiering.{b}" for b in BACKENDS} or value in {f"tiering-{b}" for b in BACKENDS}
+        if value in BACKENDS
+        or value in {f"tiering.{b}" for b in BACKENDS}
+        or value in {f"tiering-{b}" for b in BACKENDS}
     ]
     assert offenders == []
 

@@ -92,29 +92,33 @@ def test_toml_samples_parse(page):
 
 
 def console_commands():
+    """The ``tiering`` commands of each console line, in order (one line's commands share a scratch folder)."""
     for page in PAGES:
         for body in blocks(page, "console"):
             for line in body.splitlines():
-                for command in line.split("&&"):
-                    command = command.strip()
-                    if command.startswith((".venv/bin/tiering", "tiering ")):
-                        yield pytest.param(page, command, id=f"{page_id(page)}: {command[:60]}")
+                commands = [c.strip() for c in line.split("&&")]
+                commands = [c for c in commands if c.startswith((".venv/bin/tiering", "tiering "))]
+                if commands:
+                    yield pytest.param(page, commands, id=f"{page_id(page)}: {' && '.join(commands)[:60]}")
 
 
-@pytest.mark.parametrize(("page", "command"), list(console_commands()))
-def test_console_tiering_commands_run(page, command, tmp_path, monkeypatch):
-    if "../shared/traces" in command and not TRACE.exists():
-        pytest.skip("the shared traces are not beside this checkout")
-    argv = shlex.split(command)[1:]
-    # Outputs the sample names (--json, --plot) go to a scratch folder, not into the checkout.
-    argv = [str(tmp_path / a) if i and argv[i - 1] in ("--json", "--plot") else a for i, a in enumerate(argv)]
+@pytest.mark.parametrize(("page", "commands"), list(console_commands()))
+def test_console_tiering_commands_run(page, commands, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     env = dict(os.environ, TIERING_CACHE_DIR=str(tmp_path / "cache"))
     exe = Path(sys.executable).parent / "tiering"
-    proc = subprocess.run([str(exe), *argv], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    if argv[0] == "bench":
-        assert "every loaded byte matched" in proc.stdout
+    for command in commands:
+        if "../shared/traces" in command and not TRACE.exists():
+            pytest.skip("the shared traces are not beside this checkout")
+        argv = shlex.split(command)[1:]
+        # Paths the sample names (--json, --plot, --root) go to a scratch folder, not into the checkout.
+        argv = [
+            str(tmp_path / a) if i and argv[i - 1] in ("--json", "--plot", "--root") else a for i, a in enumerate(argv)
+        ]
+        proc = subprocess.run([str(exe), *argv], capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        if argv[0] == "bench":
+            assert "every loaded byte matched" in proc.stdout
 
 
 VLLM_CONFIG = re.compile(r"--kv-transfer-config\s+'(\{.*?\})'", re.S)

@@ -1,7 +1,7 @@
 """What a user sees with tiering-core plus some backends installed from wheels.
 
 ``TIERING_IT_BACKENDS`` (set by the hatch ``it`` matrix: none, example, fs,
-s3, all) says which backends this environment installed; without it the
+s3, redis, all) says which backends this environment installed; without it the
 expectations follow what is importable.
 """
 
@@ -18,7 +18,7 @@ from tiering.core import SecondaryTierFactory, TieringOffloadingSpec, create_sec
 from tiering.core.bench import Replayer, synthetic_chat
 from tiering.core.primary import allocate_host_buffer
 
-BACKENDS = ("example", "fs", "s3")
+BACKENDS = ("example", "fs", "s3", "redis")
 
 
 def _installed(name):
@@ -56,10 +56,25 @@ def s3_endpoint():
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def redis_url():
+    if "redis" not in INSTALLED:
+        pytest.skip("tiering-redis not installed")
+    from tiering.redis.servers import LocalRedis, have_redis_server
+
+    if not have_redis_server():
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    with LocalRedis(password="it-secret-pw") as server:
+        yield f"redis://:it-secret-pw@127.0.0.1:{server.port}/0"
+
+
 def tier_config(name, tmp_path, request):
+    if name == "redis":
+        return {"type": "redis", "url": request.getfixturevalue("redis_url"), "prefix": f"it-{tmp_path.name}"}
     if name == "example":
         return {"type": "example"}
     if name == "fs":
+        (tmp_path / "kv").mkdir(exist_ok=True)  # the fs tier uses a root, it does not create one
         return {"type": "fs", "root": str(tmp_path / "kv")}
     endpoint = request.getfixturevalue("s3_endpoint")
     return {
@@ -115,9 +130,11 @@ def test_tiering_check_output(name, tmp_path, request):
             "example": "probe 'example': ok",
             "fs": f"probe 'fs' ({tmp_path / 'kv'}): ok",
             "s3": f"probe 's3' (s3://tiering-it/it/{tmp_path.name} at {request.getfixturevalue('s3_endpoint')}",
+            "redis": f"probe 'redis' (redis://127.0.0.1:{request.getfixturevalue('redis_url').rsplit(':', 1)[1]}",
         }
         assert probed[name] in proc.stdout, proc.stdout
         assert "aws_secret_access_key" not in proc.stdout and "'s'" not in proc.stdout
+        assert "it-secret-pw" not in proc.stdout + proc.stderr
     else:
         assert proc.returncode == 2
         assert f"pip install tiering-{name}" in proc.stderr

@@ -273,8 +273,14 @@ def make_wheel(
     entry_point: str | None = "default",
     core_requirement: str | None = "tiering-core<0.2,>=0.1",
     sdist: bool = True,
+    urls: bool = True,
+    data: dict[str, bytes] | None = None,
 ) -> Path:
-    """Write a minimal wheel (and sdist) of a tiering package, shaped like hatchling's output."""
+    """Write a minimal wheel (and sdist) of a tiering package, shaped like hatchling's output.
+
+    ``urls``: copy the package's ``[project.urls]`` into METADATA. ``data``: extra
+    files (default: tiering-core's shipped traces, licence and attribution, from the tree).
+    """
     short = dist.removeprefix("tiering-")
     stem = f"{dist.replace('-', '_')}-{version}"
     dist_dir.mkdir(parents=True, exist_ok=True)
@@ -283,6 +289,14 @@ def make_wheel(
     meta = f"Metadata-Version: 2.4\nName: {dist}\nVersion: {version}\n"
     if core_requirement:
         meta += f"Requires-Dist: {core_requirement}\n"
+    pyproject = ROOT / "packages" / dist / "pyproject.toml"
+    if urls and pyproject.is_file():
+        tomllib = load_script("_release").tomllib
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+        meta += "".join(f"Project-URL: {label}, {url}\n" for label, url in project.get("urls", {}).items())
+    if data is None and dist == "tiering-core":
+        data_dir = ROOT / "packages/tiering-core/src/tiering/core/bench/data"
+        data = {f"tiering/core/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir()}
     cls = {"example": "ExampleSecondaryTierManager"}.get(short, "SomeTier")
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr(f"tiering/{short}/__init__.py", f"from tiering.{short}.tier import {cls}\n")
@@ -298,6 +312,8 @@ def make_wheel(
         if entry_point:
             zf.writestr(f"{info}/entry_points.txt", f"[tiering.tiers]\n{entry_point}\n")
         zf.writestr(f"{info}/RECORD", "")
+        for name, content in (data or {}).items():
+            zf.writestr(name, content)
     if sdist:
         (dist_dir / f"{stem}.tar.gz").write_bytes(b"")
     return wheel
@@ -341,6 +357,7 @@ def test_check_dist_accepts_good_wheels(tree: Path, tmp_path: Path) -> None:
         ({"core_requirement": "tiering-core>=0.2,<0.3"}, "does not admit the current tiering-core 0.1.0"),
         ({"core_requirement": None}, "no unconditional Requires-Dist on tiering-core"),
         ({"sdist": False}, "no sdist tiering_example-0.1.0.tar.gz"),
+        ({"urls": False}, "METADATA Project-URL {} != [project.urls]"),
     ],
 )
 def test_check_dist_rejects(tree: Path, tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
@@ -364,6 +381,31 @@ def test_check_dist_entry_point_class_must_exist(tree: Path, tmp_path: Path) -> 
     assert "Missing is not defined or imported in tiering/example/__init__.py" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("drop", "change", "message"),
+    [
+        ("mooncake_conversation_trace.jsonl", None, "mooncake_conversation_trace.jsonl missing (shipped data)"),
+        ("LICENSE-APACHE-2.0", None, "LICENSE-APACHE-2.0 missing (shipped data)"),
+        (None, "README.md", "README.md lacks 'kvcache-ai/Mooncake'"),
+        (None, "mooncake_synthetic_trace.jsonl", "mooncake_synthetic_trace.jsonl differs from"),
+    ],
+)
+def test_check_dist_core_ships_traces_with_licence_and_attribution(
+    tree: Path, tmp_path: Path, drop: str | None, change: str | None, message: str
+) -> None:
+    data_dir = ROOT / "packages/tiering-core/src/tiering/core/bench/data"
+    shutil.copytree(data_dir, tree / "packages/tiering-core/src/tiering/core/bench/data")
+    data = {f"tiering/core/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir() if f.name != drop}
+    if change:
+        data[f"tiering/core/bench/data/{change}"] = b"something else\n"
+    dist = tmp_path / "dist"
+    make_wheel(dist, "tiering-core", "0.1.0", entry_point=None, core_requirement=None, data=data)
+    proc = check(tree, dist)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL tiering_core-0.1.0-py3-none-any.whl" in proc.stdout
+    assert message in proc.stdout
+
+
 def test_check_dist_empty_and_unknown(tree: Path, tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     dist.mkdir()
@@ -384,6 +426,17 @@ def test_check_dist_on_real_build(tmp_path: Path) -> None:
     assert proc.stdout.count("ok   ") == 2
 
 
+def test_every_package_declares_project_urls() -> None:
+    tomllib = load_script("_release").tomllib
+    for pkg in PACKAGES:
+        project = tomllib.loads((pkg / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        urls = project.get("urls", {})
+        assert {"Homepage", "Documentation", "Source", "Changelog", "Issues"} <= set(urls), pkg.name
+        assert urls["Source"].endswith(f"/packages/{pkg.name}") and urls["Changelog"].endswith(
+            f"/{pkg.name}/CHANGELOG.md"
+        )
+
+
 # --- compat.py ----------------------------------------------------------------------------
 
 
@@ -399,3 +452,20 @@ def test_compat_chooses_oldest_tagged_and_current() -> None:
     # the range excludes the current core: only a tagged release remains
     oldest, newest = compat.choose_cores(SpecifierSet(">=0.1,<0.2"), Version("0.2.0"), tags)
     assert oldest.tag == "tiering-core-v0.1.0" and newest is None
+
+
+def test_compat_skips_in_one_line_while_core_has_one_version(repo: Path) -> None:
+    proc = run_script("compat", "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("compat: skipped: tiering-core 0.1.0 is the only core version")
+    compat = load_script("compat")
+    assert compat.single_core_version(repo) == Version("0.1.0")
+    git(repo, "tag", "tiering-core-v0.0.9")
+    assert compat.single_core_version(repo) is None  # a second version exists: the compat run is real
+
+
+def test_compat_logs_default_under_ci_state() -> None:
+    text = (SCRIPTS / "compat.py").read_text(encoding="utf-8")
+    assert '".ci" / "state" / "compat-logs"' in text
+    assert "gettempdir" not in text

@@ -139,3 +139,43 @@ def test_unknown_metric_names_raise():
     with pytest.raises(KeyError, match="unknown histogram"):
         m.observe("nope_seconds", {}, 1.0)
     assert ReqContext("x").extra == {}
+
+
+def test_tier_stats_vocabulary_becomes_metrics():
+    from tiering.core import CPUPrimaryTier, LRUCachePolicy, OffloadingSpec, TieringManager
+    from tiering.core.base import SecondaryTierManager
+
+    class Capped(SecondaryTierManager):
+        def lookup(self, key, ctx):
+            return False
+
+        def submit_store(self, job):
+            pass
+
+        def submit_load(self, job):
+            pass
+
+        def get_finished(self):
+            return []
+
+        def stats(self):
+            return {
+                "resident_blocks": 3,
+                "resident_bytes": 300,
+                "used_bytes": 400,
+                "pending_delete_bytes": 100,
+                "capacity_bytes": 400,
+                "evictions": 5,
+                "failed_deletes": 1,
+                "load_failed_checksum": 2,
+            }
+
+    spec = OffloadingSpec({"cpu_bytes_to_use": 4 * BLOCK, "block_bytes": BLOCK})
+    primary = CPUPrimaryTier(4, BLOCK, LRUCachePolicy(4))
+    snap = snapshot(TieringManager(primary, [Capped(spec, primary.kv_view, "capped")]))
+    assert sample(snap, "tiering_used_bytes", tier="capped") == 400
+    assert sample(snap, "tiering_pending_delete_bytes", tier="capped") == 100
+    assert sample(snap, "tiering_failed_deletes_total", tier="capped") == 1
+    assert sample(snap, "tiering_evictions_total", tier="capped") == 5
+    assert sample(snap, "tiering_load_failures_total", tier="capped", cause="checksum") == 2
+    assert sample(snap, "tiering_in_flight_jobs", tier="capped") == 0

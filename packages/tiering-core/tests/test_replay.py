@@ -9,13 +9,29 @@ import pytest
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
 from tiering.core.bench import Replayer, VerificationError, load_mooncake_trace, payload_for, synthetic_chat
+from tiering.core.bench.workload import SHIPPED_TRACES, resolve_trace
 from tiering.core.testing import requires_tier
 
-TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+TRACE = resolve_trace("mooncake-conversation")  # shipped inside tiering-core
+SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"
 BLOCK = 1024
 CAPACITY = 500
 
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"trace not found at {TRACE}")
+
+def test_shipped_traces_are_the_published_files():
+    for name, filename in SHIPPED_TRACES.items():
+        shipped = resolve_trace(name).read_bytes()
+        assert shipped.count(b"\n") == {"mooncake-conversation": 12031, "mooncake-synthetic": 3993}[name]
+        if (SHARED / filename).exists():
+            assert shipped == (SHARED / filename).read_bytes()
+    data = resolve_trace("mooncake-conversation").parent
+    assert "Apache License" in data.joinpath("LICENSE-APACHE-2.0").read_text()
+    assert "kvcache-ai/Mooncake" in data.joinpath("README.md").read_text()
+
+
+def test_unknown_trace_names_the_shipped_ones(tmp_path):
+    with pytest.raises(ValueError, match="mooncake-conversation, mooncake-synthetic"):
+        resolve_trace(str(tmp_path / "nope.jsonl"))
 
 
 def simulate_lru(requests, capacity):
@@ -44,9 +60,8 @@ def primary_only(capacity, policy="lru"):
     return spec.get_manager()
 
 
-@needs_trace
 def test_replay_hits_equal_independent_lru_simulation():
-    with open(TRACE) as f:
+    with TRACE.open() as f:
         raw = [json.loads(line)["hash_ids"] for _, line in zip(range(2000), f)]
     expected = simulate_lru(raw, CAPACITY)
     report = Replayer(primary_only(CAPACITY), []).run(load_mooncake_trace(TRACE, 2000))
@@ -58,7 +73,6 @@ def test_replay_hits_equal_independent_lru_simulation():
     assert expected > 1000  # the trace really reuses prefixes at this capacity
 
 
-@needs_trace
 @requires_tier("example")
 def test_replay_through_example_tier_serves_more_and_verifies():
     spec = TieringOffloadingSpec(
@@ -69,7 +83,7 @@ def test_replay_through_example_tier_serves_more_and_verifies():
         }
     )
     report = Replayer(spec.get_manager(), ["0:example"]).run(load_mooncake_trace(TRACE, 2000))
-    with open(TRACE) as f:
+    with TRACE.open() as f:
         raw = [json.loads(line)["hash_ids"] for _, line in zip(range(2000), f)]
     unbounded = simulate_lru(raw, capacity=10**9)
     assert report.total_hits == unbounded  # the example tier is unbounded: every reuse hits

@@ -1,11 +1,11 @@
-"""The transfer path: layouts, dtypes, byte-exact round trips, coalescing, pins, driver, torch-less core."""
+"""The transfer path with torch: layouts, dtypes, byte-exact round trips, coalescing, pins, driver.
+
+The torch-free part (planning, layouts, the driver over a pure-Python copier, core without torch) is in
+test_transfer_plan.py.
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterable
 
 import pytest
@@ -30,7 +30,6 @@ from tiering.core.transfer import (  # noqa: E402
     allocate_host_buffer,
     detect_layout,
     kv_geometry,
-    plan_copies,
 )
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -125,20 +124,6 @@ def test_non_contiguous_page_rejected():
     t = torch.zeros(2, 4, 8, 4, 2).transpose(2, 3)  # heads before tokens: pages not contiguous
     with pytest.raises(RuntimeError):
         TransferHandler([t], primary_for([t], 2))
-
-
-# -- planning -------------------------------------------------------------------
-def test_plan_coalesces_runs():
-    plan = plan_copies([5, 6, 7, 8], [10, 11, 12, 13])
-    assert plan.runs == [(0, 5, 10, 4)]
-    assert plan.slot_runs == [(0, 5, 4)]
-    plan = plan_copies([8, 5, 7, 6], [13, 10, 12, 11])  # order does not matter
-    assert plan.runs == [(0, 5, 10, 4)]
-    plan = plan_copies([0, 1, 2, 9], [4, 3, 5, 6])
-    assert plan.slots == [0, 1, 2, 9] and plan.blocks == [4, 3, 5, 6]
-    assert plan.runs == [(0, 0, 4, 1), (1, 1, 3, 1), (2, 2, 5, 1), (3, 9, 6, 1)]
-    assert plan.slot_runs == [(0, 0, 3), (3, 9, 1)]
-    assert plan_copies([], []).runs == []
 
 
 # -- round trips ----------------------------------------------------------------
@@ -461,40 +446,3 @@ def test_create_handlers_from_spec():
     driver.store(keys, [3, 8], ReqContext("a"))
     driver.wait(timeout=10)
     assert manager.secondary_tiers[0].stats()["resident_blocks"] == 2
-
-
-# -- torch-less core ------------------------------------------------------------------
-def test_core_works_without_torch():
-    code = textwrap.dedent(
-        """
-        import sys
-        sys.modules["torch"] = None  # makes `import torch` raise ImportError
-        import tiering.core
-        from tiering.core import ReqContext, TieringOffloadingSpec
-        from tiering.core.keys import block_keys
-        spec = TieringOffloadingSpec({"cpu_bytes_to_use": 4096, "block_bytes": 1024,
-                                      "secondary_tiers": [{"type": "example"}]})
-        m = spec.get_manager()
-        keys = block_keys(list(range(32)), 16)
-        ctx = ReqContext("a")
-        alloc = m.prepare_store(keys, ctx)
-        for i, slot in enumerate(alloc.block_ids):
-            m.primary.kv_view[slot:slot + 1].cast("B")[:] = bytes([i + 1]) * 1024
-        m.complete_store(alloc.keys, ctx)
-        m.get_finished()
-        assert m.lookup(keys, ReqContext("b")) == 2
-        assert not m.has_pending_work()
-        try:
-            import tiering.core.transfer
-        except ImportError as exc:
-            assert "pip install 'tiering-core[torch]'" in str(exc), exc
-        else:
-            raise AssertionError("transfer imported without torch")
-        assert "torch" not in [k for k, v in sys.modules.items() if v is not None]
-        print("OK")
-        """
-    )
-    env = dict(os.environ)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "OK"

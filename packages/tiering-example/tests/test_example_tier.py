@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from tiering.core import ReqContext
+from tiering.core import JobMetadata, ReqContext
 from tiering.core.testing import TierConformanceTests, make_key
 from tiering.example import ExampleSecondaryTierManager
 
@@ -30,11 +30,46 @@ def test_custom_param_must_be_int(spec_view):
 def test_stats_count_resident_blocks(spec_view):
     spec, view = spec_view
     tier = ExampleSecondaryTierManager(spec, view, "example")
-    from tiering.core import JobMetadata
-
     tier.submit_store(JobMetadata(1, [make_key(1), make_key(2)], [0, 1], False, ReqContext("r")))
     assert [r.success for r in tier.get_finished()] == [True]
-    assert tier.stats() == {"resident_blocks": 2, "resident_bytes": 2 * spec.block_bytes}
+    stats = tier.stats()
+    assert (stats["resident_blocks"], stats["resident_bytes"], stats["in_flight_jobs"]) == (2, 2 * spec.block_bytes, 0)
+
+
+def test_failed_load_keeps_the_blocks_it_copied(spec_view):
+    spec, view = spec_view
+    tier = ExampleSecondaryTierManager(spec, view, "example")
+    tier.block(0)[:] = b"\x01" * spec.block_bytes
+    tier.block(1)[:] = b"\x02" * spec.block_bytes
+    tier.submit_store(JobMetadata(1, [make_key(1), make_key(2)], [0, 1], False, ReqContext("r")))
+    assert [r.success for r in tier.get_finished()] == [True]
+    tier.submit_load(JobMetadata(2, [make_key(1), make_key(9), make_key(2)], [2, 3, 1], True, ReqContext("r")))
+    (result,) = tier.get_finished()
+    assert (result.job_id, result.success) == (2, False)
+    assert list(result.successful_keys) == [make_key(1), make_key(2)]
+    assert bytes(tier.block(2)) == b"\x01" * spec.block_bytes
+    assert tier.stats()["load_jobs_failed"] == 1
+
+
+def test_stores_publish_kv_events_once_per_new_block(spec_view):
+    spec, view = spec_view
+    tier = ExampleSecondaryTierManager(spec, view, "example")
+    tier.submit_store(JobMetadata(1, [make_key(1), make_key(2)], [0, 1], False, ReqContext("r")))
+    tier.submit_store(JobMetadata(2, [make_key(2), make_key(3)], [1, 2], False, ReqContext("r")))
+    events = tier.take_events()
+    assert [(type(e).__name__, list(e.keys), e.medium) for e in events] == [
+        ("BlockStored", [make_key(1), make_key(2)], "cpu"),
+        ("BlockStored", [make_key(3)], "cpu"),
+    ]
+    assert tier.take_events() == []
+
+
+def test_schema_checks_values_without_building_the_tier():
+    from tiering.core.toolkit import InvalidTypeError
+
+    assert ExampleSecondaryTierManager.config_schema.validate({"type": "example"}) == {"custom_param": 0}
+    with pytest.raises(InvalidTypeError, match=r"secondary_tiers\[2\].custom_param"):
+        ExampleSecondaryTierManager.config_schema.validate({"custom_param": "7"}, entry="secondary_tiers[2]")
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import re
 import select
 import socket
 import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -37,6 +38,7 @@ from tiering.core import OffloadingSpec
 from tiering.core.primary import allocate_host_buffer
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+sys.path.insert(0, os.path.dirname(__file__))  # s3_helpers, shared by the test modules
 
 
 @dataclasses.dataclass

@@ -1,6 +1,7 @@
 """tiering ls / stat / gc / verify on an s3 tier (moto on loopback, or TIERING_S3_ENDPOINT)."""
 
 import json
+import re
 import socket
 import time
 import types
@@ -197,9 +198,9 @@ def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside
 
     assert main(["gc", path, "--namespace", old]) == 0  # the foreign objects left in it keep it listed
     assert f"removed namespace {old} (0 blocks, 0 bytes)" in capsys.readouterr().out
-    assert main(["gc", path, "--namespace", "f" * 32]) == 0
+    assert main(["gc", path, "--namespace", "f" * 32]) == 1  # no such namespace: non-zero exit
     assert f"no namespace {'f' * 32}" in capsys.readouterr().out
-    assert main(["gc", path, "--namespace", "../etc"]) == 0  # not present: nothing listed outside
+    assert main(["gc", path, "--namespace", "../etc"]) == 1  # not present: nothing listed outside
     assert etags(s3, outside + inside_foreign) == before
 
 
@@ -338,7 +339,9 @@ def test_commands_fail_clearly_on_a_missing_bucket(tmp_path, s3, capsys):
     for argv in (["ls"], ["gc", "--to-bytes", "0"], ["verify"], ["stat"]):
         assert main([argv[0], path, *argv[1:]]) == 2
         err = capsys.readouterr().err
-        assert f"tiering {argv[0]}: error: s3 tier: bucket 'no-such-bucket' does not exist" in err
+        # the factory may label it with the entry (secondary_tiers[0] / secondary_tiers[0].bucket)
+        label = r"(secondary_tiers\[0\](\.bucket)?: )?"
+        assert re.search(rf"tiering {argv[0]}: error: {label}s3 tier: bucket 'no-such-bucket' does not exist", err), err
         assert s3.server.secret_key not in err and s3.server.access_key not in err
 
 
@@ -352,11 +355,12 @@ def test_commands_fail_clearly_on_an_unreachable_endpoint_or_bad_config(tmp_path
     assert f"cannot reach endpoint 'http://127.0.0.1:{port}'" in err and s3.server.secret_key not in err
 
     assert main(["ls", write_config(tmp_path, stack_config(s3, retry_mode="sometimes"))]) == 2
-    assert "'retry_mode' is 'sometimes'" in capsys.readouterr().err
+    assert "retry_mode: must be one of 'standard', 'adaptive', 'legacy', got 'sometimes'" in capsys.readouterr().err
     assert main(["ls", write_config(tmp_path, stack_config(s3, colour="blue"))]) == 2
-    assert "unknown key 'colour'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "colour" in err and "unknown key" in err
     assert main(["ls", write_config(tmp_path, stack_config(s3, bucket=None))]) == 2
-    assert "'bucket' is required" in capsys.readouterr().err
+    assert "bucket: required" in capsys.readouterr().err
 
 
 def test_inspector_is_offered_by_the_tier_class(s3):

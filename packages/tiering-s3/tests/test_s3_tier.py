@@ -5,64 +5,14 @@ import threading
 import time
 
 import pytest
+from s3_helpers import BLOCK, CTX, OBJ, _ids, block_keys, build, load, make_spec, store, wait_until
 
-from tiering.core import JobMetadata, ReqContext, SecondaryTierFactory, create_secondary_tier
+from tiering.core import JobMetadata, SecondaryTierFactory
 from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE, encode_block
-from tiering.core.primary import allocate_host_buffer
-from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
+from tiering.core.toolkit import InvalidTypeError, InvalidValueError, MissingKeyError
 from tiering.s3 import S3SecondaryTierManager, S3StartupError
-
-BLOCK = 16 * 1024
-OBJ = BLOCK + HEADER_SIZE
-CTX = ReqContext("test")
-_ids = iter(range(1, 10**9))
-
-
-def make_spec(block_bytes=BLOCK, num_blocks=16, **fields):
-    return OffloadingSpec(
-        {"cpu_bytes_to_use": num_blocks * block_bytes, "block_bytes": block_bytes, "model": "test/model", **fields}
-    )
-
-
-def build(config, spec=None, view=None):
-    spec = spec or make_spec()
-    view = view if view is not None else allocate_host_buffer(spec.num_primary_blocks, spec.block_bytes)
-    return create_secondary_tier(config, view, spec), view
-
-
-def store(tier, view, keys, slots=None, timeout_s=30.0):
-    slots = list(slots if slots is not None else range(len(keys)))
-    for key, slot in zip(keys, slots):
-        block_view(view, slot)[:] = block_payload(key, view.shape[1])
-    job = JobMetadata(next(_ids), keys, slots, False, CTX)
-    tier.submit_store(job)
-    return wait_for_jobs(tier, [job.job_id], timeout_s)[job.job_id]
-
-
-def load(tier, view, keys, slots=None, timeout_s=30.0):
-    slots = list(slots if slots is not None else range(len(keys)))
-    for slot in slots:
-        block_view(view, slot)[:] = bytes(view.shape[1])
-    job = JobMetadata(next(_ids), keys, slots, True, CTX)
-    tier.submit_load(job)
-    ok = wait_for_jobs(tier, [job.job_id], timeout_s)[job.job_id]
-    if ok:
-        for key, slot in zip(keys, slots):
-            assert block_view(view, slot).tobytes() == block_payload(key, view.shape[1])
-    return ok
-
-
-def wait_until(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
-def block_keys(env, prefix):
-    return [k for k in env.list_keys(prefix) if not k.endswith("namespace.json")]
 
 
 # -- factory and configuration ------------------------------------------------------------
@@ -71,31 +21,33 @@ def test_entry_point_resolves_to_the_class():
 
 
 def test_unknown_key_is_named(s3):
-    with pytest.raises(TypeError, match="'buckt'"):
+    with pytest.raises(TypeError, match=r"secondary_tiers\[0\]\.buckt: unknown key"):
         build({**s3.tier_config(), "buckt": "x"})
 
 
 @pytest.mark.parametrize(
-    ("override", "match"),
+    ("override", "error", "match"),
     [
-        ({"bucket": None}, "'bucket' is required"),
-        ({"addressing_style": "dns"}, "'addressing_style'.*'path'"),
-        ({"retry_mode": "forever"}, "'retry_mode'"),
-        ({"max_concurrency": 0}, "'max_concurrency'"),
-        ({"max_attempts": True}, "'max_attempts'"),
-        ({"read_timeout": 0}, "'read_timeout'"),
-        ({"ca_bundle": "/nonexistent/ca.pem"}, "'ca_bundle'.*not a file"),
-        ({"capacity_bytes": 10}, "'capacity_bytes'"),
-        ({"endpoint_url": "127.0.0.1:9000"}, "'endpoint_url'.*http"),
-        ({"request_checksum_calculation": "always"}, "'request_checksum_calculation'"),
-        ({"aws_secret_access_key": None}, "together"),
+        ({"bucket": None}, MissingKeyError, "bucket: required"),
+        ({"addressing_style": "dns"}, InvalidValueError, "addressing_style: must be one of 'auto', 'path'"),
+        ({"retry_mode": "forever"}, InvalidValueError, "retry_mode"),
+        ({"max_concurrency": 0}, InvalidValueError, "max_concurrency: must be an integer >= 1"),
+        ({"max_attempts": True}, InvalidTypeError, "max_attempts"),
+        ({"read_timeout": 0}, InvalidValueError, "read_timeout: must be a number > 0"),
+        ({"ca_bundle": "/nonexistent/ca.pem"}, InvalidValueError, "ca_bundle: .*not a file"),
+        ({"capacity_bytes": 10}, InvalidValueError, "capacity_bytes: must be >= one object"),
+        ({"endpoint_url": "127.0.0.1:9000"}, InvalidValueError, "endpoint_url: must start with http"),
+        ({"request_checksum_calculation": "always"}, InvalidValueError, "request_checksum_calculation"),
+        ({"aws_secret_access_key": None}, InvalidValueError, "together"),
     ],
 )
-def test_bad_config_values_are_named(s3, override, match):
+def test_bad_config_values_are_named(s3, override, error, match):
     config = {**s3.tier_config(), **override}
     config = {k: v for k, v in config.items() if v is not None}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match) as info:
         build(config)
+    assert "secondary_tiers" in str(info.value) or "tier 's3'" in str(info.value)
+    assert s3.server.secret_key not in str(info.value)
 
 
 def test_key_layout_and_namespace_object(s3):
@@ -119,7 +71,7 @@ def test_key_layout_and_namespace_object(s3):
         ns = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=ns_name)["Body"].read())
         assert ns == {**tier.offloading_spec.namespace.to_dict(), "digest": digest}
         stats = tier.stats()
-        assert stats["blocks_stored"] == 8 and stats["bytes_stored"] == 8 * OBJ
+        assert stats["blocks_stored"] == 8 and stats["bytes_stored"] == 8 * BLOCK  # payload bytes
         assert stats["resident_blocks"] == 8 and stats["resident_bytes"] == 8 * OBJ
     finally:
         tier.shutdown()
@@ -363,7 +315,7 @@ def test_C01_other_namespace_never_reads_blocks(s3):
         wrong = encode_block(small.namespace.digest_bytes, keys[0], block_payload(keys[0], 32 * 1024))
         s3.client.put_object(Bucket=s3.bucket, Key=tier.object_key(keys[0]), Body=wrong)
         assert not load(tier, view, [keys[0]], [0])
-        assert tier.stats()["corrupt_truncated"] == 1
+        assert tier.stats()["load_failed_truncated"] == 1  # short: not there yet, a miss (C17: never deleted)
         assert wait_for_lookup(tier, keys[0], CTX) is False
     finally:
         tier.shutdown()
@@ -372,7 +324,7 @@ def test_C01_other_namespace_never_reads_blocks(s3):
     tier, view = build(s3.tier_config(), spec)  # restart: a wrong-size object is not listed as a block
     try:
         assert tier.stats()["resident_blocks"] == 18
-        assert tier.stats()["corrupt_truncated"] == 1
+        assert tier.stats()["short_objects_seen"] == 2
         assert not load(tier, view, [keys[1]], [0])
     finally:
         tier.shutdown()
@@ -388,7 +340,7 @@ def test_C05_capacity_evicts_and_never_refuses_forever(s3):
             assert store(tier, view, keys[start : start + 5])
         stats = tier.stats()
         assert stats["evictions"] == 480
-        assert stats["stores_rejected_capacity"] == 0
+        assert stats.get("store_failed_no_space", 0) == 0 and stats["store_failures"] == 0
         assert stats["resident_blocks"] == 20 and stats["resident_bytes"] == 20 * OBJ
         wait_until(lambda: tier.stats()["objects_deleted"] == 480, 30)
         assert stats["delete_requests"] < 480 or tier.stats()["delete_requests"] <= 480
@@ -412,22 +364,33 @@ def test_C05_capacity_evicts_and_never_refuses_forever(s3):
         tier.shutdown()
 
 
-def test_capacity_full_of_pinned_blocks_rejects_then_recovers(s3, proxy_factory):
-    proxy = proxy_factory()
-    tier, view = build(s3.tier_config(endpoint_url=f"http://127.0.0.1:{proxy.port}", capacity_bytes=2 * OBJ))
+def test_capacity_full_of_writes_in_flight_rejects_then_recovers(s3):
+    tier, view = build(s3.tier_config(capacity_bytes=2 * OBJ))
+    armed, holding, release = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_put(**_):
+        if armed.is_set():
+            holding.set()
+            release.wait(10)
+
+    tier._client.boto.meta.events.register("before-call.s3.PutObject", slow_put)
     try:
-        keys = [make_key(i, b"pinned") for i in range(4)]
-        assert store(tier, view, keys[:2])
-        proxy.set_mode("hang")  # loads stay in flight, pinning both blocks
-        load_job = JobMetadata(next(_ids), keys[:2], [4, 5], True, CTX)
-        tier.submit_load(load_job)
+        keys = [make_key(i, b"full") for i in range(4)]
+        armed.set()
+        first = JobMetadata(next(_ids), keys[:2], [0, 1], False, CTX)
+        for slot, key in enumerate(keys[:2]):
+            block_view(view, slot)[:] = block_payload(key, BLOCK)
+        tier.submit_store(first)  # both reservations fill the cap while their PUTs are held
+        assert holding.wait(10)
         assert not store(tier, view, keys[2:3], [6])
-        assert tier.stats()["stores_rejected_capacity"] == 1
-        proxy.set_mode("pass")
-        wait_for_jobs(tier, [load_job.job_id])
+        assert tier.stats()["store_failed_no_space"] == 1
+        armed.clear()
+        release.set()
+        assert wait_for_jobs(tier, [first.job_id]) == {first.job_id: True}
         assert store(tier, view, keys[2:4], [6, 7])  # now it evicts
         assert tier.stats()["evictions"] == 2
     finally:
+        release.set()
         tier.shutdown()
 
 
@@ -497,7 +460,7 @@ def test_head_fallback_finds_another_writers_block_without_blocking(s3, proxy_fa
         assert reader.lookup(key, CTX) is None
         assert wait_for_lookup(reader, key, CTX) is True
         assert load(reader, rview, [key], [3])
-        assert reader.stats()["heads_sent"] == 2
+        assert reader.stats()["lookup_probes"] == 2
     finally:
         writer.shutdown()
         reader.shutdown()
@@ -517,14 +480,17 @@ def test_corrupted_objects_are_misses_deleted_and_counted(s3):
         s3.client.put_object(Bucket=s3.bucket, Key=names[3], Body=good)  # another key's block
         assert not load(tier, view, keys, [4, 5, 6, 7])
         stats = tier.stats()
-        assert (stats["corrupt_truncated"], stats["corrupt_checksum"], stats["corrupt_foreign"]) == (1, 1, 1)
-        assert stats["blocks_loaded"] == 1 and stats["load_failed_checksum"] == 1
+        causes = (stats["load_failed_truncated"], stats["load_failed_checksum"], stats["load_failed_foreign"])
+        assert causes == (1, 1, 1)
+        assert stats["blocks_loaded"] == 1 and stats["verify_failures"] == 3
         for k in keys[1:]:
             assert tier.lookup(k, CTX) is False
-        wait_until(lambda: set(block_keys(s3, f"{s3.prefix}/")) == {names[0]})
+        # read whole and failing verification: deleted; short: not there yet (C17), kept and a miss
+        wait_until(lambda: set(block_keys(s3, f"{s3.prefix}/")) == {names[0], names[1]})
+        wait_until(lambda: tier.stats()["bad_blocks_removed"] == 2)
         assert load(tier, view, keys[:1], [4])
-        assert store(tier, view, keys[1:])  # they can be stored again
-        assert load(tier, view, keys, [4, 5, 6, 7])
+        assert store(tier, view, keys[2:])  # they can be stored again
+        assert load(tier, view, [keys[0], *keys[2:]], [4, 6, 7])
     finally:
         tier.shutdown()
 
@@ -546,7 +512,7 @@ def test_restart_reuses_blocks_without_rewriting(s3, caplog):
         stats = tier.stats()
         assert stats["startup_listed_blocks"] == 30 and stats["resident_bytes"] == 30 * OBJ
         assert all(tier.lookup(k, CTX) is True for k in keys)
-        assert tier.stats()["heads_sent"] == 0
+        assert tier.stats()["lookup_probes"] == 0
         assert load(tier, view, keys[:16], list(range(16)))
         assert store(tier, view, keys[:10])
         assert tier.stats()["blocks_stored"] == 0 and tier.stats()["stores_already_present"] == 10
@@ -588,7 +554,7 @@ def test_faults_end_in_failed_jobs_not_hangs(s3, proxy_factory, mode, counter):
         assert time.monotonic() - started < 25
         stats = tier.stats()
         assert stats[counter] == 5, stats  # every block failed once, classified
-        assert stats["stores_failed"] == 3 and stats["loads_failed"] == 2
+        assert stats["store_failures"] == 3 and stats["load_failures"] == 2
         assert proxy.accepted - accepted >= 5 * (2 if mode == "hang" else 3)  # botocore retried each request
         assert not tier.has_pending_work()
         assert all(wait_for_lookup(tier, k, CTX) is False for k in new)

@@ -163,6 +163,27 @@ class SecondaryTierManager(abc.ABC):
         """
         return None
 
+    @classmethod
+    def probe(cls, tier_config: Mapping[str, Any]) -> str | None:
+        """Check, creating nothing, that the entry's root, bucket or server would work (``tiering check --probe``).
+
+        Args:
+            tier_config: the ``secondary_tiers`` entry (``type`` included).
+
+        Returns:
+            One line saying what was found (never a credential), or None: this
+            tier has no side-effect-free probe, so the command builds the tier
+            instead (and prints :meth:`probe_report`).
+
+        Raises:
+            ValueError: the entry cannot work (the message says why).
+        """
+        return None
+
+    def probe_report(self) -> list[str]:
+        """What this tier's start-up probe found, one line each (server limits, fallbacks); never a credential."""
+        return []
+
     def __init__(
         self,
         offloading_spec: OffloadingSpec,
@@ -235,8 +256,11 @@ class SecondaryTierManager(abc.ABC):
     def stats(self) -> dict[str, int | float]:
         """Figures of the tier for metrics and ``tiering stat``. Default: none.
 
-        Keys with a meaning to :mod:`tiering.core.metrics`: ``resident_blocks``,
-        ``resident_bytes``, ``capacity_bytes`` (0: unbounded), ``evictions``,
+        Keys use the stats vocabulary, :data:`tiering.core.toolkit.stats.STATS`
+        (one name per concept in every tier, documented once). Those with a
+        meaning to :mod:`tiering.core.metrics`: ``resident_blocks``,
+        ``resident_bytes``, ``used_bytes``, ``pending_delete_bytes``,
+        ``capacity_bytes`` (0: unbounded), ``evictions``, ``failed_deletes``,
         and ``store_failed_<cause>`` / ``load_failed_<cause>`` (blocks, by
         cause: ``checksum``, ``truncated``, ``foreign``, ``io_error``,
         ``timeout``, ``throttled``, ``no_space``, ...). Other keys are shown

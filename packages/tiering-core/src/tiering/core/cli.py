@@ -1,7 +1,12 @@
-"""The ``tiering`` command: ``bench`` and ``check`` (``ls``/``stat``/``gc``/``verify``: :mod:`tiering.core.commands`).
+"""The ``tiering`` command: ``bench``, ``check``, ``ls``, ``stat``, ``gc``, ``verify``.
 
-Exit status: 0 on success, 1 when a replay fails (a loaded byte differs, a
-request hangs), 2 on a bad configuration or bad arguments.
+``bench`` lives in :mod:`tiering.core.bench.command`, ``ls``/``stat``/``gc``/``verify``
+in :mod:`tiering.core.commands`.
+
+Exit status: 0 on success, 1 when a replay or a check of stored blocks fails,
+2 on a bad configuration or bad arguments, 130 / 143 when ended by SIGINT /
+SIGTERM. Every config value and error text printed goes through
+:mod:`tiering.core.redact`: no credential reaches the output.
 """
 
 from __future__ import annotations
@@ -9,66 +14,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
+import platform
+import re
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, packages_distributions, version
-from pathlib import Path
+from importlib.metadata import PackageNotFoundError, distributions, packages_distributions, version
 from typing import Any
 
-from tiering.core.commands import add_commands
-from tiering.core.factory import CachePolicyFactory, SecondaryTierFactory, create_spec, resolve_tier
+from tiering.core.bench.command import add_bench_parser
+from tiering.core.commands import add_commands, option_pairs
+from tiering.core.configfile import install_hint, load_config, redact_text
+from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
 
 logger = logging.getLogger("tiering.core.cli")
 
-DEFAULT_BENCH_BLOCK_BYTES = 16 * 1024
-DEFAULT_BENCH_PRIMARY_BLOCKS = 1024
-DEFAULT_REQUESTS = 2000
-
-
-def default_cache_dir() -> Path:
-    """``$TIERING_CACHE_DIR``, else ``$XDG_CACHE_HOME/tiering``, else ``~/.cache/tiering``."""
-    if env := os.environ.get("TIERING_CACHE_DIR"):
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tiering"
-
-
-def default_bench_config(block_bytes: int) -> dict[str, Any]:
-    """CPU primary of 1024 blocks plus the fs tier under the cache dir (the example tier without tiering-fs)."""
-    tier: dict[str, Any]
-    if "fs" in SecondaryTierFactory.known_names():
-        tier = {"type": "fs", "root": str(default_cache_dir() / "bench")}
-    else:
-        tier = {"type": "example"}
-    return {
-        "spec_name": "TieringOffloadingSpec",
-        "cpu_bytes_to_use": DEFAULT_BENCH_PRIMARY_BLOCKS * block_bytes,
-        "block_bytes": block_bytes,
-        "eviction_policy": "lru",
-        "secondary_tiers": [tier],
-    }
-
-
-def load_config(path: str) -> dict[str, Any]:
-    """Read a JSON config file; a ``kv_connector_extra_config`` wrapper is unwrapped.
-
-    Raises:
-        ValueError: unreadable file or not a JSON object (the message names the file).
-    """
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read config {path}: {exc}") from exc
-    if isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict):
-        config = config["kv_connector_extra_config"]
-    if not isinstance(config, dict):
-        raise ValueError(f"config {path} must hold a JSON object")
-    return config
-
 
 def provider_of(cls: type) -> str:
-    """``"<distribution> <version>"`` of the installed package providing ``cls``, or ``"unknown"``.
+    """``"<distribution> <version>"`` of the installed package providing ``cls`` (or says it is none).
 
     The distribution named after the longest module prefix wins
     (``tiering.fs.tier`` -> ``tiering-fs``), since namespace packages share
@@ -82,12 +44,38 @@ def provider_of(cls: type) -> str:
             return f"{name} {version(name)}"
         except PackageNotFoundError:
             continue
-    return "unknown"
+    return "not from an installed distribution"
+
+
+def installed_distributions() -> list[tuple[str, str]]:
+    """``(name, version)`` of every installed distribution whose name starts with ``tiering``, sorted."""
+    found: dict[str, str] = {}
+    for dist in distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().replace("_", "-").startswith("tiering"):
+            found.setdefault(name, dist.version)
+    return sorted(found.items())
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: every installed tiering distribution with its version, then the Python."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        for name, ver in installed_distributions():
+            print(f"{name} {ver}")
+        print(f"Python {platform.python_version()} ({sys.executable})")
+        parser.exit()
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Resolve every tier and the eviction policy of a config; print what each resolved to."""
-    config = load_config(args.config)
+    """Check a config without side effects (every value against each tier's schema); ``--probe`` opens each tier."""
+    notes: list[str] = []
+    config = load_config(args.config, notes)
+    for line in notes:
+        print(line)
     spec = create_spec(config)
     print(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
     print(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
@@ -96,157 +84,180 @@ def cmd_check(args: argparse.Namespace) -> int:
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
         print(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
-    for index, tier_config in enumerate(getattr(spec, "secondary_tiers", [])):
-        tier_cls, tier_type, _ = resolve_tier(tier_config, index)
+    tier_configs = list(getattr(spec, "secondary_tiers", []))
+    for index, tier_config in enumerate(tier_configs):
+        tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)
+        schema = getattr(tier_cls, "config_schema", None)
+        if schema is not None:
+            schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+            checked = f"every value checked against its schema ({len(schema.keys)} keys)"
+        else:
+            checked = "keys checked against its constructor (the tier declares no schema; --probe checks values)"
         print(
             f"secondary_tiers[{index}] type {tier_type!r}: "
-            f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)})"
+            f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)}); {checked}"
         )
     if args.probe:
-        from tiering.core.inspection import inspector_for
-        from tiering.core.primary import allocate_host_buffer
-        from tiering.core.spec import TieringOffloadingSpec
-
-        if isinstance(spec, TieringOffloadingSpec):
-            tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
-            for index, (tier, tier_config) in enumerate(zip(tiers, spec.secondary_tiers, strict=True)):
-                inspector = inspector_for(tier_config, index)
-                where = f" ({inspector.location()})" if inspector is not None else ""
-                print(f"probe {tier.tier_type!r}{where}: ok")
-                tier.shutdown()
-    print("config ok" if args.probe else "config ok (names and keys; --probe builds each tier, checking every value)")
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    """Replay a workload through a stack, verify every loaded byte, print a report."""
-    from tqdm import tqdm
-
-    from tiering.core.bench import Replayer, VerificationError, load_mooncake_trace, synthetic_chat
-    from tiering.core.bench.workload import MOONCAKE_BLOCK_TOKENS
-    from tiering.core.spec import TieringOffloadingSpec
-
-    if args.config:
-        # A given config is used as it is, so bench stores blocks in the very
-        # namespace `tiering check`, `stat` and an engine use; --block-bytes
-        # overrides it only when given, and says so.
-        config = load_config(args.config)
-        if args.block_bytes is not None and config.get("block_bytes") != args.block_bytes:
-            print(f"--block-bytes {args.block_bytes} overrides the config's block_bytes", file=sys.stderr)
-            config["block_bytes"] = args.block_bytes
+        _probe(spec, tier_configs)
+        print("config ok (every tier opened)")
     else:
-        config = default_bench_config(args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES)
-        if args.trace:
-            config["block_size"] = MOONCAKE_BLOCK_TOKENS
-    spec = create_spec(config)
-    if not isinstance(spec, TieringOffloadingSpec):
-        raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
-    requests = (
-        load_mooncake_trace(args.trace, args.requests) if args.trace else synthetic_chat(args.requests, spec.block_size)
-    )
-    manager = spec.get_manager()
-    if args.metrics_port is not None:
-        from tiering.core.metrics_prometheus import serve
-
-        serve(manager, args.metrics_port)
-        print(f"serving metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr)
-    names = [f"{i}:{t.tier_type}" for i, t in enumerate(manager.secondary_tiers)]
-    print(
-        f"tiering bench: {args.trace or 'synthetic chat'} ({args.requests} requests), primary "
-        f"{spec.num_primary_blocks} x {spec.block_bytes} B ({spec.eviction_policy}), secondary: "
-        f"{', '.join(names) or 'none'}",
-        file=sys.stderr,
-    )
-    replayer = Replayer(manager, names)
-    try:
-        with tqdm(total=args.requests, unit="req", file=sys.stderr, disable=None) as bar:
-            report = replayer.run(requests, bar.update)
-    except (VerificationError, TimeoutError) as exc:
-        print(f"tiering bench: FAILED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        manager.shutdown()
-    data = report.to_dict()
-    data["config"] = config
-    print(format_report(data))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    if args.plot:
-        from tiering.core.bench.plot import plot_report
-
-        print(f"plot written to {plot_report(data, args.plot)}", file=sys.stderr)
+        print("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
     return 0
 
 
-def format_report(data: dict[str, Any]) -> str:
-    """The human-readable replay report."""
-    lines = [
-        f"requests           {data['requests']}",
-        f"block lookups      {data['block_lookups']}",
-        f"hits               {data['hits_total']}  ({1 - data['miss_ratio']:.1%})",
-    ]
-    lines += [f"  {tier:<16} {n}" for tier, n in sorted(data["hits"].items())]
-    lines += [
-        f"misses             {data['misses']}  (miss ratio {data['miss_ratio']:.1%})",
-        f"blocks stored      {data['blocks_stored']}  (rejected: {data['store_rejected']})",
-    ]
-    for tier in sorted(set(data["bytes_stored"]) | set(data["bytes_loaded"])):
-        stored, loaded = data["bytes_stored"].get(tier, 0), data["bytes_loaded"].get(tier, 0)
-        lines.append(f"  {tier:<16} stored {stored / 1e6:10.1f} MB   loaded {loaded / 1e6:10.1f} MB")
-    lat = data["scheduler_call_us"]
-    lines += [
-        f"verified blocks    {data['verified_blocks']} (every loaded byte matched)",
-        f"short loads        {data['short_loads']} (requests that loaded fewer blocks than their lookup found:"
-        " a promotion failed or no primary slot was free; the rest was recomputed)",
-        f"throughput         {data['throughput_gb_s']:.3f} GB/s",
-        f"scheduler calls    {data['scheduler_calls']}: p50 {lat['p50']:.1f} us, p90 {lat['p90']:.1f} us, "
-        f"p99 {lat['p99']:.1f} us, max {lat['max']:.1f} us",
-        f"wall time          {data['wall_s']:.2f} s",
-    ]
-    return "\n".join(lines)
+def _probe(spec: Any, tier_configs: list[Any]) -> None:
+    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it."""
+    from tiering.core.configfile import tier_location
+    from tiering.core.factory import create_secondary_tier
+    from tiering.core.primary import allocate_host_buffer
+
+    view = allocate_host_buffer(1, spec.block_bytes)
+    for index, tier_config in enumerate(tier_configs):
+        cls, tier_type, _ = resolve_tier(tier_config, index)
+        where = tier_location(tier_config, index)
+        head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
+        tail = "" if where else " (in memory, nothing kept)"
+        found = cls.probe(tier_config)
+        if found is not None:
+            print(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
+            continue
+        tier = create_secondary_tier(tier_config, view, spec, index=index)
+        try:
+            print(f"{head}: ok{tail}")
+            for line in tier.probe_report():
+                print(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
+        finally:
+            tier.shutdown()
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``tiering`` argument parser."""
     parser = argparse.ArgumentParser(prog="tiering", description="KV-cache tiering: replays and config checks.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action=_VersionAction, help="print every installed tiering package's version")
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="replay a workload through a tier stack and verify every loaded byte")
-    bench.add_argument("--config", help="JSON config (kv_connector_extra_config shape); default: primary + fs tier")
-    bench.add_argument("--trace", help="Mooncake JSONL trace; default: synthetic multi-turn chat")
-    bench.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests to replay (default 2000)")
-    bench.add_argument(
-        "--block-bytes",
-        type=int,
-        help=f"bytes per block (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the default stack)",
+    add_bench_parser(sub)
+    check = sub.add_parser(
+        "check",
+        help="check a config: every value, without side effects (--probe: also open each tier)",
     )
-    bench.add_argument("--json", help="also write the report as JSON to this file")
-    bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
-    bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
-    bench.set_defaults(func=cmd_bench)
-    check = sub.add_parser("check", help="resolve every tier and policy of a config")
     check.add_argument("config", help="JSON config file")
-    check.add_argument("--probe", action="store_true", help="also construct each tier (probes roots, buckets)")
+    check.add_argument("--probe", action="store_true", help="also construct each tier: opens roots, buckets, servers")
     check.set_defaults(func=cmd_check)
     add_commands(sub)
     return parser
 
 
+def split_tier_options(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate the ``--KEY VALUE`` tier options of ``ls``/``stat``/``gc``/``verify`` from their own arguments.
+
+    Options the sub-command does not declare (with their value) are tier
+    keys; everything else stays, in order, for argparse.
+
+    Returns:
+        ``(arguments for argparse, tier option tokens)``.
+    """
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    index = next((i for i, token in enumerate(argv) if token in subparsers.choices), None)
+    if index is None:
+        return argv, []
+    sub = subparsers.choices[argv[index]]
+    if sub.get_default("accepts_tier_options") is not True:
+        return argv, []
+    known = sub._option_string_actions
+    kept, extra = argv[: index + 1], []
+    tokens = argv[index + 1 :]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, _ = token.partition("=")
+        takes_value = token.startswith("--") and not eq and i + 1 < len(tokens)
+        if token.startswith("--") and name not in known:
+            extra.append(token)
+            if takes_value and not tokens[i + 1].startswith("--"):
+                extra.append(tokens[i + 1])
+                i += 1
+        else:
+            kept.append(token)
+            action = known.get(name)
+            if action is not None and action.nargs != 0 and takes_value:
+                kept.append(tokens[i + 1])
+                i += 1
+        i += 1
+    return kept, extra
+
+
+def _secret_context(args: argparse.Namespace) -> Any:
+    """What the command was given that may hold secrets: its config file and tier options."""
+    context: dict[str, Any] = {"options": dict(getattr(args, "tier_options", None) or {})}
+    path = getattr(args, "config", None)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                context["config"] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    return context
+
+
+def error_text(exc: BaseException, context: Any = None) -> str:
+    """The one-line message of a failed command: redacted, with the install or PYTHONPATH hint it needs."""
+    text = redact_text(exc, context)
+    if isinstance(exc, ImportError) and "module_path" in text:
+        text += (
+            " (module_path modules are imported from Python's path: run with PYTHONPATH set to the directory "
+            "holding the module, e.g. PYTHONPATH=. when it is beside the config)"
+        )
+    if "./packages/" not in text:
+        text = _PIP_INSTALL.sub(lambda m: install_hint(m.group(1)), text)
+    return text
+
+
+_PIP_INSTALL = re.compile(r"pip install (tiering-[a-z0-9-]*[a-z0-9])")
+
+
+class _RedactingFilter(logging.Filter):
+    """Redacts every log record (message and arguments) against the command's secret context."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__()
+        self.context = context
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact_text(record.getMessage(), self.context)
+        record.args = None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info), self.context)
+            record.exc_info = None
+        return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tiering`` command."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, extra = split_tier_options(parser, argv)
     args = parser.parse_args(argv)
+    try:
+        args.tier_options = option_pairs(extra)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_RedactingFilter(_secret_context(args)))
     try:
         return int(args.func(args))
     except BrokenPipeError:
         # The reader of our output went away (e.g. `| head`): not an error of ours.
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        print(f"tiering {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:
-        print(f"tiering {args.command}: error: {exc}", file=sys.stderr)
+        print(f"tiering {args.command}: error: {error_text(exc, _secret_context(args))}", file=sys.stderr)
         return 2
 
 

@@ -2,6 +2,16 @@
 
 Each command reads the same JSON config as ``tiering bench`` and works on
 every persistent tier of it (those whose class offers an ``inspector``).
+Without a config, the stack is given on the command line, generically (core
+names no backend):
+
+- ``--root DIR``: the tier ``tiering bench`` uses by default, in ``DIR``
+  (what ``tiering bench --root DIR`` wrote);
+- ``--tier TYPE --KEY VALUE ...``: one tier entry; each ``--some-key VALUE``
+  is the tier's config key ``some_key`` (``--tier s3 --bucket kv --prefix a``),
+  its value read as the tier's schema declares it.
+
+The stack around that tier is the benchmark's default one (its namespace).
 """
 
 from __future__ import annotations
@@ -12,19 +22,87 @@ import json
 import random
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
+from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.core.configfile import load_config, redact_text
+from tiering.core.factory import SecondaryTierFactory
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for, parse_duration, parse_size
 
 STAT_WAIT_S = 60.0
 
 
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    from tiering.core.cli import load_config
+def option_pairs(argv: Sequence[str]) -> dict[str, str]:
+    """``["--bucket", "kv", "--endpoint-url=http://h:9000"]`` -> ``{"bucket": "kv", "endpoint_url": "http://h:9000"}``.
 
-    return load_config(args.config)
+    Raises:
+        ValueError: a token is not ``--key`` or lacks its value.
+    """
+    out: dict[str, str] = {}
+    items = list(argv)
+    while items:
+        token = items.pop(0)
+        if not token.startswith("--") or len(token) < 3:
+            raise ValueError(f"unrecognized argument {token!r} (tier keys are given as --key VALUE)")
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            if not items or items[0].startswith("--"):
+                raise ValueError(f"tier option {token} needs a value")
+            value = items.pop(0)
+        out[key.replace("-", "_")] = value
+    return out
+
+
+def _coerce(cls: type, key: str, text: str) -> Any:
+    """A command-line value as the tier's schema declares ``key`` (a string when it accepts one, else JSON)."""
+    schema = getattr(cls, "config_schema", None)
+    spec = schema.keys.get(key) if schema is not None else None
+    if spec is not None and str in spec.types:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def stack_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config a command works on: the CONFIG file, or a stack built from ``--root`` / ``--tier`` options.
+
+    Raises:
+        ValueError: both or neither given; no installed tier offers a local default.
+    """
+    options: dict[str, str] = dict(getattr(args, "tier_options", None) or {})
+    if args.config:
+        if args.tier or args.root or options:
+            raise ValueError("give either a CONFIG file or --root / --tier options, not both")
+        return load_config(args.config)
+    if args.tier is None:
+        if args.root is None:
+            raise ValueError(
+                "give a CONFIG file, --root DIR (the directory of `tiering bench --root DIR`), or --tier TYPE "
+                "with the tier's keys as options (--KEY VALUE)"
+            )
+        entry = default_local_tier(args.root)
+        if entry is None:
+            raise ValueError("no installed tier keeps blocks in a local directory; use --tier TYPE or a CONFIG")
+    else:
+        entry = {"type": args.tier}
+        if args.root is not None:
+            entry["root"] = args.root
+    cls = SecondaryTierFactory.get_class(entry["type"])
+    entry.update({key: _coerce(cls, key, value) for key, value in options.items()})
+    return bench_config([entry], getattr(args, "block_bytes", None) or DEFAULT_BENCH_BLOCK_BYTES)
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    return stack_config(args)
+
+
+def _location(inspector: TierInspector, tier_config: Mapping[str, Any]) -> str:
+    return redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
 
 
 def _inspectors(config: dict[str, Any]) -> list[tuple[int, dict[str, Any], TierInspector]]:
@@ -57,7 +135,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """Per tier: namespaces present (fields from namespace.json), block count and bytes, oldest and newest."""
     report = []
     for index, tier_config, inspector in _inspectors(_config(args)):
-        entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": inspector.location()}
+        location = _location(inspector, tier_config)
+        entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
         entry["namespaces"] = []
         for digest in inspector.namespaces():
             summary = inspector.summary(digest)
@@ -112,7 +191,14 @@ def cmd_stat(args: argparse.Namespace) -> int:
             wait = getattr(tier, "wait_for_scan", None)
             if callable(wait):
                 wait(args.wait)
-            report["tiers"].append({"index": index, "type": tier.tier_type, "stats": dict(tier.stats())})
+            stats = dict(tier.stats())
+            entry = {"index": index, "type": tier.tier_type, "stats": stats}
+            inspector = inspector_for(spec.secondary_tiers[index], index)
+            if inspector is not None:
+                entry["location"] = _location(inspector, spec.secondary_tiers[index])
+            if "capacity_bytes" in stats:
+                entry["capacity"] = "unbounded" if not stats["capacity_bytes"] else stats["capacity_bytes"]
+            report["tiers"].append(entry)
     finally:
         for tier in tiers:
             tier.shutdown()
@@ -122,9 +208,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
     print(f"namespace {report['namespace']}")
     print(f"primary  {report['primary']['blocks']} blocks, {report['primary']['capacity_bytes']} bytes")
     for entry in report["tiers"]:
-        print(f"secondary_tiers[{entry['index']}] {entry['type']}")
+        where = f" at {entry['location']}" if entry.get("location") else ""
+        print(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
         for key, value in sorted(entry["stats"].items()):
-            print(f"  {key:<28} {value}")
+            shown = "unbounded" if key == "capacity_bytes" and not value else value
+            print(f"  {key:<28} {shown}")
     return 0
 
 
@@ -132,13 +220,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
     """Remove a stale namespace, blocks older than a duration, or the oldest blocks down to a size."""
     cutoff = time.time() - parse_duration(args.older_than) if args.older_than else None
     verb = "would remove" if args.dry_run else "removed"
+    found_namespace = False
     for index, tier_config, inspector in _inspectors(_config(args)):
-        label = f"secondary_tiers[{index}] {tier_config['type']} at {inspector.location()}"
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
         foreign = sorted(inspector.foreign())
         if args.namespace:
             if args.namespace not in inspector.namespaces():
                 print(f"{label}: no namespace {args.namespace}")
                 continue
+            found_namespace = True
             blocks = _walk(inspector, args.namespace, label)
             n = len(blocks) if args.dry_run else inspector.remove_namespace(args.namespace)
             print(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {sum(b.size for b in blocks)} bytes)")
@@ -163,6 +253,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
             print(f"{label}: {verb} {n} blocks ({sum(b.size for _, b in victims)} bytes)")
         if foreign:
             print(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+    if args.namespace and not found_namespace:
+        print(f"tiering gc: no tier holds namespace {args.namespace} (see `tiering ls`)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -170,7 +263,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Read blocks, check their headers and checksums; report (and with --remove, delete) corrupt ones."""
     corrupt_total = 0
     for index, tier_config, inspector in _inspectors(_config(args)):
-        label = f"secondary_tiers[{index}] {tier_config['type']} at {inspector.location()}"
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
         for digest in inspector.namespaces():
             blocks = _walk(inspector, digest, label)
             if args.sample is not None and args.sample < len(blocks):
@@ -194,19 +287,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if corrupt_total else 0
 
 
+STACK_EPILOG = (
+    "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
+    "opens one tier of that type with those config keys (e.g. --tier s3 --bucket kv --prefix fleet-a)."
+)
+
+
+def _stack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
+    parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
+    parser.add_argument("--root", metavar="DIR", help="the directory of the tier (`tiering bench --root DIR`)")
+    parser.set_defaults(accepts_tier_options=True)
+
+
 def add_commands(sub: Any) -> None:
     """Register ls, stat, gc and verify on the ``tiering`` sub-parser."""
-    ls = sub.add_parser("ls", help="namespaces, blocks and bytes held by each persistent tier")
-    ls.add_argument("config")
+    ls = sub.add_parser("ls", help="namespaces, blocks and bytes held by each persistent tier", epilog=STACK_EPILOG)
+    _stack_arguments(ls)
     ls.add_argument("--json", action="store_true", help="print JSON")
     ls.set_defaults(func=cmd_ls)
-    stat = sub.add_parser("stat", help="live figures of each tier of the configured stack")
-    stat.add_argument("config")
+    stat = sub.add_parser("stat", help="live figures of each tier of the configured stack", epilog=STACK_EPILOG)
+    _stack_arguments(stat)
     stat.add_argument("--json", action="store_true", help="print JSON")
     stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
+    stat.add_argument(
+        "--block-bytes",
+        type=int,
+        help=f"without CONFIG: bytes per block of the namespace to open (default {DEFAULT_BENCH_BLOCK_BYTES})",
+    )
     stat.set_defaults(func=cmd_stat)
-    gc = sub.add_parser("gc", help="remove stale namespaces, old blocks, or evict down to a size")
-    gc.add_argument("config")
+    gc = sub.add_parser("gc", help="remove stale namespaces, old blocks, or evict down to a size", epilog=STACK_EPILOG)
+    _stack_arguments(gc)
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
     what.add_argument(
@@ -220,8 +331,8 @@ def add_commands(sub: Any) -> None:
     )
     gc.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     gc.set_defaults(func=cmd_gc)
-    verify = sub.add_parser("verify", help="check stored blocks' headers and checksums")
-    verify.add_argument("config")
+    verify = sub.add_parser("verify", help="check stored blocks' headers and checksums", epilog=STACK_EPILOG)
+    _stack_arguments(verify)
     verify.add_argument("--sample", type=int, metavar="N", help="check N random blocks per namespace")
     verify.add_argument("--remove", action="store_true", help="delete the corrupt blocks found")
     verify.set_defaults(func=cmd_verify)

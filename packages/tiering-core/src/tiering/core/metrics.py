@@ -9,9 +9,11 @@ Prometheus conventions under the prefix ``tiering_`` (``_total`` counters,
 position in ``secondary_tiers``, ``primary`` for the CPU tier).
 
 Tiers contribute their own figures through
-:meth:`~tiering.core.base.SecondaryTierManager.stats`: the keys
-``resident_blocks``, ``resident_bytes``, ``capacity_bytes`` (gauges),
-``evictions`` and ``store_failed_<cause>`` / ``load_failed_<cause>``
+:meth:`~tiering.core.base.SecondaryTierManager.stats`, named by the stats
+vocabulary (:data:`tiering.core.toolkit.stats.STATS`): the keys
+``resident_blocks``, ``resident_bytes``, ``used_bytes``,
+``pending_delete_bytes``, ``capacity_bytes`` (gauges), ``evictions``,
+``failed_deletes`` and ``store_failed_<cause>`` / ``load_failed_<cause>``
 (counters of blocks; causes such as ``checksum``, ``truncated``, ``foreign``,
 ``io_error``, ``timeout``, ``throttled``, ``no_space``).
 """
@@ -41,6 +43,7 @@ COUNTERS = {
     "store_failures_total": "Blocks or jobs that failed to store, by cause.",
     "load_failures_total": "Blocks or jobs that failed to load, by cause.",
     "evictions_total": "Blocks evicted to make room.",
+    "failed_deletes_total": "Deletes (evictions, bad blocks) that failed; their bytes stay counted until retried.",
     "jobs_total": "Transfer jobs finished, by kind (store, load) and outcome (ok, failed).",
     "tier_errors_total": "Exceptions raised by a tier's methods (each turned into a miss or a failed job).",
 }
@@ -48,6 +51,8 @@ GAUGES = {
     "resident_blocks": "Blocks held by the tier.",
     "resident_bytes": "Bytes held by the tier.",
     "capacity_bytes": "Capacity of the tier in bytes (0: unbounded).",
+    "used_bytes": "Bytes counted against the cap: resident, being written, and pending or failed deletes.",
+    "pending_delete_bytes": "Bytes of blocks whose delete is pending or failed (still stored).",
     "in_flight_jobs": "Transfer jobs submitted to the tier and not yet reported.",
 }
 HISTOGRAMS = {
@@ -192,11 +197,12 @@ def collect(
             stats = dict(tier.stats())
         except Exception:
             stats = {}
-        for name in ("resident_blocks", "resident_bytes", "capacity_bytes"):
+        for name in ("resident_blocks", "resident_bytes", "capacity_bytes", "used_bytes", "pending_delete_bytes"):
             if name in stats:
                 gauges[name][key] = float(stats[name])
-        if "evictions" in stats:
-            counters.setdefault("evictions_total", {})[key] = float(stats["evictions"])
+        for name in ("evictions", "failed_deletes"):
+            if name in stats:
+                counters.setdefault(f"{name}_total", {})[key] = float(stats[name])
         for stat, value in stats.items():
             for kind in ("store", "load"):
                 cause = stat.removeprefix(f"{kind}_failed_")

@@ -16,11 +16,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
+from tiering.core.manager import TieringManager
+from tiering.core.primary import CPUPrimaryTier
+from tiering.core.redact import redact_config
+from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
 
 if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
-    from tiering.core.manager import TieringManager
-    from tiering.core.primary import CPUPrimaryTier
 
 SPEC_KEYS = frozenset(
     {
@@ -177,6 +179,10 @@ class OffloadingSpec:
             world_size=_int_key(extra_config, "world_size", 1, 1),
         )
 
+    def __repr__(self) -> str:
+        """The class, namespace digest and config, credentials redacted (:func:`tiering.core.redact.redact_config`)."""
+        return f"{type(self).__name__}(digest={self.namespace.digest!r}, config={redact_config(self.extra_config)!r})"
+
 
 EVICTION_POLICIES = ("lru", "arc")
 
@@ -201,14 +207,16 @@ class TieringOffloadingSpec(OffloadingSpec):
         super().__init__(extra_config, engine_config, strict=strict)
         tiers = extra_config.get("secondary_tiers", [])
         if not isinstance(tiers, list) or not all(isinstance(t, Mapping) for t in tiers):
-            raise ValueError(f"config key 'secondary_tiers' must be a list of objects, got {tiers!r}")
+            raise ValueError(f"config key 'secondary_tiers' must be a list of objects, got {redact_config(tiers)!r}")
         self.secondary_tiers: list[Mapping[str, Any]] = tiers
         policy = extra_config.get("eviction_policy", "lru")
         self.cache_policy_module_path: str | None = extra_config.get("cache_policy_module_path")
         if not isinstance(policy, str) or (policy not in EVICTION_POLICIES and self.cache_policy_module_path is None):
+            close = difflib.get_close_matches(policy, EVICTION_POLICIES, 1) if isinstance(policy, str) else []
             raise ValueError(
-                f"config key 'eviction_policy' is {policy!r}; allowed: "
-                f"{', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "
+                f"config key 'eviction_policy' is {policy!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; allowed: {', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "
                 "together with 'cache_policy_module_path'"
             )
         self.eviction_policy: str = policy
@@ -222,21 +230,14 @@ class TieringOffloadingSpec(OffloadingSpec):
                 :attr:`tiering.core.transfer.HostBuffer.view`); when None an
                 ordinary pre-faulted buffer is allocated.
         """
-        from tiering.core.factory import CachePolicyFactory
-        from tiering.core.primary import CPUPrimaryTier
-
-        policy_cls = CachePolicyFactory.get_class(self.eviction_policy, self.cache_policy_module_path)
-        return CPUPrimaryTier(
-            self.num_primary_blocks, self.block_bytes, policy_cls(self.num_primary_blocks), buffer=buffer
-        )
+        policy = create_cache_policy(self.eviction_policy, self.cache_policy_module_path, self.num_primary_blocks)
+        return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
 
     def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
         """Build every entry of ``secondary_tiers`` over ``primary_kv_view``, in order.
 
         On an error, tiers already built are shut down before it propagates.
         """
-        from tiering.core.factory import create_secondary_tier
-
         tiers: list[SecondaryTierManager] = []
         try:
             for index, tier_config in enumerate(self.secondary_tiers):
@@ -253,8 +254,6 @@ class TieringOffloadingSpec(OffloadingSpec):
         Args:
             buffer: the primary tier's host buffer, see :meth:`create_primary`.
         """
-        from tiering.core.manager import TieringManager
-
         primary = self.create_primary(buffer)
         return TieringManager(primary, self.create_secondary_tiers(primary.kv_view))
 

@@ -1,25 +1,37 @@
 """The reference secondary tier: key -> bytes in a dict, jobs done synchronously.
 
-It shows the smallest correct tier: copy bytes out of / into
+It shows the smallest correct tier built on :mod:`tiering.core.toolkit`:
+declare the config keys once (:attr:`config_schema`), copy bytes out of / into
 ``primary_kv_view``, report every job exactly once from the next
-``get_finished`` call, and fail a load whose key is missing (never leave it
-unreported: that hang is the bug vLLM's seed 000 fixed).
+``get_finished`` call through a :class:`~tiering.core.toolkit.JobTracker`, fail
+a load whose key is missing (never leave it unreported: that hang is the bug
+vLLM's seed 000 fixed) while keeping the blocks it did copy
+(``successful_keys``), and publish KV events for what it stores.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import ClassVar
 
 from tiering.core import JobMetadata, JobResult, OffloadingSpec, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.toolkit import ConfigKey, ConfigSchema, JobTracker, KVEvent, KVEventLog
 
 logger = logging.getLogger(__name__)
+
+EXAMPLE_SCHEMA = ConfigSchema(
+    "example",
+    [ConfigKey("custom_param", (int,), default=0, doc="an example tier-specific integer, logged at start-up")],
+)
+"""Every key of an ``example`` entry."""
 
 
 class ExampleSecondaryTierManager(SecondaryTierManager):
     """An in-process, unbounded dict of block bytes.
 
-    Config: ``{"type": "example", "custom_param": 0}``.
+    Config: ``{"type": "example", "custom_param": 0}``. The blocks live as
+    long as the process (``medium`` ``"cpu"``, as vLLM's own example tier).
 
     Args:
         offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).
@@ -28,8 +40,12 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
         custom_param: an example tier-specific integer key, logged at init.
 
     Raises:
-        TypeError: ``custom_param`` is not an int.
+        tiering.core.toolkit.InvalidTypeError: ``custom_param`` is not an int
+            (a ``TypeError``).
     """
+
+    medium: ClassVar[str] = "cpu"
+    config_schema: ClassVar[ConfigSchema | None] = EXAMPLE_SCHEMA
 
     def __init__(
         self,
@@ -39,32 +55,42 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
         custom_param: int = 0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
-        if isinstance(custom_param, bool) or not isinstance(custom_param, int):
-            raise TypeError(f"tier {tier_type!r}: custom_param must be an int, got {custom_param!r}")
-        self.custom_param = custom_param
+        self.custom_param: int = EXAMPLE_SCHEMA.check_value("custom_param", custom_param)
         self._blocks: dict[OffloadKey, bytes] = {}
-        self._finished: list[JobResult] = []
+        self._jobs = JobTracker()
+        self._events = KVEventLog(self.medium)
         logger.info("example tier %r ready (custom_param=%d)", tier_type, custom_param)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool:
         return key in self._blocks
 
     def submit_store(self, job: JobMetadata) -> None:
+        state = self._jobs.start(job)
+        new = [key for key in job.keys if key not in self._blocks]
         for key, block_id in zip(job.keys, job.block_ids, strict=True):
-            if key not in self._blocks:
-                self._blocks[key] = self.block(block_id).tobytes()
-        self._finished.append(JobResult(job.job_id, True))
+            self._blocks.setdefault(key, self.block(block_id).tobytes())
+        self._events.record_stored(new)
+        state.record((i, True, "") for i in range(len(job.keys)))
 
     def submit_load(self, job: JobMetadata) -> None:
-        success = all(key in self._blocks for key in job.keys)
-        if success:
-            for key, block_id in zip(job.keys, job.block_ids, strict=True):
-                self.block(block_id)[:] = self._blocks[key]
-        self._finished.append(JobResult(job.job_id, success))
+        state = self._jobs.start(job)
+        outcomes = []
+        for i, (key, block_id) in enumerate(zip(job.keys, job.block_ids, strict=True)):
+            data = self._blocks.get(key)
+            if data is not None:
+                self.block(block_id)[:] = data
+            outcomes.append((i, data is not None, "" if data is not None else "missing"))
+        state.record(outcomes)
 
     def get_finished(self) -> Iterable[JobResult]:
-        finished, self._finished = self._finished, []
-        return finished
+        return self._jobs.take_finished()
+
+    def take_events(self) -> list[KVEvent]:
+        return self._events.take_events()
 
     def stats(self) -> dict[str, int | float]:
-        return {"resident_blocks": len(self._blocks), "resident_bytes": len(self._blocks) * self.block_bytes}
+        return {
+            "resident_blocks": len(self._blocks),
+            "resident_bytes": len(self._blocks) * self.block_bytes,
+            **self._jobs.stats(),
+        }

@@ -31,6 +31,7 @@ LOAD_CAUSES = (
 
 _NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG})
 _DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+_SYMLINK = frozenset({errno.ELOOP, errno.ENOTDIR})
 
 
 class _KeyOSError(InvalidValueError, OSError):
@@ -89,6 +90,8 @@ def failure_cause(exc: BaseException, *, load: bool, in_index: bool = False) -> 
         return exc.reason if exc.reason in LOAD_CAUSES else "corrupt"
     if isinstance(exc, FileNotFoundError):
         return ("vanished" if in_index else "missing") if load else "io_error"
+    if load and isinstance(exc, OSError) and exc.errno in _SYMLINK:
+        return "foreign"  # a symlink where a block file or shard directory should be (never followed)
     if isinstance(exc, OSError):
         if exc.errno in _NO_SPACE:
             return "io_error" if load else "no_space"

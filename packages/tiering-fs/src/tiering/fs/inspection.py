@@ -43,22 +43,28 @@ class FsInspector(TierInspector):
     def from_config(cls, config: Mapping[str, Any]) -> FsInspector:
         """Open the root of an ``fs`` tier config entry (``root``, ``storage_options``).
 
+        Nothing is touched here (``location()`` works for a root that does not
+        exist yet, e.g. for ``tiering check --probe``); listing a root that
+        does not exist raises ``FileNotFoundError``.
+
         Raises:
             ValueError: no ``root`` or an unknown protocol.
-            FileNotFoundError: the root does not exist.
         """
         root = config.get("root")
         if not isinstance(root, str) or not root:
             raise ValueError(f"fs tier: 'root' must be a non-empty path or URL, got {root!r}")
         backend, base = open_backend(root, dict(config.get("storage_options") or {}))
-        if backend.is_local and not os.path.isdir(base):
-            raise FileNotFoundError(f"fs tier root {root!r} does not exist")
         return cls(backend, base, root)
+
+    def _require_root(self) -> None:
+        if self.backend.is_local and not os.path.isdir(self.root):
+            raise FileNotFoundError(f"fs tier root {self.display_root!r} does not exist")
 
     def location(self) -> str:
         return self.display_root
 
     def _files(self) -> Iterator[tuple[str, StoredFile]]:
+        self._require_root()
         prefix = self.root + "/"
         for stored in self.backend.scan(self.root):
             path = stored.path.replace(os.sep, "/")
@@ -77,6 +83,7 @@ class FsInspector(TierInspector):
         return self.backend.read_small(f"{self.root}/{digest}/{NAMESPACE_FILE}")
 
     def blocks(self, digest: str) -> Iterator[BlockInfo]:
+        self._require_root()
         for stored in self.backend.scan(f"{self.root}/{digest}"):
             rel = stored.path.replace(os.sep, "/").split(f"/{digest}/", 1)[-1]
             match = _BLOCK.match(rel)

@@ -31,7 +31,7 @@ from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, Se
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobTracker, KeyState, KVEventLog
-from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
 from tiering.core.toolkit.events import KVEvent
 from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
@@ -50,11 +50,10 @@ logger = logging.getLogger(__name__)
 _TEMP_KEY = OffloadKey(b"")
 """Index key under which other processes' temporaries are reserved (no real key is empty)."""
 
+_LOOKUP_COUNTERS = ("lookups_hit", "lookups_miss", "lookups_pending", "lookup_probes")
+"""Counted by ``lookup`` alone, on the scheduler thread: plain ints, no lock on that path."""
+
 _COUNTERS = (
-    "lookups_hit",
-    "lookups_miss",
-    "lookups_pending",
-    "lookup_probes",
     "blocks_stored",
     "bytes_stored",
     "stores_already_present",
@@ -125,7 +124,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         startup_scan_wait_s: float = 2.0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
-        values = {k: v for k, v in locals().items() if k in FS_SCHEMA.keys}
+        values = {k: v for k, v in locals().items() if k in FS_SCHEMA.keys}  # the config keys given
         if isinstance(root, os.PathLike):
             values["root"] = os.fspath(root)
         elif root is None:
@@ -137,7 +136,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self.capacity_bytes = cfg.capacity_bytes
         self.n_read_threads, self.n_write_threads = cfg.n_read_threads, cfg.n_write_threads
         self.namespace = offloading_spec.namespace
-        self.backend, self.root = open_backend(cfg.root, dict(cfg.storage_options or {}))
+        try:
+            self.backend, self.root = open_backend(cfg.root, dict(cfg.storage_options or {}))
+        except ValueError as exc:  # an unknown protocol, a filesystem package not installed
+            raise InvalidValueError(tier_type, "root", str(exc)) from exc
         self.namespace_dir = f"{self.root.rstrip('/')}/{self.namespace.digest}"
         self.lookup_fallback = cfg.lookup_fallback
         if self.lookup_fallback == "auto":
@@ -152,6 +154,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self.index = CapacityIndex(cfg.capacity_bytes)
         self.jobs = JobTracker()
         self.counters = Counters(_COUNTERS)
+        self._lookup_counts = dict.fromkeys(_LOOKUP_COUNTERS, 0)
         self.events = KVEventLog(self.medium)
         self._stopping = False
         self._temp_bytes = 0
@@ -238,7 +241,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             answer = self._fallback(key)
         else:
             answer = True if state is KeyState.RESIDENT else None if state is KeyState.WRITING else False
-        self.counters.inc("lookups_hit" if answer else "lookups_pending" if answer is None else "lookups_miss")
+        self._lookup_counts["lookups_hit" if answer else "lookups_pending" if answer is None else "lookups_miss"] += 1
         return answer
 
     def _fallback(self, key: OffloadKey) -> bool | None:
@@ -247,7 +250,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             return False if self._rescanner.first_done.is_set() else None
         if self._lookup_cache is not None:
             return self._lookup_cache.lookup(key)
-        self.counters.inc("lookup_probes")
+        self._lookup_counts["lookup_probes"] += 1
         with self.index.reading() as ticket:  # an eviction after this point wins over the adoption (C13)
             size = self.files.size(key)
             return size == self.stored_block_bytes and self.index.adopt(key, self.stored_block_bytes, ticket)
@@ -348,6 +351,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
     def stats(self) -> dict[str, int | float]:
         """Figures of this tier instance under the toolkit's stats names; see the package README for every key."""
         out: dict[str, int | float] = dict(self.counters.snapshot())
+        out.update(self._lookup_counts)
         out.update(self.index.stats())
         out.update(self.jobs.stats())
         out.update(failure_totals(out))

@@ -29,6 +29,9 @@ from tiering.fs.errors import failure_cause
 
 logger = logging.getLogger(__name__)
 
+_REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
+"""Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
+
 StoreItem = tuple[JobState, int, bool]
 """(job, block index, bytes already reserved)."""
 
@@ -101,12 +104,13 @@ class Transfers:
         """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
         while True:
             res = self.index.reserve(key, self.stored_block_bytes)
-            if res.victims:
-                self.delete(res.victims, "eviction")
-            if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping:
-                return res.admit
-            if res.admit is Admit.NO_SPACE and not res.can_wait:
-                return res.admit
+            undeleted = bool(res.victims) and not self.delete(res.victims, "eviction")
+            if undeleted and res.admit is Admit.RESERVED and self._over_cap():
+                # The room was not freed after all: refuse rather than exceed the cap.
+                self.index.commit(key, False)
+                return Admit.NO_SPACE
+            if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping or not res.can_wait:
+                return res.admit  # (DELETING without can_wait: its old copy could not be deleted)
             self.index.wait_for_space(0.05)
 
     def _store_batch(self, victims: list[Victim], items: Sequence[StoreItem]) -> None:
@@ -117,8 +121,8 @@ class Transfers:
                 mine.append(victims.pop())  # atomic: each victim is deleted by exactly one share
             except IndexError:
                 break
-        if mine:
-            self.delete(mine, "eviction")
+        # When a victim's delete failed its bytes still count: a reservation that relied on them is given up.
+        undeleted = bool(mine) and not self.delete(mine, "eviction")
         outcomes: list[tuple[int, bool, str]] = []
         commits: list[tuple[OffloadKey, bool]] = []
         stored: list[OffloadKey] = []
@@ -130,13 +134,18 @@ class Transfers:
                     commits.append((key, False))
                 outcomes.append((i, False, SHUTDOWN))
                 continue
+            if reserved and undeleted and self._over_cap():
+                self.index.commit(key, False)
+                outcomes.append((i, False, "no_space"))
+                continue
             if not reserved:
                 admit = self._reserve_now(key)
                 if admit is not Admit.RESERVED:
                     ok = admit is Admit.PRESENT
                     if ok:
                         self.counters.inc("stores_already_present")
-                    outcomes.append((i, ok, "" if ok else "no_space"))
+                    cause = "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]
+                    outcomes.append((i, ok, cause))
                     continue
             try:
                 self.files.write(key, self.slot(state.meta.block_ids[i]))
@@ -210,14 +219,21 @@ class Transfers:
         elif isinstance(exc, FileNotFoundError) and known:
             self.index.remove(key, delete=False)
             self.forget([key], "vanished")
+        elif cause == "foreign" and known:  # a symlink put in its place: not ours to serve or to delete
+            self.index.remove(key, delete=False)
+            self.forget([key], "foreign")
         return cause
 
     def _load_failed(self, items: Sequence[Any], exc: BaseException) -> None:
         fail_tasks(items, SHUTDOWN if self._stopping else "internal")
 
     # -- deletes and removals -----------------------------------------------------------------------
-    def delete(self, victims: Iterable[Victim], reason: str) -> None:
-        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16)."""
+    def delete(self, victims: Iterable[Victim], reason: str) -> bool:
+        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16).
+
+        Returns:
+            True when every file is gone.
+        """
         outcomes = [(v.key, self.files.remove(v.key)) for v in victims]
         self.index.deleted_many(outcomes)
         gone = [k for k, ok in outcomes if ok]
@@ -229,6 +245,11 @@ class Transfers:
                     "fs tier: cannot delete %s (%s); kept counted, retried at the next rescan", key.hex(), reason
                 )
         self.forget(gone, reason)
+        return len(gone) == len(outcomes)
+
+    def _over_cap(self) -> bool:
+        cap = self.index.capacity_bytes
+        return cap is not None and self.index.used_bytes > cap
 
     def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
         if keys:

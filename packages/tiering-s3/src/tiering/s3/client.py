@@ -32,7 +32,8 @@ DELETE_BATCH = 1000
 """Keys per DeleteObjects request (the S3 maximum)."""
 LIST_PAGE = 1000
 """Keys per ListObjectsV2 page (the S3 maximum)."""
-_BATCH_DELETE_REFUSALS = frozenset({"NotImplemented", "MethodNotAllowed", "InvalidRequest", "501", "405"})
+_REFUSALS = frozenset({"NotImplemented", "MethodNotAllowed", "InvalidRequest", "InvalidArgument", "501", "405"})
+"""Error codes of a server that does not support a request or header (batch delete, If-None-Match)."""
 
 
 def new_boto_client(settings: ConnectionSettings, max_pool_connections: int) -> Any:
@@ -119,6 +120,10 @@ class S3Client:
         """The boto3 client (its ``meta.events`` take botocore event handlers)."""
         self.batch_delete = True
         """Whether DeleteObjects is used (False once the server refused it)."""
+        self.conditional_put = True
+        """Whether PUTs send ``If-None-Match: *`` (False once the server refused or ignored it)."""
+        self.checks_credentials: bool | None = None
+        """Whether the server checks credentials (None until :meth:`probe_credentials`)."""
 
     def __repr__(self) -> str:
         return f"S3Client(bucket={self.bucket!r}, endpoint_url={self.settings.endpoint_url!r})"
@@ -167,7 +172,10 @@ class S3Client:
         return data
 
     def put(self, name: str, body: bytes, *, if_absent: bool, content_type: str = "application/octet-stream") -> bool:
-        """``PutObject``; with ``if_absent`` conditional (``If-None-Match: *``).
+        """``PutObject``; with ``if_absent`` conditional (``If-None-Match: *``) while the server supports it.
+
+        A server that refuses the header (501, 400 ``NotImplemented``...) switches this client to
+        plain PUTs, with one warning, and the PUT is sent again without it.
 
         Returns:
             True when written; False when ``if_absent`` and the object existed (HTTP 412).
@@ -175,14 +183,34 @@ class S3Client:
         Raises:
             S3RequestError: any other failure.
         """
-        extra = {"IfNoneMatch": "*"} if if_absent else {}
-        try:
-            self.call("put_object", Key=name, Body=body, ContentType=content_type, **extra)
-        except S3RequestError as exc:
-            if if_absent and exc.precondition_failed:
-                return False
-            raise
+        if if_absent and self.conditional_put:
+            try:
+                self.call("put_object", Key=name, Body=body, ContentType=content_type, IfNoneMatch="*")
+                return True
+            except S3RequestError as exc:
+                if exc.precondition_failed:
+                    return False
+                if not self._refused(exc):
+                    raise
+                self.no_conditional_put("refuses")
+        self.call("put_object", Key=name, Body=body, ContentType=content_type)
         return True
+
+    def no_conditional_put(self, how: str) -> None:
+        """Stop sending ``If-None-Match``: the server ``how`` (``"refuses"`` / ``"ignores"``) it; warns once."""
+        if self.conditional_put:
+            self.conditional_put = False
+            logger.warning(
+                "s3 tier: the server at %s %s If-None-Match (conditional put); falling back to plain PUT "
+                "(concurrent writers of one key may overwrite each other: harmless, a key's bytes are fixed "
+                "within a namespace)",
+                self.settings.endpoint_url or "AWS",
+                how,
+            )
+
+    @staticmethod
+    def _refused(exc: S3RequestError) -> bool:
+        return exc.code in _REFUSALS or exc.status in (405, 501)
 
     def delete_many(self, names: Sequence[str]) -> dict[str, str]:
         """Delete ``names`` (batches of :data:`DELETE_BATCH`; one request per key without batch delete).
@@ -203,8 +231,9 @@ class S3Client:
                         "delete_objects", Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                     )
                 except S3RequestError as exc:
-                    if not self._refuses_batch_delete(exc):
+                    if not self._refused(exc):
                         raise
+                    self._no_batch_delete(exc)
                 else:
                     for err in response.get("Errors", ()):
                         if err.get("Code") not in ("NoSuchKey", "404"):
@@ -218,17 +247,14 @@ class S3Client:
                         failed[name] = exc.code or exc.error_class
         return failed
 
-    def _refuses_batch_delete(self, exc: S3RequestError) -> bool:
-        if exc.code in _BATCH_DELETE_REFUSALS or exc.status in (405, 501):
-            if self.batch_delete:
-                self.batch_delete = False
-                logger.warning(
-                    "s3 tier: the server at %s refuses DeleteObjects (%s); falling back to one DeleteObject per key",
-                    self.settings.endpoint_url or "AWS",
-                    exc.code or exc.status,
-                )
-            return True
-        return False
+    def _no_batch_delete(self, exc: S3RequestError) -> None:
+        if self.batch_delete:
+            self.batch_delete = False
+            logger.warning(
+                "s3 tier: the server at %s refuses DeleteObjects (%s); falling back to one DeleteObject per key",
+                self.settings.endpoint_url or "AWS",
+                exc.code or exc.status,
+            )
 
     def list_pages(self, prefix: str, delimiter: str = "", page_size: int = LIST_PAGE) -> Iterator[dict[str, Any]]:
         """``ListObjectsV2`` pages under ``prefix`` (each a response dict with ``Contents`` / ``CommonPrefixes``).
@@ -281,17 +307,10 @@ class S3Client:
         Raises:
             S3StartupError: a write or delete failed for another reason (permissions...).
         """
-        conditional = True
         try:
             self.put(probe_name, b"probe", if_absent=True)
-            if self.put(probe_name, b"probe", if_absent=True):
-                conditional = False
-                logger.warning(
-                    "s3 tier: the server at %s ignores If-None-Match (conditional put); falling back to plain PUT "
-                    "(concurrent writers of one key may overwrite each other: harmless, a key's bytes are fixed "
-                    "within a namespace)",
-                    self.settings.endpoint_url or "AWS",
-                )
+            if self.conditional_put and self.put(probe_name, b"probe", if_absent=True):
+                self.no_conditional_put("ignores")
             failed = self.delete_many([probe_name])
             if failed:
                 raise S3RequestError(
@@ -299,7 +318,34 @@ class S3Client:
                 )
         except S3RequestError as exc:
             raise self.startup_error("the write/delete probe", exc, probe_name.rpartition("/")[0] + "/") from None
-        return ServerFeatures(conditional_put=conditional, batch_delete=self.batch_delete)
+        return self.features()
+
+    def features(self) -> ServerFeatures:
+        """What this client found so far (the probe, and any refusal met since)."""
+        return ServerFeatures(self.conditional_put, self.batch_delete, self.checks_credentials)
+
+    def probe_credentials(self) -> bool | None:
+        """Whether the server refuses a request signed with made-up credentials (one ``HeadBucket``).
+
+        Sets :attr:`checks_credentials` (None when the answer was neither: unreachable...). Never raises.
+        """
+        fake = dataclasses.replace(
+            self.settings,
+            aws_access_key_id="AKIATIERINGPROBE0000",
+            aws_secret_access_key="tiering-credential-probe",
+            aws_session_token=None,
+            profile_name=None,
+            max_attempts=1,
+        )
+        other = S3Client(fake, 1)
+        try:
+            other.call("head_bucket")
+            self.checks_credentials = False
+        except S3RequestError as exc:
+            self.checks_credentials = True if exc.error_class in ("credentials", "access_denied") else None
+        finally:
+            other.close()
+        return self.checks_credentials
 
     def startup_error(
         self, what: str, exc: S3RequestError, scope: str, action: str = "startup probe"

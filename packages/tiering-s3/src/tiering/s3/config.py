@@ -10,37 +10,55 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from tiering.core.toolkit import ConfigKey, ConfigSchema, InvalidValueError, MissingKeyError
 from tiering.s3.errors import Redactor
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 RETRY_MODES = ("standard", "adaptive", "legacy")
 CHECKSUM_MODES = ("when_supported", "when_required")
-SECRET_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-"""Config keys whose values are credentials: never shown anywhere."""
+CREDENTIAL_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+"""Config keys holding credentials: their values are removed from every message (the secret ones
+are also marked ``secret`` in :data:`SCHEMA`, which ``tiering`` reports redact)."""
 
 
-def _check_str(name: str, value: Any, *, allow_none: bool = True, choices: Sequence[str] = ()) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"s3 tier: config key {name!r} must be a non-empty string, got {type(value).__name__}")
-    if choices and value not in choices:
-        raise ValueError(f"s3 tier: config key {name!r} is {value!r}; allowed: {', '.join(map(repr, choices))}")
+def _url_problem(value: str) -> str | None:
+    return None if value.startswith(("http://", "https://")) else "must start with http:// or https://"
 
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum else "")
-        raise ValueError(f"s3 tier: config key {name!r} must be an integer {bound}, got {value!r}")
+def _opt_str(name: str, doc: str, secret: bool = False) -> ConfigKey:
+    return ConfigKey(name, (str,), nullable=True, non_empty=True, secret=secret, doc=doc)
 
 
-def _check_seconds(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"s3 tier: config key {name!r} must be a number of seconds > 0, got {value!r}")
+SCHEMA = ConfigSchema(
+    "s3",
+    [
+        ConfigKey("bucket", (str,), required=True, non_empty=True, doc="the bucket (must exist)"),
+        ConfigKey("prefix", (str,), default="", doc="key prefix inside the bucket; nothing outside it is touched"),
+        ConfigKey("endpoint_url", (str,), nullable=True, non_empty=True, check=_url_problem, doc="null: AWS"),
+        _opt_str("region_name", "the bucket's region; null: boto3's default chain"),
+        ConfigKey("addressing_style", (str,), default="auto", choices=ADDRESSING_STYLES, doc="path or virtual-host"),
+        _opt_str("aws_access_key_id", "explicit access key id; null: boto3's default chain"),
+        _opt_str("aws_secret_access_key", "the secret of aws_access_key_id", secret=True),
+        _opt_str("aws_session_token", "the session token of temporary credentials", secret=True),
+        _opt_str("profile_name", "a profile of the shared AWS config files"),
+        _opt_str("ca_bundle", "PEM CA bundle verifying the endpoint's TLS certificate"),
+        ConfigKey("verify", (bool,), default=True, doc="false turns TLS verification off (test servers only)"),
+        ConfigKey("max_concurrency", (int,), default=16, minimum=1, maximum=1024, doc="I/O threads and connections"),
+        ConfigKey("retry_mode", (str,), default="standard", choices=RETRY_MODES, doc="botocore retry mode"),
+        ConfigKey("max_attempts", (int,), default=3, minimum=1, maximum=100, doc="per request, first included"),
+        ConfigKey("connect_timeout", (float,), default=5.0, minimum=0, exclusive_minimum=True, doc="seconds"),
+        ConfigKey("read_timeout", (float,), default=30.0, minimum=0, exclusive_minimum=True, doc="seconds"),
+        ConfigKey("request_checksum_calculation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
+        ConfigKey("response_checksum_validation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, doc="cap on object bytes; null: none"),
+        ConfigKey("head_fallback", (bool,), default=True, doc="on an index miss, ask the server with HEAD"),
+    ],
+)
+"""Every key of an ``s3`` tier entry (``S3SecondaryTierManager.config_schema``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +67,8 @@ class ConnectionSettings:
 
     Shared by the tier and its offline inspector (:mod:`tiering.s3.inspection`), so both
     validate the same keys alike, build the same client and classify startup failures the
-    same way. The credentials are kept out of ``repr``. Fields: the constructor keys of
-    :class:`S3SecondaryTierManager` of the same names (whose defaults are the only ones).
+    same way. The credentials are kept out of ``repr``. Fields: the keys of :data:`SCHEMA`
+    of the same names, with the same defaults.
     """
 
     bucket: str | None = None
@@ -79,9 +97,13 @@ class ConnectionSettings:
 
     @property
     def bucket_name(self) -> str:
-        """The bucket (call :meth:`validate` first)."""
+        """The bucket (call :meth:`validate` first).
+
+        Raises:
+            MissingKeyError: no bucket was given.
+        """
         if not isinstance(self.bucket, str) or not self.bucket:
-            raise ValueError("s3 tier: config key 'bucket' is required")
+            raise MissingKeyError("s3", "bucket", "required; expected a non-empty string")
         return self.bucket
 
     @property
@@ -90,49 +112,23 @@ class ConnectionSettings:
         return normalize_prefix(self.prefix)
 
     def validate(self) -> None:
-        """Check every value's type and range.
+        """Check every value (through :data:`SCHEMA`) and the keys that go together.
 
         Raises:
-            ValueError: a wrong value; the message names the key (never a secret's value).
+            TierConfigError: a wrong value (a subclass per mistake kind, also a ``ValueError``);
+                the message names the key, never a secret's value.
         """
-        if self.bucket is None:
-            raise ValueError("s3 tier: config key 'bucket' is required")
-        _check_str("bucket", self.bucket, allow_none=False)
-        if not isinstance(self.prefix, str):
-            raise ValueError(f"s3 tier: config key 'prefix' must be a string, got {type(self.prefix).__name__}")
-        endpoint_url = self.endpoint_url
-        _check_str("endpoint_url", endpoint_url)
-        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"s3 tier: config key 'endpoint_url' must start with http:// or https://, got {endpoint_url!r}"
-            )
-        _check_str("region_name", self.region_name)
-        _check_str("addressing_style", self.addressing_style, allow_none=False, choices=ADDRESSING_STYLES)
-        for name, secret in (
-            ("aws_access_key_id", self.aws_access_key_id),
-            ("aws_secret_access_key", self.aws_secret_access_key),
-            ("aws_session_token", self.aws_session_token),
-        ):
-            if secret is not None and (not isinstance(secret, str) or not secret):
-                raise ValueError(f"s3 tier: config key {name!r} must be a non-empty string")
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None or SCHEMA.keys[k].nullable}
+        SCHEMA.validate(given)
         if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
-            raise ValueError("s3 tier: 'aws_access_key_id' and 'aws_secret_access_key' must be given together")
-        _check_str("profile_name", self.profile_name)
-        _check_str("ca_bundle", self.ca_bundle)
-        if not isinstance(self.verify, bool):
-            raise ValueError(f"s3 tier: config key 'verify' must be true or false, got {self.verify!r}")
+            raise InvalidValueError(
+                "s3", "aws_secret_access_key", "aws_access_key_id and aws_secret_access_key must be given together"
+            )
         if self.ca_bundle is not None:
             if not self.verify:
-                raise ValueError("s3 tier: 'ca_bundle' is set but 'verify' is false; set one or the other")
+                raise InvalidValueError("s3", "ca_bundle", "is set but 'verify' is false; set one or the other")
             if not os.path.isfile(self.ca_bundle):
-                raise ValueError(f"s3 tier: config key 'ca_bundle' names {self.ca_bundle!r}, which is not a file")
-        _check_int("max_concurrency", self.max_concurrency, 1, 1024)
-        _check_str("retry_mode", self.retry_mode, allow_none=False, choices=RETRY_MODES)
-        _check_int("max_attempts", self.max_attempts, 1, 100)
-        _check_seconds("connect_timeout", self.connect_timeout)
-        _check_seconds("read_timeout", self.read_timeout)
-        _check_str("request_checksum_calculation", self.request_checksum_calculation, choices=CHECKSUM_MODES)
-        _check_str("response_checksum_validation", self.response_checksum_validation, choices=CHECKSUM_MODES)
+                raise InvalidValueError("s3", "ca_bundle", f"names {self.ca_bundle!r}, which is not a file")
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> ConnectionSettings:

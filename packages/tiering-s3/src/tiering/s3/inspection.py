@@ -17,10 +17,9 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tiering.core.factory import check_tier_keys
 from tiering.core.inspection import BlockInfo, TierInspector
 from tiering.s3.client import S3Client
-from tiering.s3.config import ConnectionSettings
+from tiering.s3.config import SCHEMA, ConnectionSettings
 from tiering.s3.errors import S3RequestError, S3StartupError
 from tiering.s3.layout import DIGEST_RE, NAMESPACE_OBJECT, PROBE_RE, parse_block_name
 
@@ -52,15 +51,11 @@ class S3Inspector(TierInspector):
         ``capacity_bytes`` and ``head_fallback`` are accepted and ignored.
 
         Raises:
-            ValueError: a wrong value (the message names the key).
-            TypeError: a key the tier does not accept.
+            TierConfigError: a wrong value or a key the tier does not accept (the message names the key).
             S3StartupError: (an ``OSError``) the endpoint, bucket, region, credentials,
                 permissions or TLS are wrong; the message says which, without credentials.
         """
-        from tiering.s3.tier import S3SecondaryTierManager
-
-        entry = {k: v for k, v in config.items() if k not in ("type", "module_path")}
-        check_tier_keys(S3SecondaryTierManager, entry, "s3 tier")
+        entry = SCHEMA.validate(config)  # unknown keys, types, ranges; no side effect
         settings = ConnectionSettings.from_entry(entry)
         settings.validate()
         client = S3Client(settings, 2)

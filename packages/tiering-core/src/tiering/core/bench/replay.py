@@ -38,6 +38,14 @@ class VerificationError(RuntimeError):
     """A loaded block's bytes differ from what was stored under its key."""
 
 
+class ReplayAbandoned(RuntimeError):
+    """The replay was told to abandon its waits (a second interrupt); the report so far stays valid."""
+
+
+def _never() -> bool:
+    return False
+
+
 @dataclasses.dataclass
 class ReplayReport:
     """What a replay measured. Byte counts are bytes; times are seconds unless named ``_us``."""
@@ -57,6 +65,8 @@ class ReplayReport:
     series: ReplaySeries = dataclasses.field(default_factory=ReplaySeries)
     latency: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    partial: bool = False
+    stopped_by: str | None = None
 
     @property
     def total_hits(self) -> int:
@@ -73,6 +83,8 @@ class ReplayReport:
         moved = sum(self.bytes_loaded.values()) + sum(self.bytes_stored.values())
         misses = self.block_lookups - self.total_hits
         return {
+            "partial": self.partial,
+            "stopped_by": self.stopped_by,
             "requests": self.requests,
             "block_lookups": self.block_lookups,
             "hits": dict(self.hits),
@@ -110,14 +122,35 @@ class Replayer:
         tier_names: label per secondary tier, e.g. ``["0:fs"]``.
         timeout_s: the longest a request may wait for a lookup or a load
             before the replay fails (a hang is a bug, not a slow tier).
+        abandon: polled inside every wait; once it returns True the waits
+            raise :class:`ReplayAbandoned` instead of waiting on (what a
+            second Ctrl-C asks for). Default: never.
     """
 
-    def __init__(self, manager: TieringManager, tier_names: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        manager: TieringManager,
+        tier_names: list[str],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        abandon: Callable[[], bool] = _never,
+    ) -> None:
         self.manager = manager
         self.tier_names = tier_names
         self.timeout_s = timeout_s
+        self.abandon = abandon
         self.block_bytes = manager.primary.block_bytes
         self.report = ReplayReport()
+
+    def _check_abandon(self) -> None:
+        if self.abandon():
+            raise ReplayAbandoned("replay abandoned")
+
+    def bytes_moved(self) -> int:
+        """Bytes loaded by requests plus bytes written into every tier so far (primary included)."""
+        stored = sum(
+            int(self.manager.metrics.value("stored_bytes_total", index=str(idx))) for idx in range(len(self.tier_names))
+        )
+        return sum(self.report.bytes_loaded.values()) + self.report.bytes_stored["primary"] + stored
 
     def _timed(self, fn: Callable[[], T]) -> T:
         start = time.perf_counter()
@@ -134,6 +167,7 @@ class Replayer:
         while (n := self._timed(lambda: self.manager.lookup(req.keys, ctx))) is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"request {req.req_id}: lookup pending for over {self.timeout_s}s")
+            self._check_abandon()
             time.sleep(POLL_INTERVAL_S)
         return n
 
@@ -145,6 +179,7 @@ class Replayer:
                     return result
             if time.monotonic() > deadline:
                 raise TimeoutError(f"request {req.req_id}: load not finished within {self.timeout_s}s")
+            self._check_abandon()
             time.sleep(POLL_INTERVAL_S)
 
     def replay_one(self, req: Request) -> None:
@@ -153,6 +188,7 @@ class Replayer:
         Raises:
             VerificationError: a loaded block differs from its payload.
             TimeoutError: a lookup or load never finished.
+            ReplayAbandoned: :attr:`abandon` said so during a wait.
         """
         self._backpressure()
         rep = self.report
@@ -212,26 +248,59 @@ class Replayer:
         while primary.num_pinned > MAX_PINNED_FRACTION * primary.num_blocks and self.manager.has_pending_work():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"transfers still pinning {primary.num_pinned} slots after {self.timeout_s}s")
+            self._check_abandon()
             self._timed(self.manager.get_finished)
             time.sleep(POLL_INTERVAL_S)
 
     def drain(self) -> None:
-        """Wait until every cascade job has been reported (bounded by ``timeout_s``)."""
+        """Wait until every cascade job has been reported (bounded by ``timeout_s``).
+
+        Raises:
+            TimeoutError: jobs still pending after ``timeout_s``.
+            ReplayAbandoned: :attr:`abandon` said so meanwhile.
+        """
         deadline = time.monotonic() + self.timeout_s
         while self.manager.has_pending_work():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"store jobs still pending after {self.timeout_s}s")
+            self._check_abandon()
             self.manager.get_finished()
             time.sleep(POLL_INTERVAL_S)
 
-    def run(self, requests: Iterable[Request], progress: Callable[[int], object] | None = None) -> ReplayReport:
-        """Replay every request, drain, and return the report."""
+    def run(
+        self,
+        requests: Iterable[Request],
+        progress: Callable[[int], object] | None = None,
+        stop: Callable[[], str | None] | None = None,
+    ) -> ReplayReport:
+        """Replay every request, drain, and return the report.
+
+        Args:
+            requests: the workload.
+            progress: called with 1 after each request.
+            stop: polled before each request; a non-None answer (the reason,
+                e.g. ``"SIGINT"``) ends the replay early: the requests begun
+                are finished, the jobs in flight drained (unless
+                :attr:`abandon` says otherwise), and the report is marked
+                ``partial`` with ``stopped_by`` set to the reason.
+
+        Raises:
+            VerificationError, TimeoutError: see :meth:`replay_one`.
+        """
         start = time.perf_counter()
-        for req in requests:
-            self.replay_one(req)
-            if progress is not None:
-                progress(1)
-        self.drain()
+        try:
+            for req in requests:
+                reason = stop() if stop is not None else None
+                if reason is not None:
+                    self.report.partial, self.report.stopped_by = True, reason
+                    break
+                self.replay_one(req)
+                if progress is not None:
+                    progress(1)
+            self.drain()
+        except ReplayAbandoned:
+            self.report.partial = True
+            self.report.stopped_by = self.report.stopped_by or (stop() if stop is not None else None) or "abandoned"
         self.report.wall_s = time.perf_counter() - start
         for idx, name in enumerate(self.tier_names):
             self.report.bytes_stored[name] += int(self.manager.metrics.value("stored_bytes_total", index=str(idx)))

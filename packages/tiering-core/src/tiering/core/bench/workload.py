@@ -2,21 +2,58 @@
 
 A workload is a sequence of :class:`Request`: the ordered block keys of one
 prompt. Keys of equal prefixes are equal, so a replay sees real prefix reuse.
+
+Two real traces ship inside tiering-core (``tiering/core/bench/data``, with
+their Apache-2.0 licence and attribution): :data:`SHIPPED_TRACES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import sys
 from collections.abc import Iterator
+from importlib.resources import files
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    from importlib.resources.abc import Traversable
+else:
+    from importlib.abc import Traversable
 
 from tiering.core.base import OffloadKey
 from tiering.core.keys import block_keys, trace_block_key
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry in the Mooncake traces."""
+
+SHIPPED_TRACES = {
+    "mooncake-conversation": "mooncake_conversation_trace.jsonl",
+    "mooncake-synthetic": "mooncake_synthetic_trace.jsonl",
+}
+"""Names of the traces shipped in the wheel -> their file in ``tiering/core/bench/data``.
+Source: kvcache-ai/Mooncake, ``FAST25-release/traces/`` (Apache-2.0)."""
+
+DEFAULT_TRACE = "mooncake-conversation"
+
+
+def resolve_trace(name_or_path: str | os.PathLike[str]) -> Traversable:
+    """The file of a shipped trace name (:data:`SHIPPED_TRACES`) or of a path.
+
+    Raises:
+        ValueError: neither a shipped name nor an existing file; the message
+            lists the shipped names.
+    """
+    text = os.fspath(name_or_path)
+    if text in SHIPPED_TRACES:
+        return files("tiering.core.bench").joinpath("data", SHIPPED_TRACES[text])
+    path = Path(text)
+    if not path.is_file():
+        names = ", ".join(SHIPPED_TRACES)
+        raise ValueError(f"--trace {text!r} is neither a shipped trace ({names}) nor a file")
+    return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +71,11 @@ class Request:
     timestamp_ms: float = 0.0
 
 
-def load_mooncake_trace(path: str | Path, limit: int | None = None) -> Iterator[Request]:
+def load_mooncake_trace(path: str | Path | Traversable, limit: int | None = None) -> Iterator[Request]:
     """Read a Mooncake-format JSONL trace (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``).
 
     Args:
-        path: the ``.jsonl`` file.
+        path: the ``.jsonl`` file (a path, or a shipped trace from :func:`resolve_trace`).
         limit: stop after this many requests (None: all).
 
     Raises:
@@ -46,7 +83,8 @@ def load_mooncake_trace(path: str | Path, limit: int | None = None) -> Iterator[
         ValueError: a line is not JSON or lacks ``hash_ids``; the message
             names the file and line number.
     """
-    with open(path, encoding="utf-8") as f:
+    source = Path(path) if isinstance(path, (str, os.PathLike)) else path
+    with source.open("r", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if limit is not None and lineno > limit:
                 return

@@ -198,9 +198,11 @@ class ConfigSchema:
             float is declared) and defaults for the rest.
 
         Raises:
-            UnknownKeyError, MissingKeyError, InvalidTypeError,
-            InvalidValueError: the first mistake found (unknown keys first,
-            then keys in declaration order).
+            UnknownKeyError: a key is not declared (checked first).
+            MissingKeyError: a required key is absent.
+            InvalidTypeError: a value has the wrong type.
+            InvalidValueError: a value is out of range or not a choice
+                (keys are checked in declaration order; the first mistake is raised).
         """
         if not isinstance(config, Mapping):
             raise InvalidTypeError(self.tier, "", f"the entry must be an object, got {config!r}", entry)
@@ -223,7 +225,8 @@ class ConfigSchema:
 
         Raises:
             UnknownKeyError: ``name`` is not declared.
-            InvalidTypeError, InvalidValueError: as :meth:`validate`.
+            InvalidTypeError: the value has the wrong type.
+            InvalidValueError: the value is out of range or not a choice.
         """
         spec = self.keys.get(name)
         if spec is None:

@@ -1,0 +1,158 @@
+"""Config files and tier entries as the ``tiering`` command reads, checks and shows them.
+
+- :func:`load_config`: a JSON file (a whole ``--kv-transfer-config`` object is
+  unwrapped to its ``kv_connector_extra_config``); tier entries written in the
+  vLLM binding's form (``"type": "tiering_fs"``, ``"module_path":
+  "tiering.core.vllm.tiers"``) are read as the plain tier (``"fs"``), with
+  one line saying so, without importing vLLM.
+- :func:`redact_config`, :func:`redact_text`: every config or error text the
+  command prints or writes goes through :mod:`tiering.core.redact`, with the
+  secret keys each tier declares in its schema.
+- :func:`install_hint`: the published and the from-a-clone install forms.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from tiering.core import redact
+from tiering.core.factory import SecondaryTierFactory, redact_offloading_config
+
+VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
+"""The ``module_path`` of the vLLM binding's tier names."""
+
+VLLM_PREFIX = "tiering_"
+
+
+def install_hint(dist: str, extra: str | None = None) -> str:
+    """How to install a distribution: ``pip install tiering-fs`` and, from a clone, ``pip install ./packages/...``.
+
+    Args:
+        dist: the distribution name (``"tiering-fs"``).
+        extra: an optional extra (``"plot"``).
+    """
+    suffix = f"[{extra}]" if extra else ""
+    published = f"'{dist}{suffix}'" if extra else dist
+    local = f"'./packages/{dist}{suffix}'" if extra else f"./packages/{dist}"
+    return f"pip install {published} (from a clone of the repository: pip install {local})"
+
+
+def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """Read a JSON config file; unwrap ``kv_connector_extra_config``; read vLLM-form tier entries as plain ones.
+
+    Args:
+        path: the file.
+        notes: receives one line per tier entry rewritten from the vLLM form;
+            when None, the lines are printed to stderr.
+
+    Raises:
+        ValueError: unreadable file, not a JSON object, or a vLLM-form entry
+            naming no installed tier (the message names the file or entry).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read config {path}: {exc}") from exc
+    if isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict):
+        config = config["kv_connector_extra_config"]
+    if not isinstance(config, dict):
+        raise ValueError(f"config {path} must hold a JSON object")
+    lines = plain_tier_entries(config)
+    if notes is None:
+        for line in lines:
+            print(line, file=sys.stderr)
+    else:
+        notes.extend(lines)
+    return config
+
+
+def _plain_name(name: str) -> str | None:
+    """The tiering tier name behind a vLLM binding name, or None."""
+    known = SecondaryTierFactory.known_names()
+    if name.startswith(VLLM_PREFIX):
+        return name.removeprefix(VLLM_PREFIX)
+    if name.startswith("Tiering"):
+        wanted = name.removeprefix("Tiering").lower()
+        return next((k for k in known if k.replace("_", "").replace("-", "").lower() == wanted), None)
+    for known_name in known:  # a tiering tier's class name
+        try:
+            if SecondaryTierFactory.get_class(known_name).__name__ == name:
+                return known_name
+        except (ImportError, TypeError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def plain_tier_entries(config: dict[str, Any]) -> list[str]:
+    """Rewrite, in place, every ``secondary_tiers`` entry of the vLLM binding's form to the plain form.
+
+    ``{"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", ...}``
+    becomes ``{"type": "fs", ...}``: the tier the binding would load inside
+    vLLM, checked here without vLLM.
+
+    Returns:
+        One line per rewritten entry.
+
+    Raises:
+        ValueError: an entry of that form names no installed tiering tier.
+    """
+    tiers = config.get("secondary_tiers")
+    if not isinstance(tiers, list):
+        return []
+    lines = []
+    for index, entry in enumerate(tiers):
+        if not isinstance(entry, dict) or entry.get("module_path") != VLLM_TIERS_MODULE:
+            continue
+        name = entry.get("type")
+        plain = _plain_name(name) if isinstance(name, str) else None
+        if plain is None:
+            known = ", ".join(VLLM_PREFIX + k for k in SecondaryTierFactory.known_names()) or "none installed"
+            raise ValueError(
+                f"secondary_tiers[{index}]: type {name!r} with module_path {VLLM_TIERS_MODULE!r} names no "
+                f"installed tiering tier; the vLLM binding's names are {known}"
+            )
+        tiers[index] = {"type": plain, **{k: v for k, v in entry.items() if k not in ("type", "module_path")}}
+        lines.append(
+            f"secondary_tiers[{index}]: {name!r} with module_path {VLLM_TIERS_MODULE!r} is the vLLM binding's "
+            f'form of tier {plain!r}; checked as "type": {plain!r}'
+        )
+    return lines
+
+
+def secret_keys(config: Any) -> frozenset[str]:
+    """The secret key names declared by the schemas of the tiers a config names (installed ones)."""
+    keys: set[str] = set()
+    tiers = config.get("secondary_tiers") if isinstance(config, Mapping) else None
+    for entry in tiers if isinstance(tiers, list) else []:
+        name = entry.get("type") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or name not in SecondaryTierFactory.known_names():
+            continue
+        try:
+            schema = SecondaryTierFactory.get_class(name).config_schema
+        except (ImportError, TypeError, ValueError, AttributeError):
+            continue
+        if schema is not None:
+            keys.update(schema.secret_keys)
+    return frozenset(keys)
+
+
+def redact_config(config: Any) -> Any:
+    """A copy of a whole config with every credential replaced by the redaction marker (tier schemas included)."""
+    return redact_offloading_config(config)
+
+
+def redact_text(text: object, config: Any = None) -> str:
+    """``str(text)`` without any credential (of ``config``, URL passwords, ``key=value`` secrets)."""
+    return redact.redact_text(text, config, secret_keys(config) if config is not None else ())
+
+
+def tier_location(tier_config: Mapping[str, Any], index: int = 0) -> str | None:
+    """Where a tier entry keeps its blocks (its inspector's location, credentials redacted); None: nowhere."""
+    from tiering.core.inspection import inspector_for
+
+    inspector = inspector_for(tier_config, index)
+    return None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})

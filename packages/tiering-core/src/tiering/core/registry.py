@@ -1,0 +1,218 @@
+"""The name -> class registry behind every factory: in-process registrations, entry points, ``module_path``.
+
+One :class:`Registry` mechanism serves three users (:mod:`tiering.core.factory`),
+as in vLLM's ``kv_offload`` factories and fsspec's ``registry``: secondary
+tiers, primary-tier cache policies and offloading specs.
+
+Resolution order: names registered in-process (:meth:`Registry.register`,
+imported lazily on first use) -> installed entry points -> ``module_path``
+from the config (import the module, take the attribute named by the name).
+
+Loading code named by a config file is a trust boundary: whoever writes the
+config runs code in the engine process.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import re
+import threading
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar, cast
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+OUT_OF_TREE_WARNING = (
+    "Loading classes by module_path from the config is an experimental API: "
+    "the loaded code runs inside this process with its full privileges."
+)
+_warned_out_of_tree = False
+_warn_lock = threading.Lock()
+
+
+def _warn_out_of_tree(kind: str, name: str, module_path: str) -> None:
+    global _warned_out_of_tree
+    with _warn_lock:
+        if not _warned_out_of_tree:
+            _warned_out_of_tree = True
+            logger.warning(OUT_OF_TREE_WARNING)
+    logger.info("loading %s %r from module_path %r", kind, name, module_path)
+
+
+def import_module_path(module_path: str, kind: str, key: str = "module_path") -> Any:
+    """Import ``module_path``; the error names the config key and the path.
+
+    Args:
+        module_path: the dotted module name.
+        kind: what is loaded, for messages (``"secondary tier"``).
+        key: where the name comes from, for messages (``"spec_module_path"``).
+
+    Raises:
+        ImportError: the module (or one it imports) cannot be imported; when
+            the module itself is not found, the message says that its
+            directory must be on the import path (``PYTHONPATH``).
+    """
+    try:
+        return importlib.import_module(module_path)
+    except ImportError as exc:
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_path.startswith(exc.name):
+            hint = f"; the directory holding {exc.name!r} must be on the import path (set PYTHONPATH)"
+        raise ImportError(f"cannot import {kind} {key} {module_path!r}: {exc}{hint}") from exc
+
+
+_DISTRIBUTION_SUFFIX = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+class Registry(Generic[T]):
+    """A name -> class registry with lazy imports, entry points and ``module_path``.
+
+    Args:
+        kind: what is registered, for messages (``"secondary tier"``).
+        base: the class every resolved class must subclass.
+        group: the entry-point group of installed providers.
+        name_key: the config key holding the name (for messages).
+        path_key: the config key holding the out-of-tree module path.
+        distribution: the naming convention of the distributions that
+            provide first-party names, e.g. ``"tiering-{name}"``: an unknown
+            name without a close match gets the ``pip install`` line to try
+            (core knows no backend by name; the convention names them all).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        base: type[Any],
+        group: str,
+        name_key: str,
+        path_key: str,
+        distribution: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.base = base
+        self.group = group
+        self.name_key = name_key
+        self.path_key = path_key
+        self.distribution = distribution
+        self._lazy: dict[str, tuple[str, str]] = {}
+        self._loaded: dict[str, type[T]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, module_path: str, class_name: str) -> None:
+        """Register ``module_path.class_name`` under ``name``; nothing is imported now.
+
+        Raises:
+            ValueError: ``name`` is already registered.
+        """
+        with self._lock:
+            if name in self._lazy:
+                raise ValueError(f"{self.kind} {name!r} is already registered ({self._lazy[name][0]})")
+            self._lazy[name] = (module_path, class_name)
+
+    def entry_points(self) -> dict[str, Any]:
+        """Installed entry points of :attr:`group`, by name (first distribution wins)."""
+        found: dict[str, Any] = {}
+        for ep in entry_points(group=self.group):
+            found.setdefault(ep.name, ep)
+        return found
+
+    def known_names(self) -> list[str]:
+        """Names resolvable without ``module_path``: registered and installed."""
+        return sorted(set(self._lazy) | set(self.entry_points()))
+
+    def provider(self, name: str) -> str | None:
+        """``"<distribution> <version>"`` of the package providing ``name``, when installed."""
+        ep = self.entry_points().get(name)
+        if ep is None or ep.dist is None:
+            return None
+        return f"{ep.dist.name} {ep.dist.version}"
+
+    def _check(self, obj: Any, name: str, origin: str) -> type[T]:
+        # A real TypeError: an assert would vanish under ``python -O``.
+        if not (isinstance(obj, type) and issubclass(obj, self.base)):
+            raise TypeError(
+                f"{self.kind} {name!r} from {origin} is {obj!r}, "
+                f"which is not a subclass of {self.base.__module__}.{self.base.__qualname__}"
+            )
+        return cast("type[T]", obj)
+
+    def get_class(self, name: str, module_path: str | None = None) -> type[T]:
+        """Resolve ``name`` to a class.
+
+        Raises:
+            ValueError: ``name`` is unknown and no ``module_path`` is given;
+                the message lists the known names and the package to install.
+            ImportError: the registered module, entry point or
+                ``module_path`` cannot be imported; the message names it.
+            AttributeError: ``module_path`` has no attribute ``name``.
+            TypeError: the resolved object is not a subclass of :attr:`base`.
+        """
+        if name in self._loaded:
+            return self._loaded[name]
+        if name in self._lazy:
+            mod, attr = self._lazy[name]
+            cls = self._check(getattr(import_module_path(mod, self.kind, "registered module"), attr), name, mod)
+        elif (ep := self.entry_points().get(name)) is not None:
+            try:
+                obj = ep.load()
+            except ImportError as exc:
+                raise ImportError(f"cannot load {self.kind} {name!r} from entry point {ep.value!r}: {exc}") from exc
+            cls = self._check(obj, name, f"entry point {ep.value!r}")
+        elif module_path is not None:
+            _warn_out_of_tree(self.kind, name, module_path)
+            module = import_module_path(module_path, self.kind, self.path_key)
+            if not hasattr(module, name):
+                raise AttributeError(
+                    f"{self.kind} module_path {module_path!r} has no attribute {name!r} "
+                    f"(the {self.name_key!r} value names the class)"
+                )
+            return self._check(getattr(module, name), name, module_path)
+        else:
+            raise ValueError(self._unknown_message(name))
+        self._loaded[name] = cls
+        return cls
+
+    def source(self, name: str, module_path: str | None = None) -> str:
+        """Where ``name`` resolves from, for messages: ``"spec_module_path 'my_specs'"``, an entry point, a module.
+
+        Follows the resolution order of :meth:`get_class` without importing anything.
+        """
+        if name in self._lazy:
+            return f"module {self._lazy[name][0]!r}"
+        if (ep := self.entry_points().get(name)) is not None:
+            return f"entry point {ep.value!r}"
+        return f"{self.path_key} {module_path!r}"
+
+    def suggestion(self, name: str) -> str | None:
+        """The known name closest to a misspelled ``name`` (``difflib``), or None."""
+        match = difflib.get_close_matches(name, self.known_names(), 1)
+        return match[0] if match else None
+
+    def _unknown_message(self, name: str) -> str:
+        known = ", ".join(map(repr, self.known_names())) or "none"
+        close = self.suggestion(name)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        message = f"unknown {self.kind} {self.name_key} {name!r}{hint}; known: {known}."
+        if self.distribution and not close and _DISTRIBUTION_SUFFIX.fullmatch(name) and not name.startswith("tiering"):
+            dist = self.distribution.format(name=name)
+            message += (
+                f" If {name!r} is a {self.kind} of the tiering project, install its distribution: "
+                f"pip install {dist} (from a clone of the repository: pip install ./packages/{dist})."
+            )
+        if name.startswith("tiering_"):
+            plain = name.removeprefix("tiering_")
+            message += (
+                f" {name!r} is the vLLM binding's name of tier {plain!r}: inside vLLM it goes with"
+                f' "module_path": "tiering.core.vllm.tiers"; standalone, write "type": {plain!r}.'
+            )
+        return (
+            message + f" An out-of-tree class loads with {self.path_key!r}: the module to import, "
+            f"whose attribute named {name!r} is the class."
+        )
+
+
+__all__ = ["OUT_OF_TREE_WARNING", "Registry", "import_module_path"]

@@ -1,0 +1,252 @@
+"""The factories of secondary tiers and cache policies, and building them from config entries.
+
+- :data:`SecondaryTierFactory`: secondary tiers (``type`` / ``module_path``),
+  entry-point group ``tiering.tiers``;
+- :data:`CachePolicyFactory`: primary-tier eviction policies
+  (``eviction_policy`` / ``cache_policy_module_path``), group ``tiering.cache_policies``.
+
+Every error of building one names its config keys: ``secondary_tiers[N]`` (and
+the key, where known) for a tier, ``eviction_policy`` /
+``cache_policy_module_path`` for a policy, with the constructor signature the
+factory calls when the class does not fit it; no credential of the entry
+reaches a message (:mod:`tiering.core.redact`). This module needs the spec
+only as a type: :mod:`tiering.core.spec` imports it, never the reverse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tiering.core.base import SecondaryTierManager
+from tiering.core.construct import config_key_of, construct, label_error
+from tiering.core.primary.policy import CachePolicy
+from tiering.core.redact import Redactor, redact_config
+from tiering.core.registry import Registry
+from tiering.core.toolkit.config import TierConfigError
+
+if TYPE_CHECKING:
+    from tiering.core.spec import OffloadingSpec
+
+TIER_SIGNATURE = "(offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str, **tier_keys)"
+"""How the factory calls a secondary tier's constructor."""
+
+CACHE_POLICY_SIGNATURE = "(capacity: int)"
+"""How the factory calls a cache policy's constructor (``capacity``: primary slots, blocks)."""
+
+SecondaryTierFactory: Registry[SecondaryTierManager] = Registry(
+    "secondary tier",
+    SecondaryTierManager,
+    group="tiering.tiers",
+    name_key="type",
+    path_key="module_path",
+    distribution="tiering-{name}",
+)
+
+CachePolicyFactory: Registry[CachePolicy] = Registry(
+    "cache policy",
+    CachePolicy,
+    group="tiering.cache_policies",
+    name_key="eviction_policy",
+    path_key="cache_policy_module_path",
+)
+CachePolicyFactory.register("lru", "tiering.core.primary.policy", "LRUCachePolicy")
+CachePolicyFactory.register("arc", "tiering.core.primary.policy", "ARCCachePolicy")
+
+
+def register_tier(name: str, module_path: str, class_name: str) -> None:
+    """Register a secondary tier class by import path, imported on first use.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+    SecondaryTierFactory.register(name, module_path, class_name)
+
+
+def check_tier_keys(cls: type, tier_config: Mapping[str, Any], label: str) -> None:
+    """Raise ``TypeError`` naming the tier and key when ``cls`` does not accept a config key."""
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    reserved = {"offloading_spec", "primary_kv_view", "tier_type"}
+    accepted = sorted(
+        n for n, p in params.items() if n not in reserved and p.kind is not inspect.Parameter.VAR_POSITIONAL
+    )
+    for key in tier_config:
+        if key not in accepted:
+            raise TypeError(
+                f"{label}: unknown key {key!r} for {cls.__module__}.{cls.__qualname__}; "
+                f"accepted keys: {', '.join(accepted) or 'none'}"
+            )
+
+
+def create_secondary_tier(
+    tier_config: Mapping[str, Any],
+    primary_kv_view: memoryview,
+    offloading_spec: OffloadingSpec,
+    *,
+    index: int = 0,
+) -> SecondaryTierManager:
+    """Build one secondary tier from its config entry.
+
+    ``type`` and ``module_path`` select the class and are never passed to
+    the constructor; every other key is a constructor keyword.
+
+    Args:
+        tier_config: one entry of ``secondary_tiers``.
+        primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` view.
+        offloading_spec: the stack's spec.
+        index: the entry's position in ``secondary_tiers`` (for messages).
+
+    Raises:
+        ValueError: ``type`` is missing (the message names the index) or
+            unknown (with a "did you mean" suggestion).
+        ImportError, AttributeError, TypeError: see :meth:`Registry.get_class`;
+            TypeError also for an unknown constructor key (naming tier and
+            key) and for a class whose constructor does not take
+            :data:`TIER_SIGNATURE`.
+        TierConfigError: a value the tier's ``config_schema`` rejects (or its
+            constructor raised one), labelled ``secondary_tiers[<index>].<key>``.
+        TypeError, ValueError: whatever the tier's constructor raises of
+            these (subclasses included), same type, its message prefixed with
+            ``secondary_tiers[<index>]`` (plus ``.<key>`` where
+            :func:`~tiering.core.construct.config_key_of` tells the key) and
+            redacted. Other errors (``OSError`` for an unusable root...)
+            propagate unchanged for now (see ``_LABELLED``).
+    """
+    cls, tier_type, kwargs = resolve_tier(tier_config, index)
+    redact = Redactor(tier_config, secret_keys=_schema_secret_keys(cls))
+    label = f"secondary_tiers[{index}]"
+    try:
+        return construct(
+            cls,
+            (offloading_spec, primary_kv_view, tier_type),
+            kwargs,
+            label=f"{label} (type {tier_type!r})",
+            expected=TIER_SIGNATURE,
+            redact=redact,
+            label_raised=False,
+        )
+    except TierConfigError as exc:
+        if exc.entry is None:
+            raise exc.with_entry(label) from exc
+        raise
+    except _LABELLED as exc:
+        if label in str(exc):
+            raise label_error(exc, label, redact)  # noqa: B904 - only redacted: it names its entry already
+        key = config_key_of(kwargs, exc)
+        raise label_error(exc, f"{label}.{key}" if key else label, redact)  # noqa: B904 - relabelled in place
+    except Exception as exc:
+        raise label_error(exc, "", redact)  # noqa: B904 - redacted in place, not labelled yet (see _LABELLED)
+
+
+_LABELLED: tuple[type[Exception], ...] = (TypeError, ValueError)
+"""Constructor errors labelled with their entry; widens to every ``Exception`` once the s3 command tests expect
+the label on ``S3StartupError`` too (issue 15: an unusable root or bucket names ``secondary_tiers[N].<key>``)."""
+
+
+def resolve_tier(
+    tier_config: Mapping[str, Any], index: int = 0
+) -> tuple[type[SecondaryTierManager], str, dict[str, Any]]:
+    """Resolve one ``secondary_tiers`` entry without building the tier.
+
+    Returns:
+        ``(class, tier_type, constructor keywords)``: ``type`` and
+        ``module_path`` removed, every other key checked against the class.
+
+    The entry is checked against the tier's ``config_schema`` when it declares
+    one (no side effects: ``tiering check`` relies on it), else its keys
+    against the constructor's parameters.
+
+    Raises:
+        ValueError, ImportError, AttributeError, TypeError: as
+            :func:`create_secondary_tier`; each names ``secondary_tiers[<index>]``.
+        TierConfigError: the schema rejects the entry (``secondary_tiers[<index>].<key>: ...``).
+    """
+    if not isinstance(tier_config, Mapping):
+        raise ValueError(f"secondary_tiers[{index}] must be an object, got {redact_config(tier_config)!r}")
+    kwargs = dict(tier_config)
+    tier_type = kwargs.pop("type", None)
+    module_path = kwargs.pop("module_path", None)
+    if not isinstance(tier_type, str) or not tier_type:
+        raise ValueError(f'secondary_tiers[{index}] has no \'type\' (got {tier_type!r}); e.g. "type": "fs"')
+    try:
+        cls = SecondaryTierFactory.get_class(tier_type, module_path)
+    except (ValueError, ImportError, AttributeError, TypeError) as exc:
+        raise label_error(exc, f"secondary_tiers[{index}]", Redactor(tier_config))  # noqa: B904 - relabelled in place
+    if cls.config_schema is not None:
+        cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+    else:
+        check_tier_keys(cls, kwargs, f"secondary_tiers[{index}] (type {tier_type!r})")
+    return cls, tier_type, kwargs
+
+
+def _schema_secret_keys(cls: type[SecondaryTierManager]) -> frozenset[str]:
+    return cls.config_schema.secret_keys if cls.config_schema is not None else frozenset()
+
+
+def redact_offloading_config(config: Any) -> Any:
+    """A copy of an offloading config with every credential redacted, tier schemas' secret keys included.
+
+    The generic rules of :func:`tiering.core.redact.redact_config` apply
+    everywhere; each ``secondary_tiers`` entry whose ``type`` resolves to an
+    installed (registered or entry-point) tier also hides the keys that tier's
+    :attr:`~tiering.core.base.SecondaryTierManager.config_schema` declares
+    secret. No ``module_path`` code is imported for this. Use it for every
+    report that shows a config (``tiering bench --json``, ``tiering check``).
+    """
+    if not isinstance(config, Mapping) or not isinstance(config.get("secondary_tiers"), list):
+        return redact_config(config)
+    out = redact_config({k: v for k, v in config.items() if k != "secondary_tiers"})
+    entries = []
+    for entry in config["secondary_tiers"]:
+        secret: frozenset[str] = frozenset()
+        if isinstance(entry, Mapping) and isinstance(entry.get("type"), str):
+            # a type unknown here keeps the generic rules only
+            with contextlib.suppress(ValueError, ImportError, AttributeError, TypeError):
+                secret = _schema_secret_keys(SecondaryTierFactory.get_class(entry["type"]))
+        entries.append(redact_config(entry, secret))
+    out["secondary_tiers"] = entries
+    return out
+
+
+def create_cache_policy(name: str, module_path: str | None, capacity: int) -> CachePolicy:
+    """Resolve and build the primary tier's eviction policy.
+
+    Args:
+        name: the ``eviction_policy`` value (``"lru"``, ``"arc"`` or a custom class name).
+        module_path: the ``cache_policy_module_path`` value, for a custom policy.
+        capacity: primary slots (blocks).
+
+    Raises:
+        ValueError, ImportError, AttributeError, TypeError: as
+            :meth:`Registry.get_class`; TypeError also when the class does not
+            take :data:`CACHE_POLICY_SIGNATURE` or is abstract. These and any
+            error of the policy's constructor name ``eviction_policy`` (and
+            ``cache_policy_module_path``).
+    """
+    label = f"eviction_policy {name!r}"
+    if module_path is not None:
+        label += f" (cache_policy_module_path {module_path!r})"
+    redact = Redactor()
+    try:
+        cls = CachePolicyFactory.get_class(name, module_path)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise label_error(exc, label, redact)  # noqa: B904 - relabelled in place
+    return construct(cls, (capacity,), {}, label=label, expected=CACHE_POLICY_SIGNATURE, redact=redact)
+
+
+__all__ = [
+    "CACHE_POLICY_SIGNATURE",
+    "TIER_SIGNATURE",
+    "CachePolicyFactory",
+    "SecondaryTierFactory",
+    "check_tier_keys",
+    "create_cache_policy",
+    "create_secondary_tier",
+    "redact_offloading_config",
+    "register_tier",
+    "resolve_tier",
+]

@@ -1,0 +1,178 @@
+"""Offline inspection of a redis tier's keys for ``tiering ls / stat / gc / verify``.
+
+Only keys laid out by :mod:`tiering.redis.layout` are ours: ``<prefix>:<digest>:namespace``,
+``<prefix>:<digest>:<key hex>`` blocks and ``<prefix>:<digest>:probe:<hex>`` probes. Any
+other key under ``<prefix>:`` is foreign: reported, never deleted. Nothing outside the
+prefix is read or deleted. Keys are listed with ``SCAN MATCH <prefix>:*`` (on every primary
+of a cluster), never ``KEYS``, so a large server is not blocked.
+
+Redis keeps no modification time: a block's ``mtime`` is the time of its last access
+(now minus ``OBJECT IDLETIME``), which is what ``tiering gc --older-than`` should prune by
+for a cache; under an LFU policy, where IDLETIME is not kept, it is the time of the listing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from redis.cluster import RedisCluster
+from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.redis.config import RedisSettings
+from tiering.redis.errors import RedisStartupError, classify_error
+from tiering.redis.layout import KeyLayout, is_digest
+
+SCAN_COUNT = 1000
+"""Keys per ``SCAN`` step."""
+BATCH = 512
+"""Keys per pipeline of ``STRLEN`` / ``OBJECT IDLETIME`` / ``UNLINK``."""
+
+
+class RedisInspector(TierInspector):
+    """Walks and prunes the keys of a redis tier's prefix.
+
+    Args:
+        client: a redis-py client (:class:`redis.Redis` or :class:`redis.cluster.RedisCluster`).
+        settings: the validated entry (prefix, location, redaction).
+    """
+
+    def __init__(self, client: Any, settings: RedisSettings) -> None:
+        self._client = client
+        self._settings = settings
+        self.layout = KeyLayout(settings["prefix"])
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RedisInspector:
+        """Open the server of a ``redis`` entry and ``PING`` it (nothing is written).
+
+        Raises:
+            tiering.core.toolkit.TierConfigError: a wrong, missing or unknown key.
+            RedisStartupError: (an ``OSError``) the server is unreachable or refuses the credentials.
+        """
+        settings = RedisSettings.from_config({k: v for k, v in config.items() if k not in ("type", "module_path")})
+        try:
+            client = settings.make_client()
+            client.ping()
+        except Exception as exc:
+            raise RedisStartupError(
+                f"redis tier: cannot reach {settings.location()}: {settings.redact(f'{type(exc).__name__}: {exc}')}",
+                classify_error(exc),
+            ) from None
+        return cls(client, settings)
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
+
+    # -- helpers -------------------------------------------------------------------
+    def _fail(self, what: str, exc: BaseException) -> RedisStartupError:
+        text = self._settings.redact(f"{type(exc).__name__}: {exc}")
+        return RedisStartupError(f"redis tier: {what} at {self.location()} failed: {text}", classify_error(exc))
+
+    def _scan(self, pattern: str) -> Iterator[str]:
+        kwargs: dict[str, Any] = {"match": pattern, "count": SCAN_COUNT}
+        if isinstance(self._client, RedisCluster):
+            kwargs["target_nodes"] = RedisCluster.PRIMARIES
+        try:
+            for name in self._client.scan_iter(**kwargs):
+                yield name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        except Exception as exc:
+            raise self._fail(f"SCAN of {pattern!r}", exc) from None
+
+    def _pipelined(self, command: str, names: list[str]) -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(names), BATCH):
+            pipe = self._client.pipeline(transaction=False)
+            for name in names[start : start + BATCH]:
+                if command == "IDLETIME":
+                    pipe.object("idletime", name)
+                else:
+                    getattr(pipe, command.lower())(name)
+            try:
+                out.extend(pipe.execute(raise_on_error=False))
+            except Exception as exc:
+                raise self._fail(f"{command} of {len(names)} keys", exc) from None
+        return out
+
+    def _check_digest(self, digest: str) -> None:
+        if not isinstance(digest, str) or not is_digest(digest):
+            raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
+
+    def _check_block(self, digest: str, block: BlockInfo) -> None:
+        parsed = self.layout.parse(block.name)
+        if parsed is None or parsed[0] != digest or parsed[1] != "block":
+            raise ValueError(
+                f"refusing to touch {block.name!r}: not a block key of namespace {digest} under {self.layout.prefix}:"
+            )
+
+    # -- TierInspector -------------------------------------------------------------
+    def location(self) -> str:
+        return f"{self._settings.location()} prefix {self.layout.prefix}:"
+
+    def namespaces(self) -> list[str]:
+        found = set()
+        for name in self._scan(self.layout.pattern()):
+            parsed = self.layout.parse(name)
+            if parsed is not None:
+                found.add(parsed[0])
+        return sorted(found)
+
+    def read_namespace_file(self, digest: str) -> bytes | None:
+        self._check_digest(digest)
+        try:
+            raw = self._client.get(self.layout.namespace_key(digest))
+        except Exception as exc:
+            raise self._fail("GET of the namespace record", exc) from None
+        return bytes(raw) if raw is not None else None
+
+    def blocks(self, digest: str) -> Iterator[BlockInfo]:
+        self._check_digest(digest)
+        names: list[tuple[str, bytes]] = []
+        for name in self._scan(self.layout.pattern(digest)):
+            parsed = self.layout.parse(name)
+            if parsed is not None and parsed[1] == "block" and parsed[0] == digest and parsed[2] is not None:
+                names.append((name, parsed[2]))
+        for start in range(0, len(names), BATCH):
+            chunk = names[start : start + BATCH]
+            now = time.time()
+            sizes = self._pipelined("STRLEN", [n for n, _ in chunk])
+            idle = self._pipelined("IDLETIME", [n for n, _ in chunk])
+            for (name, key), size, idle_s in zip(chunk, sizes, idle, strict=True):
+                if isinstance(size, int) and size > 0:  # 0: deleted since the scan
+                    mtime = now - idle_s if isinstance(idle_s, int) else now
+                    yield BlockInfo(name, key, size, mtime)
+
+    def foreign(self) -> Iterator[str]:
+        for name in self._scan(self.layout.pattern()):
+            if self.layout.parse(name) is None:
+                yield name
+
+    def read_block(self, digest: str, block: BlockInfo) -> bytes:
+        self._check_block(digest, block)
+        try:
+            data = self._client.get(block.name)
+        except Exception as exc:
+            raise self._fail(f"GET of {block.name!r}", exc) from None
+        if data is None:
+            raise FileNotFoundError(block.name)
+        return bytes(data)
+
+    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
+        for block in blocks:  # all checked before anything is deleted
+            self._check_block(digest, block)
+        results = self._pipelined("UNLINK", [b.name for b in blocks])
+        return sum(1 for r in results if r == 1)
+
+    def remove_namespace(self, digest: str) -> int:
+        self._check_digest(digest)
+        blocks: list[str] = []
+        others: list[str] = []
+        for name in self._scan(self.layout.pattern(digest)):
+            parsed = self.layout.parse(name)
+            if parsed is None or parsed[0] != digest:
+                continue
+            (blocks if parsed[1] == "block" else others).append(name)
+        removed = sum(1 for r in self._pipelined("UNLINK", blocks) if r == 1)
+        self._pipelined("UNLINK", others)
+        return removed

@@ -1,0 +1,375 @@
+"""The I/O half of the redis tier: pipelines of SET NX / GET / STRLEN / UNLINK, run on the tier's I/O threads.
+
+:class:`RedisBlockIO` holds every method that talks to the server; the
+scheduler-facing half (:mod:`tiering.redis.tier`) only queues work for it.
+Each batch is one pipeline (``transaction=False``; redis-py's cluster
+pipeline splits it per node), and each outcome goes to the toolkit once: the
+job tracker (:func:`~tiering.core.toolkit.record_tasks`), the index
+(commit / adopt / deleted), the lookup cache and the KV event log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import NoPermissionError, ResponseError
+from tiering.core.base import OffloadKey
+from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
+from tiering.core.toolkit import (
+    CapacityIndex,
+    Counters,
+    IOPool,
+    JobState,
+    KVEventLog,
+    LookupCache,
+    Victim,
+    fail_tasks,
+    record_tasks,
+)
+from tiering.redis.config import RedisSettings
+from tiering.redis.errors import classify_error
+from tiering.redis.layout import KeyLayout
+from tiering.redis.probe import run_ids
+
+logger = logging.getLogger(__name__)
+
+SIZES_SCRIPT = "local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('STRLEN', k) end return r"
+"""Lua: the ``STRLEN`` of every key given (0 for an absent key), one reply for the batch."""
+
+Task = tuple[JobState, int]
+"""One block of a job: (the job's state, the block's index in the job)."""
+
+
+class _Shutdown(Exception):
+    """Stands for the outcome of blocks whose I/O was skipped because the tier shut down."""
+
+
+class RedisBlockIO:
+    """Pipelined block I/O against the server, shared state kept in the toolkit's structures.
+
+    The attributes below are set by :class:`~tiering.redis.tier.RedisSecondaryTierManager`.
+    """
+
+    settings: RedisSettings
+    layout: KeyLayout
+    digest: str
+    _digest_bytes: bytes
+    object_bytes: int
+    ttl_s: int | None
+    location: str
+    index: CapacityIndex
+    counters: Counters
+    events: KVEventLog
+    lookups: LookupCache
+    pool: IOPool
+    _client: Any
+    _closed: bool
+    _recheck: bool
+    _run_ids: frozenset[str]
+    _sizes_script: Any
+    _is_cluster: bool
+    _scan_done: threading.Event
+    _forget_only: bool
+    _known_limit: int
+
+    def _trim_known(self) -> None:
+        """With the server evicting: forget the least recently used known blocks beyond its ``maxmemory``.
+
+        The server cannot hold more, so older entries are likely gone; forgetting
+        them (never deleting) keeps this process's index bounded. Trims to 90 %
+        so that the O(n) snapshot of the index is taken rarely.
+        """
+        limit = self._known_limit
+        if not limit or self.index.resident_bytes <= limit:
+            return
+        surplus = self.index.resident_bytes - int(0.9 * limit)
+        forgotten: list[OffloadKey] = []
+        for key in self.index.keys():  # noqa: SIM118 (a snapshot, LRU first; the index is not iterable)
+            if surplus <= 0:
+                break
+            self.index.remove(key, delete=False)
+            surplus -= self.object_bytes
+            forgotten.append(key)
+        self.lookups.invalidate(forgotten)
+        self.counters.inc("forgotten_blocks", len(forgotten))
+
+    if TYPE_CHECKING:  # provided by SecondaryTierManager
+
+        @property
+        def block_bytes(self) -> int: ...
+
+        def block(self, block_id: int) -> memoryview: ...
+
+    def block_key(self, key: bytes) -> str:
+        """The Redis key of block ``key``."""
+        return self.layout.block_key(self.digest, key)
+
+    def _count_error(self, exc: BaseException, what: str) -> str:
+        cause = classify_error(exc)
+        if cause in ("connection", "timeout", "loading", "readonly"):
+            self._recheck = True
+        self.counters.inc(f"errors_{cause}")
+        text = self.settings.redact(f"{type(exc).__name__}: {exc}")
+        if cause == "other":
+            logger.error("redis tier: %s failed: %s", what, text)
+        else:
+            logger.warning("redis tier: %s failed (%s): %s", what, cause, text)
+        return cause
+
+    def _pipeline(self) -> Any:
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        return self._client.pipeline(transaction=False)
+
+    def _check_restart(self) -> None:
+        """After connection trouble: if the server restarted or failed over, forget what it held.
+
+        A server without persistence comes back empty; this process would
+        otherwise answer lookups True and skip stores of blocks that are gone.
+        Writes in flight are kept (see :meth:`CapacityIndex.reconcile`).
+        """
+        with self.index.reading() as ticket:
+            try:
+                ids = run_ids(self._client)
+            except Exception:
+                return  # still down: the batch fails, and the next one asks again
+            self._recheck = False
+            if not ids or ids == self._run_ids:
+                return
+            self._run_ids = ids
+            report = self.index.reconcile({}, ticket)
+        self.counters.inc("server_restarts")
+        self.lookups.invalidate(report.vanished)
+        self.events.record_removed(report.vanished, "server_restart")
+        logger.warning(
+            "redis tier: %s restarted or failed over (new run_id); forgot %d blocks it may no longer hold",
+            self.location,
+            len(report.vanished),
+        )
+
+    def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
+        """Keys known gone (a load found them missing): out of the index and the lookup cache."""
+        keys = list(keys)
+        for key in keys:
+            self.index.remove(key, delete=False)
+        self.lookups.mark_absent(keys)
+        self.events.record_removed(keys, reason)
+
+    def _delete(self, victims: Sequence[Victim], reason: str, accounted: bool = True) -> None:
+        """Queue ``UNLINK`` of ``victims``; ``accounted``: report outcomes to the index (eviction victims)."""
+        if not victims:
+            return
+        self.lookups.invalidate(v.key for v in victims)
+
+        def run(batch: Sequence[Victim]) -> None:
+            pipe = self._pipeline()
+            for victim in batch:
+                pipe.unlink(self.block_key(victim.key))
+            try:
+                results = pipe.execute(raise_on_error=False)
+            except Exception as exc:
+                self._count_error(exc, f"UNLINK of {len(batch)} blocks")
+                results = [exc] * len(batch)
+            outcomes = [(v.key, not isinstance(r, Exception)) for v, r in zip(batch, results, strict=True)]
+            if accounted:
+                self.index.deleted_many(outcomes)
+            self.events.record_removed([k for k, ok in outcomes if ok], reason)
+
+        def failed(batch: Sequence[Victim], exc: BaseException) -> None:
+            if accounted:
+                self.index.deleted_many((v.key, False) for v in batch)
+
+        self.pool.submit("write", run, list(victims), failed)
+
+    def _resolve(self, keys: Sequence[OffloadKey]) -> Mapping[OffloadKey, bool]:
+        """The sizes of a batch of keys in one round trip (on an I/O thread): a block of the right size is present.
+
+        A single server (or Sentinel's primary) answers one Lua call
+        (:data:`SIZES_SCRIPT`, ``EVALSHA`` with redis-py's ``NOSCRIPT``
+        fallback), several times faster than a pipeline of ``STRLEN`` for
+        thousands of keys; a cluster (keys in many slots), or a server that
+        refuses scripts (ACL), gets the pipeline.
+        """
+        names = [self.block_key(key) for key in keys]
+        with self.index.reading() as ticket:
+            try:
+                sizes = self._sizes(names)
+            except Exception as exc:
+                self._count_error(exc, f"lookup of {len(keys)} keys")
+                raise
+            found = [key for key, size in zip(keys, sizes, strict=True) if size == self.object_bytes]
+            self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
+        self._delete(self.index.evict_to_cap(), "eviction")
+        self._trim_known()
+        return dict.fromkeys(found, True)
+
+    def _startup_scan(self) -> None:
+        """Learn which blocks of the namespace the server holds (``SCAN`` + ``STRLEN``), on an I/O thread.
+
+        Blocks of the right size join the index (adopted under a ticket, so a
+        key changed meanwhile keeps its newer state); with ``eviction: "tier"``
+        the least recently used beyond ``capacity_bytes`` are then deleted.
+        A failure is logged and counted: lookups still ask the server.
+        """
+        try:
+            with self.index.reading() as ticket:
+                names: list[str] = []
+                keys: list[OffloadKey] = []
+                kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
+                if self._is_cluster:
+                    kwargs["target_nodes"] = "primaries"
+                for name in self._client.scan_iter(**kwargs):
+                    parsed = self.layout.parse(name)
+                    if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
+                        names.append(name.decode() if isinstance(name, bytes) else name)
+                        keys.append(OffloadKey(parsed[2]))
+                found: dict[OffloadKey, int] = {}
+                for start in range(0, len(names), 4096):
+                    sizes = self._sizes(names[start : start + 4096])
+                    for key, size in zip(keys[start : start + 4096], sizes, strict=True):
+                        if size == self.object_bytes:
+                            found[key] = size
+                self.index.adopt_many(found.items(), ticket)
+            self.counters.inc("scanned_blocks", len(found))
+            self._delete(self.index.evict_to_cap(), "eviction")
+            self._trim_known()
+        except Exception as exc:
+            self._count_error(exc, "the start-up scan")
+        finally:
+            self._scan_done.set()
+
+    def _sizes(self, names: list[str]) -> list[Any]:
+        if self._sizes_script is not None:
+            if self._recheck:
+                self._check_restart()
+            self.counters.inc("pipelines")
+            try:
+                return list(self._sizes_script(keys=names))
+            except ResponseError as exc:
+                if classify_error(exc) != "other" and not isinstance(exc, NoPermissionError):
+                    raise
+                logger.warning(
+                    "redis tier: %s refuses the lookup script (%s); asking with pipelined STRLEN instead",
+                    self.location,
+                    self.settings.redact(str(exc)),
+                )
+                self._sizes_script = None
+        pipe = self._pipeline()
+        for name in names:
+            pipe.strlen(name)
+        return list(pipe.execute(raise_on_error=False))
+
+    def _store_batch(self, tasks: Sequence[Task]) -> None:
+        keys = [state.meta.keys[i] for state, i in tasks]
+        whole: BaseException | None = None  # what failed the whole pipeline, if anything
+        results: list[Any] = []
+        if self._closed:
+            whole = _Shutdown()
+        else:
+            pipe = self._pipeline()
+            for (state, i), key in zip(tasks, keys, strict=True):
+                slot = self.block(state.meta.block_ids[i])
+                body = b"".join((encode_header(self._digest_bytes, key, slot), slot))
+                pipe.set(self.block_key(key), body, nx=True, ex=self.ttl_s)
+            try:
+                results = pipe.execute(raise_on_error=False)
+            except Exception as exc:
+                self._count_error(exc, f"store of {len(tasks)} blocks")
+                whole = exc
+        if whole is not None:
+            results = [whole] * len(tasks)
+        outcomes: list[tuple[JobState, int, bool, str]] = []
+        new: list[OffloadKey] = []
+        commits: list[tuple[OffloadKey, bool]] = []
+        for (state, i), key, result in zip(tasks, keys, results, strict=True):
+            if isinstance(result, BaseException):
+                if whole is None:
+                    self._count_error(result, f"SET of block {key.hex()[:16]}")
+                cause = "shutdown" if isinstance(result, _Shutdown) else classify_error(result)
+                outcomes.append((state, i, False, cause))
+                commits.append((key, False))
+                continue
+            if result:
+                new.append(key)
+            else:
+                self.counters.inc("stores_already_present")
+            outcomes.append((state, i, True, ""))
+            commits.append((key, True))
+        self.counters.add({"blocks_stored": len(new), "bytes_stored": len(new) * self.block_bytes})
+        self.index.commit_many(commits)
+        self._trim_known()
+        self.lookups.invalidate(k for k, ok in commits if not ok)
+        self.events.record_stored(new)
+        record_tasks(outcomes)
+
+    def _tasks_failed(self, tasks: Sequence[Task], exc: BaseException) -> None:
+        """A batch that never ran (shutdown) or raised: its blocks fail, store reservations are released."""
+        cause = "shutdown" if self._closed else classify_error(exc)
+        stores = [(s.meta.keys[i], False) for s, i in tasks if not s.is_load and not s.finished]
+        if stores:
+            try:
+                self.index.commit_many(stores)
+            except KeyError:  # already committed by the batch before it raised
+                logger.debug("redis tier: reservations of a failed batch were already released")
+        fail_tasks(tasks, cause)
+
+    def _load_batch(self, tasks: Sequence[Task]) -> None:
+        todo = [(s, i) for s, i in tasks if not s.should_skip(i)]
+        outcomes: list[tuple[JobState, int, bool, str]] = [(s, i, False, "") for s, i in tasks if s.should_skip(i)]
+        if self._closed:
+            record_tasks(outcomes + [(s, i, False, "shutdown") for s, i in todo])
+            return
+        with self.index.reading() as ticket:
+            pipe = self._pipeline()
+            for state, i in todo:
+                pipe.get(self.block_key(state.meta.keys[i]))
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except Exception as exc:
+                self._count_error(exc, f"load of {len(todo)} blocks")
+                replies = [exc] * len(todo)
+            missing: list[OffloadKey] = []
+            bad: list[Victim] = []
+            loaded = 0
+            for (state, i), reply in zip(todo, replies, strict=True):
+                key = state.meta.keys[i]
+                if isinstance(reply, Exception):
+                    outcomes.append((state, i, False, classify_error(reply)))
+                elif reply is None:
+                    missing.append(key)
+                    outcomes.append((state, i, False, "missing"))
+                else:
+                    cause = self._verify_into(key, reply, state.meta.block_ids[i])
+                    if cause:
+                        bad.append(Victim(key, len(reply)))
+                    else:
+                        loaded += 1
+                        self.index.adopt(key, self.object_bytes, ticket)
+                    outcomes.append((state, i, not cause, cause))
+        self.counters.add({"blocks_loaded": loaded, "bytes_loaded": loaded * self.block_bytes})
+        if missing:
+            self._forget(missing, "vanished")
+        if bad:
+            self._forget([v.key for v in bad], "bad")
+            self.counters.inc("bad_blocks_removed", len(bad))
+            self._delete(bad, "bad", accounted=False)
+        record_tasks(outcomes)
+
+    def _verify_into(self, key: OffloadKey, reply: bytes, block_id: int) -> str:
+        """Verify a ``GET`` reply and move its payload into the slot; returns "" or the failure cause."""
+        view = memoryview(reply)
+        try:
+            if view.nbytes != self.object_bytes:
+                raise TruncatedBlockError(f"value is {view.nbytes} bytes, expected {self.object_bytes}")
+            verify_block(view[:HEADER_SIZE], view[HEADER_SIZE:], self._digest_bytes, key, stored_size=view.nbytes)
+        except BlockFormatError as exc:
+            logger.warning(
+                "redis tier: block %s is unusable (%s): %s; deleting it", self.block_key(key), exc.reason, exc
+            )
+            return exc.reason
+        self.block(block_id)[:] = view[HEADER_SIZE:]
+        return ""

@@ -1,0 +1,162 @@
+"""The start-up probe of a redis tier: can we reach, write, read and delete, and who evicts?
+
+Run by the tier's constructor (so ``tiering check --probe`` runs it too):
+
+1. ``PING`` (reachability, credentials, TLS);
+2. ``INFO memory`` of every primary: ``maxmemory`` and ``maxmemory_policy``,
+   which say whether the server evicts (the eviction authority check);
+3. ``SET NX`` of the namespace record, then a write / read / delete probe of a
+   throw-away key (``SET EX 60``, ``GET``, ``UNLINK``).
+
+Any failure raises :class:`~tiering.redis.errors.RedisStartupError` whose
+message names the server (never a credential) and what to check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from redis.cluster import RedisCluster
+from tiering.redis.errors import RedisStartupError, classify_error
+from tiering.redis.layout import KeyLayout
+
+logger = logging.getLogger(__name__)
+
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+"""``maxmemory-policy`` values under which the server evicts blocks without a TTL."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    """What the probe learnt about the server(s).
+
+    Attributes:
+        maxmemory: the smallest ``maxmemory`` over the primaries, bytes (0: no limit;
+            -1: INFO not permitted).
+        policy: ``maxmemory_policy`` (``"unknown"`` when INFO is not permitted;
+            ``"mixed"`` when primaries differ).
+        primaries: number of primaries answering INFO (1 for a single server).
+        version: ``redis_version`` of the first primary (``"unknown"`` when not permitted).
+        run_ids: the ``run_id`` of every primary (empty when not permitted); a
+            change means a restart or failover: what the server held may be gone.
+    """
+
+    maxmemory: int
+    policy: str
+    primaries: int
+    version: str
+    run_ids: frozenset[str] = frozenset()
+
+    @property
+    def server_evicts(self) -> bool:
+        """Whether the server evicts keys without a TTL when full."""
+        return self.maxmemory > 0 and self.policy in EVICTING_POLICIES
+
+
+def _info(client: Any, section: str) -> list[dict[str, Any]]:
+    if isinstance(client, RedisCluster):
+        answer = client.info(section, target_nodes=RedisCluster.PRIMARIES)
+        # one primary: redis-py answers that node's dict; several: {node name: dict}
+        if answer and all(isinstance(v, dict) for v in answer.values()):
+            return list(answer.values())
+        return [answer]
+    return [client.info(section)]
+
+
+def server_info(client: Any) -> ServerInfo:
+    """``INFO memory`` / ``INFO server`` of every primary, summarized; INFO refused (ACL) gives unknowns.
+
+    Raises:
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the server is unreachable.
+    """
+    try:
+        memory = _info(client, "memory")
+        server = _info(client, "server")
+    except Exception as exc:
+        if classify_error(exc) not in ("credentials", "other"):
+            raise
+        logger.warning("redis tier: INFO is not permitted (%s); cannot tell whether the server evicts", type(exc))
+        return ServerInfo(-1, "unknown", 0, "unknown")
+    run_ids = frozenset(str(s.get("run_id", "")) for s in server)
+    limits = [int(m.get("maxmemory", 0)) for m in memory]
+    policies = {str(m.get("maxmemory_policy", "unknown")) for m in memory}
+    limited = [x for x in limits if x > 0]
+    maxmemory = min(limited) if len(limited) == len(limits) and limited else 0
+    policy = policies.pop() if len(policies) == 1 else "mixed"
+    version = str(server[0].get("redis_version", "unknown")) if server else "unknown"
+    return ServerInfo(maxmemory, policy, len(memory), version, run_ids)
+
+
+def run_ids(client: Any) -> frozenset[str]:
+    """The ``run_id`` of every primary (``INFO server``); empty when INFO is not permitted.
+
+    Raises:
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the server is unreachable.
+    """
+    try:
+        return frozenset(str(s.get("run_id", "")) for s in _info(client, "server"))
+    except Exception as exc:
+        if classify_error(exc) not in ("credentials", "other"):
+            raise
+        return frozenset()
+
+
+def probe(
+    client: Any,
+    layout: KeyLayout,
+    digest: str,
+    namespace_json: bytes,
+    location: str,
+    redact: Callable[[str], str],
+) -> ServerInfo:
+    """Run the start-up probe (see the module docstring).
+
+    Args:
+        client: the redis-py client.
+        layout: the tier's key layout.
+        digest: the namespace digest (hex).
+        namespace_json: the namespace record written with ``SET NX``.
+        location: where the server is, for messages (no credentials).
+        redact: removes configured secrets from a text.
+
+    Raises:
+        RedisStartupError: the server is unreachable, refuses the credentials,
+            or a probe step failed; ``cause`` says which.
+    """
+    step = "PING"
+    try:
+        client.ping()
+        step = "INFO"
+        info = server_info(client)
+        step = "SET NX of the namespace record"
+        client.set(layout.namespace_key(digest), namespace_json, nx=True)
+        step = "the write/read/delete probe"
+        key = layout.probe_key(digest, uuid.uuid4().hex)
+        body = uuid.uuid4().bytes
+        client.set(key, body, ex=60)
+        back = client.get(key)
+        client.unlink(key)
+    except Exception as exc:
+        cause = classify_error(exc)
+        hint = {
+            "credentials": "check username / password (ACL) of the tier entry",
+            "connection": "check url / host / port and that the server runs",
+            "timeout": "the server did not answer within socket_timeout_s / socket_connect_timeout_s",
+            "readonly": "the server is a replica; point the tier at the primary (or use mode sentinel)",
+            "no_space": "the server is out of memory and does not evict (maxmemory-policy noeviction)",
+            "loading": "the server is still loading its data set; retry shortly",
+            "moved": "the cluster is resharding or down",
+        }.get(cause, "see the error")
+        raise RedisStartupError(
+            f"redis tier: {step} at {location} failed ({cause}): {redact(f'{type(exc).__name__}: {exc}')}; {hint}",
+            cause,
+        ) from None
+    if back != body:
+        raise RedisStartupError(
+            f"redis tier: the probe key read back from {location} differs from what was written", "probe"
+        )
+    return info

@@ -1,0 +1,340 @@
+"""A Redis secondary tier on redis-py: one key per block, shared by every engine replica that uses the server.
+
+Keys (see :mod:`tiering.redis.layout`): ``<prefix>:<namespace digest>:<key hex>``
+holds :func:`tiering.core.format.encode_header` + the block's bytes, verified
+with :func:`tiering.core.format.verify_block` on every load; a block that does
+not verify is a miss, is deleted and counted by cause.
+
+The machinery is the toolkit's (:mod:`tiering.core.toolkit`): job tracking
+(:class:`~tiering.core.toolkit.JobTracker`), the index of blocks this process
+knows (:class:`~tiering.core.toolkit.CapacityIndex`, capped only with
+``eviction: "tier"``), lookups resolved in batches in the background
+(:class:`~tiering.core.toolkit.LookupCache`: one pipelined ``STRLEN`` per
+batch, None while in flight) and the I/O threads
+(:class:`~tiering.core.toolkit.IOPool`, one per connection). What is Redis's
+own is here: a job's blocks go out as pipelines of ``pipeline_blocks`` blocks
+(redis-py's cluster pipeline splits each per node), stores are ``SET NX`` (the
+first writer of a block wins; its bytes are never rewritten), loads are
+pipelined ``GET`` whose reply moves into the primary slot after verification.
+
+Nothing on the scheduler's thread touches the network: ``lookup``,
+``submit_*``, ``get_finished`` and ``touch`` only update memory. Connection
+errors, timeouts, ``READONLY``, ``OOM``, ``LOADING`` and cluster redirections
+that redis-py's own retries (:class:`redis.retry.Retry`) do not absorb become
+failed blocks (a failed job, a miss) within the bounded time set by
+``socket_timeout_s``, ``socket_connect_timeout_s``, ``retries`` and the
+backoff; the client reconnects by itself when the server is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.format import HEADER_SIZE
+from tiering.core.inspection import TierInspector
+from tiering.core.spec import OffloadingSpec
+from tiering.core.toolkit import (
+    Admit,
+    CapacityIndex,
+    Counters,
+    IOPool,
+    JobTracker,
+    KeyState,
+    KVEvent,
+    KVEventLog,
+    LookupCache,
+    Victim,
+)
+from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.stats import failure_totals
+from tiering.redis.config import SCHEMA, RedisSettings
+from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
+from tiering.redis.io import SIZES_SCRIPT, RedisBlockIO, Task
+from tiering.redis.layout import KeyLayout
+from tiering.redis.probe import EVICTING_POLICIES, probe
+
+logger = logging.getLogger(__name__)
+
+_COUNTERS = (
+    "lookups_hit",
+    "lookups_miss",
+    "lookups_pending",
+    "blocks_stored",
+    "bytes_stored",
+    "stores_already_present",
+    "blocks_loaded",
+    "bytes_loaded",
+    "bad_blocks_removed",
+    "pipelines",
+    "server_restarts",
+    "scanned_blocks",
+    "forgotten_blocks",
+    *(f"errors_{c}" for c in ERROR_CLASSES),
+)
+
+
+class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
+    """A secondary tier keeping blocks as keys of a Redis server, Cluster or Sentinel-managed primary.
+
+    Config (the ``secondary_tiers`` entry): ``{"type": "redis", "url":
+    "redis://host:6379/0", ...}``; every key is in :data:`tiering.redis.config.SCHEMA`
+    and the package README.
+
+    Args:
+        offloading_spec: the stack's spec (block geometry, namespace).
+        primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` host buffer.
+        tier_type: the registered name (injected by the factory).
+        **config: the entry's keys (see :data:`~tiering.redis.config.SCHEMA`).
+
+    Raises:
+        tiering.core.toolkit.TierConfigError: a wrong, missing or unknown key (names it).
+        RedisStartupError: the server is unreachable, refuses the credentials or the probe failed.
+    """
+
+    medium: ClassVar[str] = "memory"
+    config_schema: ClassVar[ConfigSchema | None] = SCHEMA
+
+    def __init__(
+        self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str, **config: Any
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type)
+        self.settings = settings = RedisSettings.from_config(config)
+        self.layout = KeyLayout(settings["prefix"])
+        namespace = offloading_spec.namespace
+        self.digest = namespace.digest
+        self._digest_bytes = namespace.digest_bytes
+        self.object_bytes = HEADER_SIZE + self.block_bytes
+        self.ttl_s: int | None = settings["ttl_s"]
+        self.location = settings.location()
+        capacity = settings["capacity_bytes"] if settings["eviction"] == "tier" else None
+        if capacity is not None and capacity < self.object_bytes:
+            raise ValueError(f"redis tier: capacity_bytes {capacity} is below one block ({self.object_bytes} bytes)")
+        try:
+            self._client: Any = settings.make_client()
+        except Exception as exc:
+            raise RedisStartupError(
+                f"redis tier: cannot connect to {self.location}: {settings.redact(str(exc))}", classify_error(exc)
+            ) from None
+        record = json.dumps({**namespace.to_dict(), "digest": self.digest}, indent=1, sort_keys=True).encode()
+        try:
+            self.server = probe(self._client, self.layout, self.digest, record, self.location, settings.redact)
+        except BaseException:
+            self._client.close()
+            raise
+        self._warn_eviction_authority(capacity)
+
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._run_ids = self.server.run_ids
+        self._recheck = False  # set by connection errors: was the server restarted meanwhile?
+        self._is_cluster = settings["mode"] == "cluster"
+        self._sizes_script = None if self._is_cluster else self._client.register_script(SIZES_SCRIPT)
+        self._scan_done = threading.Event()
+        # With the server as eviction authority the index only remembers what is stored, bounded by what the
+        # server can hold (its maxmemory): beyond that the least recently used entries are forgotten, not deleted.
+        self._forget_only = capacity is None
+        self._known_limit = self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
+        self.index = CapacityIndex(capacity)
+        self.jobs = JobTracker()
+        self.events = KVEventLog(self.medium)
+        self.counters = Counters(_COUNTERS)
+        n = settings["max_connections"]
+        self.pool = IOPool(
+            n, 0, name=f"tiering-{tier_type}", max_batch=settings["pipeline_blocks"],
+            reader_help_batch=settings["pipeline_blocks"],
+        )  # fmt: skip
+        self.lookups = LookupCache(
+            self._resolve,
+            lambda fn: self.pool.submit_call("read", fn),
+            negative_ttl_s=settings["lookup_negative_ttl_s"],
+            max_batch=4096,
+            max_pending=65536,
+        )
+        if settings["startup_scan"]:
+            self.pool.submit_call("read", self._startup_scan)
+        else:
+            self._scan_done.set()
+        logger.info(
+            "redis tier %r ready: %s (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by %s",
+            tier_type,
+            self.location,
+            self.server.version,
+            self.server.primaries,
+            self.server.maxmemory,
+            self.server.policy,
+            self.layout.base(self.digest),
+            f"this tier ({capacity} bytes per process)" if capacity else "the server",
+        )
+
+    def _warn_eviction_authority(self, capacity: int | None) -> None:
+        info = self.server
+        if capacity is None and info.maxmemory == 0:
+            logger.warning(
+                "redis tier: %s has no maxmemory and the tier no capacity_bytes: nothing bounds the blocks "
+                "stored; set maxmemory with maxmemory-policy allkeys-lru on the server (or eviction 'tier')",
+                self.location,
+            )
+        elif capacity is None and info.maxmemory > 0 and info.policy not in EVICTING_POLICIES:
+            logger.warning(
+                "redis tier: %s has maxmemory %d with policy %s, which does not evict blocks%s: stores fail "
+                "with OOM when it is full; use allkeys-lru",
+                self.location,
+                info.maxmemory,
+                info.policy,
+                "" if self.ttl_s else " (they have no TTL)",
+            )
+        elif capacity is not None and info.server_evicts:
+            logger.warning(
+                "redis tier: eviction 'tier' is set but %s also evicts (maxmemory %d, %s): blocks it evicts "
+                "become misses",
+                self.location,
+                info.maxmemory,
+                info.policy,
+            )
+
+    @classmethod
+    def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector | None:
+        """A :class:`~tiering.redis.inspection.RedisInspector` of a config entry (``tiering ls/stat/gc/verify``)."""
+        from tiering.redis.inspection import RedisInspector
+
+        return RedisInspector.from_config(tier_config)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(location={self.location!r}, prefix={self.layout.prefix!r}, "
+            f"eviction={self.settings['eviction']!r}, capacity_bytes={self.index.capacity_bytes!r})"
+        )
+
+    # -- lookups ------------------------------------------------------------------
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        """Whether ``key`` is stored, without blocking.
+
+        Returns:
+            True: this process stored, loaded or found the block. False: absent
+            (or being deleted, or the tier is shut down). None: a store of it
+            is in flight here, or the server is being asked (a pipelined
+            ``STRLEN`` of every key asked since the last batch); ask again.
+        """
+        if self._closed:
+            return False
+        state = self.index.lookup(key)
+        if state is KeyState.RESIDENT:
+            verdict: bool | None = True
+        elif state is KeyState.WRITING:
+            verdict = None
+        elif state is KeyState.DELETING:
+            verdict = False
+        else:
+            verdict = self.lookups.lookup(key)
+        self.counters.inc("lookups_hit" if verdict else "lookups_pending" if verdict is None else "lookups_miss")
+        return verdict
+
+    def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        """Mark ``keys`` most recently used (the order of ``eviction: "tier"``)."""
+        self.index.touch(keys)
+
+    # -- stores -------------------------------------------------------------------
+    def submit_store(self, job: JobMetadata) -> None:
+        """Queue the job's blocks as pipelined ``SET NX`` (``EX ttl_s`` when set); return at once.
+
+        A block this process knows is stored counts as stored without I/O; a
+        ``SET NX`` refused because another writer stored the key first counts as
+        stored (``stores_already_present``). With ``eviction: "tier"``, least
+        recently used blocks are deleted to make room; a block that cannot fit
+        fails with cause ``no_space``.
+        """
+        state = self.jobs.start(job)
+        now: list[tuple[int, bool, str]] = []
+        tasks: list[Task] = []
+        victims: list[Victim] = []
+        for i, key in enumerate(job.keys):
+            if self._closed:
+                now.append((i, False, "shutdown"))
+                continue
+            reservation = self.index.reserve(key, self.object_bytes)
+            victims.extend(reservation.victims)
+            if reservation.admit is Admit.RESERVED:
+                tasks.append((state, i))
+            elif reservation.admit is Admit.PRESENT:
+                self.counters.inc("stores_already_present")
+                now.append((i, True, ""))
+            else:
+                now.append((i, False, "no_space" if reservation.admit is Admit.NO_SPACE else "deleting"))
+        self._delete(victims, "eviction")
+        if now:
+            state.record(now)
+        self.pool.submit("write", self._store_batch, tasks, self._tasks_failed)
+
+    # -- loads --------------------------------------------------------------------
+    def submit_load(self, job: JobMetadata) -> None:
+        """Queue the job's blocks as pipelined ``GET``; each reply is verified before it reaches its slot.
+
+        A missing block (evicted by the server, expired, deleted) fails the job
+        as a miss; a block that does not verify is deleted and counted by cause.
+        """
+        state = self.jobs.start(job)
+        if self._closed:
+            state.fail_rest("shutdown")
+            return
+        self.pool.submit("read", self._load_batch, [(state, i) for i in range(len(job.keys))], self._tasks_failed)
+
+    def wait_for_scan(self, timeout_s: float | None = None) -> bool:
+        """Wait until the start-up scan has finished (``tiering stat`` calls it); False on timeout."""
+        return self._scan_done.wait(timeout_s)
+
+    # -- reporting ----------------------------------------------------------------
+    def get_finished(self) -> Iterable[JobResult]:
+        """The jobs finished since the last call; each job appears exactly once."""
+        return self.jobs.take_finished()
+
+    def has_pending_work(self) -> bool:
+        """Whether any job is in flight."""
+        return self.jobs.in_flight() > 0
+
+    def take_events(self) -> list[KVEvent]:
+        """Blocks stored by this process and blocks it removed (evicted, bad, found vanished), oldest first."""
+        return self.events.take_events()
+
+    def stats(self) -> dict[str, int | float]:
+        """The toolkit's stats vocabulary plus Redis figures.
+
+        Keys: every :mod:`tiering.core.toolkit.stats` name that applies
+        (lookups, blocks/bytes stored and loaded, ``resident_*`` = blocks this
+        process knows are stored, capacity, evictions, failures by cause),
+        ``pipelines`` (round trips sent), ``errors_<class>`` per
+        :data:`tiering.redis.errors.ERROR_CLASSES`, ``server_maxmemory_bytes``
+        (-1: unknown) and ``server_evicts`` (1/0). With ``eviction: "server"``
+        the tier evicts nothing: ``capacity_bytes`` is 0 and, instead of
+        ``evictions``, ``forgotten_blocks`` counts index entries dropped to
+        keep the index within the server's ``maxmemory``.
+        """
+        out: dict[str, int | float] = {}
+        out.update(self.counters.snapshot())
+        index = self.index.stats()
+        if self._forget_only:  # the server evicts; the index forgets (nothing is deleted by this tier)
+            index.pop("evictions")
+            index.pop("evicted_bytes")
+        out.update(index)
+        out.update(self.jobs.stats())
+        out.update(self.lookups.stats())
+        out.update(failure_totals(out))
+        out["server_maxmemory_bytes"] = self.server.maxmemory
+        out["server_evicts"] = int(self.server.server_evicts)
+        return out
+
+    def shutdown(self) -> None:
+        """Stop: queued blocks fail at once, running pipelines finish (bounded by the timeouts); idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.lookups.close()
+        self.pool.shutdown(wait=True)
+        self.jobs.fail_all()
+        self._client.close()
+        logger.info("redis tier %r shut down: %s", self.tier_type, self.stats())

@@ -1,0 +1,43 @@
+import pytest
+
+from tiering.core.testing import TierConformanceTests
+
+
+class TestRedisConformance(TierConformanceTests):
+    @pytest.fixture
+    def tier_config(self, redis_server, prefix):
+        return {"type": "redis", "url": redis_server.url, "prefix": prefix}
+
+
+class TestRedisClusterConformance(TierConformanceTests):
+    @pytest.fixture
+    def tier_config(self, redis_cluster, prefix):
+        return {"type": "redis", "mode": "cluster", "url": redis_cluster.url, "prefix": prefix}
+
+
+class TestRedisSentinelConformance(TierConformanceTests):
+    @pytest.fixture
+    def tier_config(self, redis_sentinel, prefix):
+        return {
+            "type": "redis",
+            "mode": "sentinel",
+            "sentinels": redis_sentinel.sentinels,
+            "service_name": redis_sentinel.service_name,
+            "prefix": prefix,
+        }
+
+
+class TestRedisConformanceTierEviction(TierConformanceTests):
+    """The contract also holds with the tier as eviction authority, small pipelines and few connections."""
+
+    @pytest.fixture
+    def tier_config(self, redis_server, prefix):
+        return {
+            "type": "redis",
+            "url": redis_server.url,
+            "prefix": prefix,
+            "eviction": "tier",
+            "capacity_bytes": 64 * (16 * 1024 + 128),
+            "pipeline_blocks": 2,
+            "max_connections": 2,
+        }

@@ -1,0 +1,141 @@
+"""The delete path of an s3 tier: evicted and bad blocks go in batches, on one thread of their own.
+
+Deletes run on a one-thread :class:`~tiering.core.toolkit.IOPool` of their
+own, so a store waiting for an old copy's delete never blocks the thread that
+would send it. Each outcome is reported to the tier's
+:class:`~tiering.core.toolkit.CapacityIndex`: a failed delete keeps its
+bytes counted (the object is still there) and is retried a few times with a
+growing pause; what still fails is settled by the next rescan (fault kind 3,
+case C16).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+from tiering.core.base import OffloadKey
+from tiering.core.toolkit import CapacityIndex, Counters, IOPool, KVEventLog
+from tiering.s3.client import DELETE_BATCH, S3Client
+from tiering.s3.errors import classify_error
+
+logger = logging.getLogger(__name__)
+
+RETRY_PAUSES_S = (0.2, 1.0, 5.0)
+"""Pauses before each retry round of failed deletes (then the next rescan settles them)."""
+
+
+class Deleter:
+    """Deletes block objects in batches and reports each outcome to the index.
+
+    Args:
+        client: the tier's S3 client.
+        object_key: block key -> object name.
+        index: the tier's index (victims are reported to it; other keys are ignored by it).
+        counters: the tier's counters (``delete_requests``, ``objects_deleted``, ``bad_blocks_removed``,
+            ``errors_<class>``).
+        events: the tier's KV event log (``BlockRemoved`` once a delete succeeded).
+    """
+
+    def __init__(
+        self,
+        client: S3Client,
+        object_key: Callable[[bytes], str],
+        index: CapacityIndex,
+        counters: Counters,
+        events: KVEventLog,
+    ) -> None:
+        self._client = client
+        self._object_key = object_key
+        self._index = index
+        self._counters = counters
+        self._events = events
+        self._lock = threading.Lock()
+        self._queue: dict[OffloadKey, str] = {}  # key -> reason ("eviction", "bad"), not yet sent
+        self._scheduled = False
+        self._closed = False
+        self._retry_round = 0
+        self._pool = IOPool(1, 0, name="tiering-s3-delete")
+
+    def queue(self, keys: Iterable[OffloadKey], reason: str) -> None:
+        """Delete ``keys`` soon (``reason``: ``"eviction"`` or ``"bad"``); nothing waits for it."""
+        with self._lock:
+            for key in keys:
+                self._queue[key] = reason
+            if self._scheduled or not self._queue:
+                return
+            self._scheduled = True
+        self._pool.submit_call("write", self._run)
+
+    def pending(self) -> int:
+        """Keys queued and not yet sent."""
+        with self._lock:
+            return len(self._queue)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                batch = list(self._queue.items())[:DELETE_BATCH]
+                for key, _ in batch:
+                    del self._queue[key]
+                if not batch:
+                    self._scheduled = False
+                    return
+            self._send(batch)
+
+    def _send(self, batch: list[tuple[OffloadKey, str]]) -> None:
+        names = {self._object_key(key): (key, reason) for key, reason in batch}
+        try:
+            failed = self._client.delete_many(list(names))
+            requests = 1 if self._client.batch_delete else len(names)
+        except Exception as exc:
+            cls = classify_error(exc)
+            self._counters.inc(f"errors_{cls}")
+            logger.warning("s3 tier: delete of %d objects failed (%s): %s", len(names), cls, exc)
+            failed = dict.fromkeys(names, cls)
+            requests = 1
+        for name, code in list(failed.items())[:3]:
+            logger.warning("s3 tier: delete of %s failed: %s", name, code)
+        done = [(key, reason) for name, (key, reason) in names.items() if name not in failed]
+        self._index.deleted_many([(key, name not in failed) for name, (key, _) in names.items()])
+        self._counters.add(
+            {
+                "delete_requests": requests,
+                "objects_deleted": len(done),
+                "bad_blocks_removed": sum(1 for _, reason in done if reason == "bad"),
+            }
+        )
+        for reason in ("eviction", "bad"):
+            self._events.record_removed((key for key, r in done if r == reason), reason)
+        if failed:
+            self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        with self._lock:
+            if self._closed or self._retry_round >= len(RETRY_PAUSES_S):
+                return
+            pause = RETRY_PAUSES_S[self._retry_round]
+            self._retry_round += 1
+        timer = threading.Timer(pause, self._retry)
+        timer.daemon = True
+        timer.start()
+
+    def _retry(self) -> None:
+        if self._closed:
+            return
+        victims = self._index.retry_deletes()
+        self.queue((v.key for v in victims), "eviction")
+
+    def reset_retries(self) -> None:
+        """Allow a new series of retry rounds (after a rescan settled the old failures)."""
+        with self._lock:
+            self._retry_round = 0
+
+    def close(self) -> None:
+        """Send what is queued, then stop (idempotent)."""
+        with self._lock:
+            self._closed = True
+        self._pool.wait_idle(60.0)
+        self._pool.shutdown()
+        self._run()  # anything queued after the pool stopped
