@@ -5,7 +5,7 @@ The cases of vLLM's ``tests/v1/kv_offload/tiering/test_fs_tier.py`` and
 ``tiering_example``): an empty tier misses; a store makes a key HIT; a store
 then load round-trips into other primary slots, for batches of 0, 1, 2 and 5
 blocks; a load of a missing block fails the job; a partly failed load names
-the blocks before the first bad one; jobs are reported exactly once; shutdown finishes
+the blocks that loaded; jobs are reported exactly once; shutdown finishes
 or fails every job; the factory forwards ``locality`` and refuses a bad one.
 """
 
@@ -168,11 +168,14 @@ def test_partly_failed_load_names_the_blocks_that_loaded(tmp_path: Any, primary:
         tier.submit_load(job(2, keys, [40 + i for i in range(5)], promotion=True))
         result = finish(tier, {2})[2]
         assert not result.success
-        # as vLLM's fs tier: a batched load keeps the blocks before the first bad one
-        assert list(result.successful_keys) == keys[:3]
-        assert result.transfer_bytes == 3 * ROW
-        for i in (0, 1, 2):
-            assert driver.row(40 + i).tobytes() == testing.payload(keys[i], ROW)
+        # as vLLM's fs tier: the blocks before the first bad one are kept (a block read by another I/O thread
+        # after it may be kept too); the bad one never
+        loaded = list(result.successful_keys)
+        assert keys[3] not in loaded and set(keys[:3]) <= set(loaded) <= set(keys)
+        assert result.transfer_bytes == len(loaded) * ROW
+        for i, key in enumerate(keys):
+            if key in loaded:
+                assert driver.row(40 + i).tobytes() == testing.payload(key, ROW)
     finally:
         tier.shutdown()
 
