@@ -2,7 +2,10 @@
 
 By default one moto server (``moto.server.ThreadedMotoServer``) runs on
 127.0.0.1 for the whole session and is reset (``POST /moto-api/reset``)
-before every test. With ``TIERING_S3_ENDPOINT`` set (plus
+before every test. With ``TIERING_S3_SERVER=nanio`` a second S3
+implementation, nanio (``pip install nanio``), is started instead, in a
+subprocess on 127.0.0.1 with a temporary data folder; it is used like an
+external endpoint (a random prefix per test; the moto-only tests skip). With ``TIERING_S3_ENDPOINT`` set (plus
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, optionally
 ``TIERING_S3_BUCKET`` and ``TIERING_S3_REGION``) the suite runs against that
 endpoint instead; each test then works under its own random prefix and the
@@ -65,7 +68,7 @@ class S3Server:
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost,.s3.test")
     os.environ.setdefault("no_proxy", os.environ["NO_PROXY"])
     endpoint = os.environ.get("TIERING_S3_ENDPOINT")
@@ -79,6 +82,9 @@ def s3_server() -> Iterator[S3Server]:
             external=True,
         )
         return
+    if os.environ.get("TIERING_S3_SERVER", "moto") == "nanio":
+        yield from _nanio_server(tmp_path_factory.mktemp("nanio"))
+        return
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -89,6 +95,45 @@ def s3_server() -> Iterator[S3Server]:
         yield S3Server(f"http://{host}:{port}", "testing-key-id", "testing-secret", "us-east-1", "tiering-test", False)
     finally:
         server.stop()
+
+
+def _nanio_server(data_dir: Any) -> Iterator[S3Server]:
+    """Start ``nanio serve`` on a free loopback port; stop it afterwards."""
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "NANIO_ACCESS_KEY": "nanio-test-key", "NANIO_SECRET_KEY": "nanio-test-secret-0123456789"}
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "nanio", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir"),
+            str(data_dir),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    server = S3Server(endpoint, env["NANIO_ACCESS_KEY"], env["NANIO_SECRET_KEY"], "us-east-1", "tiering-test", True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "nanio did not start"
+                time.sleep(0.1)
+        S3Env(server).client.create_bucket(Bucket=server.default_bucket)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 class S3Env:

@@ -1,4 +1,9 @@
-"""tiering ls / stat / gc / verify on an s3 tier (moto on loopback, or TIERING_S3_ENDPOINT)."""
+"""tiering ls / stat / gc / verify on an s3 tier: core's inspector conformance suite, plus what is s3-specific.
+
+S3-specific: nothing beside or outside the prefix is listed or touched, listings paginate, removal is batched and
+refuses anything that is not a block object, LastModified is the age, and failures name the bucket or endpoint
+without credentials. Runs against moto on loopback, or TIERING_S3_ENDPOINT.
+"""
 
 import json
 import re
@@ -7,6 +12,7 @@ import time
 import types
 
 import pytest
+from botocore.exceptions import ClientError
 
 from tiering.core import JobMetadata, ReqContext, TieringOffloadingSpec, create_secondary_tier
 from tiering.core import commands as core_commands
@@ -15,7 +21,7 @@ from tiering.core.cli import main
 from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.inspection import BlockInfo
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.core.testing import InspectorConformanceTests, block_payload, make_key, wait_for_jobs
 from tiering.s3 import S3SecondaryTierManager
 from tiering.s3 import client as s3_client
 from tiering.s3.inspection import S3Inspector
@@ -24,6 +30,30 @@ BLOCK = 4096
 OBJ = BLOCK + HEADER_SIZE
 CTX = ReqContext("test")
 _ids = iter(range(1, 10**9))
+
+
+class TestS3Inspector(InspectorConformanceTests):
+    @pytest.fixture
+    def tier_config(self, s3):
+        return s3.tier_config()
+
+    @pytest.fixture(autouse=True)
+    def _env(self, s3):
+        self.s3 = s3
+
+    def corrupt_block(self, tier_config, digest, block, how):
+        s3 = self.s3
+        data = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=block.name)["Body"].read())
+        if how == "flip":
+            data[HEADER_SIZE + 5] ^= 0xFF
+        else:
+            data = data[:50]
+        s3.client.put_object(Bucket=s3.bucket, Key=block.name, Body=bytes(data))
+
+    def plant_foreign(self, tier_config):
+        name = f"{self.s3.prefix}/notes.txt"
+        self.s3.client.put_object(Bucket=self.s3.bucket, Key=name, Body=b"not ours")
+        return name
 
 
 def stack_config(s3, revision="r1", **tier_overrides):
@@ -98,12 +128,24 @@ def beside(s3):
         s3.client.delete_objects(Bucket=s3.bucket, Delete={"Objects": [{"Key": k} for k in created]})
 
 
+def like_prefix(s3, beside):
+    """An object named like the prefix itself, where the server allows one beside ``<prefix>/...``.
+
+    A server that keeps objects as files (nanio) cannot hold both ``kv`` and ``kv/x``: it refuses, and there is
+    nothing to test.
+    """
+    try:
+        return [beside(s3.prefix)]
+    except ClientError:
+        return []
+
+
 def plant_beside(s3, beside, digest, key):
     """Objects a careless prefix match would take for ours: beside the prefix and inside it."""
     body = s3.client.get_object(Bucket=s3.bucket, Key=block_name(s3, digest, key))["Body"].read()
     shard = f"{checksum(key) & 0xFF:02x}"
     outside = [
-        beside(s3.prefix),  # an object named like the prefix itself
+        *like_prefix(s3, beside),
         beside(f"{s3.prefix}-other/{digest}/namespace.json"),
         beside(f"{s3.prefix}x/{digest}/{shard}/{key.hex()}", body),  # a valid block, one letter beside
         beside(f"elsewhere/{s3.prefix}/{digest}/{shard}/{key.hex()}", body),
@@ -169,9 +211,12 @@ def test_ls_paginates_and_treats_an_empty_prefix_as_empty(tmp_path, s3, monkeypa
         "before-parameter-build.s3.ListObjectsV2", lambda params, **_: pages.append(params["Prefix"])
     )
     assert len(inspector.namespaces()) == 3  # three namespaces listed two common prefixes a page
-    assert pages.count(f"{s3.prefix}/") == 2
     assert len(list(inspector.blocks(digest))) == 7
-    assert pages.count(f"{s3.prefix}/{digest}/") == 4  # 7 blocks + namespace.json, two a page
+    if not s3.server.external:  # servers page differently (nanio: common prefixes in one page, folders count)
+        assert pages.count(f"{s3.prefix}/") == 2
+        assert pages.count(f"{s3.prefix}/{digest}/") == 4  # 7 blocks + namespace.json, two a page
+    else:
+        assert pages.count(f"{s3.prefix}/{digest}/") >= 4  # two keys a page at most
 
 
 # -- gc -----------------------------------------------------------------------------------
@@ -234,27 +279,6 @@ def test_gc_older_than_uses_last_modified(tmp_path, s3, beside, monkeypatch, cap
     assert etags(s3, outside + inside_foreign) == before
 
 
-def test_gc_to_bytes_evicts_oldest_down_to_the_size(tmp_path, s3, beside, capsys):
-    config, digest, keys = populate(s3, n=6)
-    _, other, _ = populate(s3, "r2", n=4)
-    outside, inside_foreign = plant_beside(s3, beside, digest, keys[0])
-    before = etags(s3, outside + inside_foreign)
-    path = write_config(tmp_path, config)
-    assert main(["gc", path, "--to-bytes", str(3 * OBJ), "--dry-run"]) == 0
-    assert f"would remove 7 blocks ({7 * OBJ} bytes)" in capsys.readouterr().out
-    assert len(block_objects(s3)) == 10
-    assert main(["gc", path, "--to-bytes", str(3 * OBJ + 10)]) == 0
-    assert f"removed 7 blocks ({7 * OBJ} bytes)" in capsys.readouterr().out
-    remaining = block_objects(s3)
-    assert len(remaining) == 3 and sum(o["Size"] for o in remaining.values()) <= 3 * OBJ + 10
-    assert etags(s3, outside + inside_foreign) == before
-    assert main(["gc", path, "--to-bytes", "0"]) == 0
-    assert block_objects(s3) == {}
-    # namespace files stay (gc by age or size removes blocks only) and foreign objects too
-    assert {f"{s3.prefix}/{digest}/namespace.json", f"{s3.prefix}/{other}/namespace.json"} <= set(s3.list_keys())
-    assert etags(s3, outside + inside_foreign) == before
-
-
 def test_removal_is_batched_and_refuses_what_is_not_a_block(s3, beside, monkeypatch):
     _, digest, keys = populate(s3, n=7)
     outside, inside_foreign = plant_beside(s3, beside, digest, keys[0])
@@ -294,45 +318,6 @@ def test_removal_is_batched_and_refuses_what_is_not_a_block(s3, beside, monkeypa
 
 
 # -- verify -------------------------------------------------------------------------------
-def test_verify_finds_planted_corruption_and_removes_it(tmp_path, s3, beside, capsys):
-    config, digest, keys = populate(s3, n=6)
-    flipped, truncated = block_name(s3, digest, keys[0]), block_name(s3, digest, keys[1])
-    data = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=flipped)["Body"].read())
-    data[HEADER_SIZE + 10] ^= 0xFF
-    s3.client.put_object(Bucket=s3.bucket, Key=flipped, Body=bytes(data))
-    s3.client.put_object(Bucket=s3.bucket, Key=truncated, Body=bytes(data[:50]))
-    outside, inside_foreign = plant_beside(s3, beside, digest, keys[2])
-    before = etags(s3, outside + inside_foreign)
-    path = write_config(tmp_path, config)
-
-    assert main(["verify", path]) == 1
-    out = capsys.readouterr().out
-    assert f"CORRUPT {flipped}: checksum" in out and f"CORRUPT {truncated}: truncated" in out
-    assert f"namespace {digest}: 6 checked, 4 sound, 2 corrupt" in out
-    assert {flipped, truncated} <= set(block_objects(s3, digest))  # report only without --remove
-
-    assert main(["verify", path, "--remove"]) == 1
-    assert "2 corrupt (removed)" in capsys.readouterr().out
-    assert set(block_objects(s3, digest)) == {block_name(s3, digest, k) for k in keys[2:]}
-    assert etags(s3, outside + inside_foreign) == before
-    assert main(["verify", path, "--sample", "3"]) == 0
-    assert "3 checked, 3 sound, 0 corrupt" in capsys.readouterr().out
-
-
-# -- stat ---------------------------------------------------------------------------------
-def test_stat_reports_resident_blocks(tmp_path, s3, capsys):
-    config, digest, _ = populate(s3, n=9)
-    assert main(["stat", write_config(tmp_path, config), "--json"]) == 0
-    out = capsys.readouterr().out
-    report = json.loads(out)
-    (tier,) = report["tiers"]
-    assert tier["type"] == "s3"
-    assert tier["stats"]["resident_blocks"] == len(block_objects(s3, digest)) == 9
-    assert tier["stats"]["resident_bytes"] == 9 * OBJ
-    assert report["namespace"] == digest
-    assert s3.server.secret_key not in out
-
-
 # -- errors -------------------------------------------------------------------------------
 def test_commands_fail_clearly_on_a_missing_bucket(tmp_path, s3, capsys):
     path = write_config(tmp_path, stack_config(s3, bucket="no-such-bucket"))

@@ -147,16 +147,29 @@ def test_probe_valid_credentials_without_permission_say_permission(s3, moto_auth
     assert info.value.cause == "permission"
 
 
+def server_checks_credentials(s3):
+    """What the tier's own probe finds: does this server refuse made-up credentials?"""
+    tier, _ = build(s3.tier_config())
+    try:
+        tier.probe_report(check_credentials=True)
+        return tier.features.checks_credentials is True
+    finally:
+        tier.shutdown()
+
+
 def test_credentials_never_in_repr_stats_or_logs(s3, proxy_factory, caplog):
-    secret = "SuperSecretValue1234567890abcdef"
+    if server_checks_credentials(s3):  # the real credentials (nanio, AWS), else made-up ones (moto)
+        key_id, secret, token = s3.server.access_key, s3.server.secret_key, None
+    else:
+        key_id, secret, token = "AKIAVISIBLEKEY", "SuperSecretValue1234567890abcdef", "SESSIONTOKEN42"
     proxy = proxy_factory()
     with caplog.at_level(logging.DEBUG, logger="tiering.s3"):
         tier, view = build(
             s3.tier_config(
                 endpoint_url=f"http://127.0.0.1:{proxy.port}",
-                aws_access_key_id="AKIAVISIBLEKEY",
+                aws_access_key_id=key_id,
                 aws_secret_access_key=secret,
-                aws_session_token="SESSIONTOKEN42",
+                aws_session_token=token,
                 max_attempts=1,
             )
         )
@@ -166,8 +179,8 @@ def test_credentials_never_in_repr_stats_or_logs(s3, proxy_factory, caplog):
             assert not store(tier, view, [make_key(2)])
         finally:
             tier.shutdown()
-    for text in (repr(tier), str(tier.stats()), caplog.text, str(vars(tier))):
-        for needle in (secret, "AKIAVISIBLEKEY", "SESSIONTOKEN42"):
+    for text in (repr(tier), str(tier.stats()), caplog.text, str(vars(tier)), "\n".join(tier.probe_report())):
+        for needle in filter(None, (secret, key_id, token)):
             assert needle not in text
 
 
@@ -421,7 +434,10 @@ def test_concurrent_writers_of_one_key(s3):
             assert wait_for_jobs(tier, [job_id]) == {job_id: True}
         stored = a.stats()["blocks_stored"] + b.stats()["blocks_stored"]
         present = a.stats()["stores_already_present"] + b.stats()["stores_already_present"]
-        assert stored == 16 and present == 16  # each key written once; the loser got 412
+        if a.features.conditional_put:  # the probe found If-None-Match honoured: each key written once, loser 412
+            assert stored == 16 and present == 16
+        else:  # both write (harmless: same bytes)
+            assert stored + present == 32 and stored >= 16
         assert load(a, view_a, keys[:8], list(range(8))) and load(b, view_b, keys[8:], list(range(8)))
         # a third writer that finds the object already there (412) reports success
         c, view_c = build(s3.tier_config(head_fallback=False), spec)
@@ -454,7 +470,8 @@ def test_head_fallback_finds_another_writers_block_without_blocking(s3, proxy_fa
         assert reader.lookup(key, CTX) is None
         assert time.monotonic() - started < 0.1
         assert wait_for_lookup(reader, key, CTX) is False  # the HEAD timed out: not servable
-        assert reader.stats()["errors_timeout"] >= 1
+        # timed out, or (a pooled connection the proxy closed when it began to hang) dropped
+        assert reader.stats()["errors_timeout"] + reader.stats()["errors_connection"] >= 1
         proxy.set_mode("pass")
         time.sleep(0.6)  # past the negative-lookup TTL
         assert reader.lookup(key, CTX) is None
@@ -539,7 +556,8 @@ def test_faults_end_in_failed_jobs_not_hangs(s3, proxy_factory, mode, counter):
         present = [make_key(i, b"fault-present") for i in range(2)]
         assert store(tier, view, present)
         proxy.set_mode(mode)
-        accepted = proxy.accepted
+        sent = []  # HTTP attempts, counted by the client itself (servers and proxies differ in connection reuse)
+        tier._client.boto.meta.events.register("before-send.s3", lambda **_: sent.append(1))
         started = time.monotonic()
         new = [make_key(i, b"fault") for i in range(3)]
         for slot, k in enumerate(new):
@@ -555,7 +573,7 @@ def test_faults_end_in_failed_jobs_not_hangs(s3, proxy_factory, mode, counter):
         stats = tier.stats()
         assert stats[counter] == 5, stats  # every block failed once, classified
         assert stats["store_failures"] == 3 and stats["load_failures"] == 2
-        assert proxy.accepted - accepted >= 5 * (2 if mode == "hang" else 3)  # botocore retried each request
+        assert len(sent) >= 5 * (2 if mode == "hang" else 3)  # botocore retried each request
         assert not tier.has_pending_work()
         assert all(wait_for_lookup(tier, k, CTX) is False for k in new)
         proxy.set_mode("pass")  # recovers: nothing stuck, no dead worker thread
