@@ -25,6 +25,7 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, encode_header, verify_block
+from tiering.core.redact import Redactor
 from tiering.core.spec import Namespace
 from tiering.core.toolkit import (
     Admit,
@@ -39,7 +40,7 @@ from tiering.core.toolkit import (
 )
 from tiering.s3.client import S3Client
 from tiering.s3.deleter import Deleter
-from tiering.s3.errors import Redactor, S3RequestError, classify_error
+from tiering.s3.errors import S3RequestError, classify_error
 from tiering.s3.layout import Layout
 
 logger = logging.getLogger(__name__)

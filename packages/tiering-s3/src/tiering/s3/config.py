@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tiering.core.redact import Redactor
 from tiering.core.toolkit import ConfigKey, ConfigSchema, InvalidValueError, MissingKeyError
-from tiering.s3.errors import Redactor
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -92,8 +92,12 @@ class ConnectionSettings:
 
     @property
     def redact(self) -> Redactor:
-        """A redactor of the configured secrets."""
-        return Redactor([self.aws_access_key_id, self.aws_secret_access_key, self.aws_session_token])
+        """A :class:`tiering.core.redact.Redactor` of the credentials (key id too) and ``endpoint_url``'s password."""
+        return Redactor(
+            {"endpoint_url": self.endpoint_url},
+            SCHEMA.secret_keys,
+            [self.aws_access_key_id, self.aws_secret_access_key, self.aws_session_token],
+        )
 
     @property
     def bucket_name(self) -> str:

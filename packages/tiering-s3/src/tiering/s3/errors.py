@@ -4,15 +4,16 @@ Every failure of an S3 request is sorted into one *error class* (a short
 label used as a ``stats()`` counter suffix, ``errors_<class>``) so an operator
 can tell throttling from timeouts from credential trouble at a glance.
 Messages built here never contain credentials: every text that leaves the
-tier goes through a :class:`Redactor`.
+tier goes through :class:`tiering.core.redact.Redactor`.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterable
 
 from botocore import exceptions as bexc
+
+from tiering.core.redact import Redactor
 
 ERROR_CLASSES = (
     "throttled",
@@ -138,27 +139,6 @@ def classify_error(exc: BaseException) -> str:
     if isinstance(exc, bexc.FlexibleChecksumError):
         return "checksum"
     return "other"
-
-
-class Redactor:
-    """Removes secret strings (access key id, secret key, session token) from text.
-
-    Args:
-        secrets: the strings to hide; empty and ``None`` entries are ignored.
-    """
-
-    def __init__(self, secrets: Iterable[str | None]) -> None:
-        self._secrets = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
-
-    def __call__(self, text: object) -> str:
-        """``str(text)`` with every secret replaced by ``***``."""
-        out = str(text)
-        for secret in self._secrets:
-            out = out.replace(secret, "***")
-        return out
-
-    def __repr__(self) -> str:
-        return f"Redactor({len(self._secrets)} secrets)"
 
 
 class S3StartupError(RuntimeError, OSError):
