@@ -14,15 +14,12 @@ keeps that account true under concurrency:
   counted in :attr:`CapacityIndex.used_bytes` (state :attr:`KeyState.DELETING`,
   answered as absent) until :meth:`CapacityIndex.deleted` reports the delete's
   outcome; new reservations may already use its room (its caller is deleting
-  it right now). A failed delete
-  keeps the bytes counted (the block still exists) and the key is handed out
-  again by :meth:`CapacityIndex.retry_deletes` or settled by the next
-  :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16.)
-- **Epochs.** A read (a load, or a lookup probe that may adopt a block another
-  process wrote) takes a ticket first (:meth:`CapacityIndex.ticket`); a key
-  removed after that ticket was taken is not re-inserted by the read's
-  :meth:`CapacityIndex.adopt`. So a load that raced an eviction's delete
-  cannot put the key back while its file is gone. (Fault kind 2 / case C13.)
+  it right now). A failed delete keeps the bytes counted (the block still
+  exists) and the key is handed out again by :meth:`CapacityIndex.retry_deletes`
+  or settled by the next :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16.)
+- **Epochs.** A read that may :meth:`CapacityIndex.adopt` a key takes a
+  :meth:`CapacityIndex.ticket` first; a key removed after that is not
+  re-inserted (fault kind 2 / case C13; see :mod:`~tiering.core.toolkit.epochs`).
 - **Reconciliation.** :meth:`CapacityIndex.reconcile` replaces the contents
   with what a rescan found, keeping in-flight reservations and every change
   made since the scan's ticket.
@@ -39,6 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from tiering.core.base import OffloadKey
+from tiering.core.toolkit.epochs import RemovalEpochs
 from tiering.core.toolkit.index_types import Admit, KeyState, ReconcileReport, Reservation, Victim
 
 __all__ = ["Admit", "CapacityIndex", "KeyState", "ReconcileReport", "Reservation", "Victim"]
@@ -74,9 +72,7 @@ class CapacityIndex:
         self._undeleted: dict[OffloadKey, int] = {}  # delete failed: bytes still there
         self._deleting_bytes = 0  # bytes of _deleting
         self._undeleted_bytes = 0  # bytes of _undeleted
-        self._clock = 0
-        self._removed_at: dict[OffloadKey, int] = {}  # key -> clock of its last removal
-        self._tickets: collections.Counter[int] = collections.Counter()
+        self._epochs = RemovalEpochs()
         self._evictions = 0
         self._evicted_bytes = 0
         self._failed_deletes = 0
@@ -210,21 +206,12 @@ class CapacityIndex:
         Return it with :meth:`release_ticket` (or use :meth:`reading`).
         """
         with self._lock:
-            ticket = self._clock
-            self._tickets[ticket] += 1
-            return ticket
+            return self._epochs.take()
 
     def release_ticket(self, ticket: int) -> None:
         """Return a ticket from :meth:`ticket`; removal records older than every live ticket are dropped."""
         with self._lock:
-            self._tickets[ticket] -= 1
-            if self._tickets[ticket] <= 0:
-                del self._tickets[ticket]
-            if not self._tickets:
-                self._removed_at.clear()
-            elif len(self._removed_at) > 4096 + 4 * len(self._resident):
-                oldest = min(self._tickets)
-                self._removed_at = {k: c for k, c in self._removed_at.items() if c > oldest}
+            self._epochs.release(ticket, len(self._resident))
 
     @contextmanager
     def reading(self) -> Iterator[int]:
@@ -266,15 +253,13 @@ class CapacityIndex:
     def _may_adopt(self, key: OffloadKey, ticket: int) -> bool:
         if key in self._writing or key in self._deleting or key in self._undeleted:
             return False
-        removed = self._removed_at.get(key)
-        return removed is None or removed <= ticket
+        return not self._epochs.removed_since(key, ticket)
 
     def _insert(self, key: OffloadKey, size: int) -> None:
         old = self._resident.pop(key, None)
         if old is not None:
             self._resident_bytes -= old[0]
-        self._clock += 1
-        self._resident[key] = (size, self._clock)
+        self._resident[key] = (size, self._epochs.tick())
         self._resident_bytes += size
 
     # -- removal and eviction ------------------------------------------------------------
@@ -295,17 +280,13 @@ class CapacityIndex:
             if entry is None:
                 return None
             self._resident_bytes -= entry[0]
-            self._removed(key)
+            self._epochs.removed(key)
             if not delete:
                 self._space.notify_all()
                 return None
             self._deleting[key] = entry[0]
             self._deleting_bytes += entry[0]
             return Victim(key, entry[0])
-
-    def _removed(self, key: OffloadKey) -> None:
-        self._clock += 1
-        self._removed_at[key] = self._clock
 
     def _make_room(self, need: int) -> tuple[Victim, ...]:
         cap = self.capacity_bytes
@@ -315,7 +296,7 @@ class CapacityIndex:
         while self._resident and self._committed() + need > cap:
             key, (size, _) = self._resident.popitem(last=False)
             self._resident_bytes -= size
-            self._removed(key)
+            self._epochs.removed(key)
             self._deleting[key] = size
             self._deleting_bytes += size
             victims.append(Victim(key, size))
@@ -382,15 +363,14 @@ class CapacityIndex:
             added = [k for k in found if k not in self._resident and self._may_adopt(k, ticket)]
             for key in reversed(added):
                 size = found[key]
-                self._clock += 1
-                self._resident[key] = (size, self._clock)
+                self._resident[key] = (size, self._epochs.tick())
                 self._resident.move_to_end(key, last=False)
                 self._resident_bytes += size
             vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
             for key in vanished:
                 size, _ = self._resident.pop(key)
                 self._resident_bytes -= size
-                self._removed(key)
+                self._epochs.removed(key)
             confirmed = [k for k in self._undeleted if k not in found]
             for key in confirmed:
                 self._undeleted_bytes -= self._undeleted.pop(key)
@@ -399,13 +379,10 @@ class CapacityIndex:
 
     # -- figures --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
-        """Figures under the :mod:`tiering.core.toolkit.stats` names.
+        """The index's figures, each named and described once in :data:`tiering.core.toolkit.stats.STATS`.
 
-        ``resident_blocks`` / ``resident_bytes`` (blocks a lookup answers True
-        for), ``used_bytes`` (counted against the cap: resident + reserved +
-        pending or failed deletes), ``reserved_bytes``, ``pending_delete_bytes``,
-        ``in_flight_stores`` (keys being written), ``capacity_bytes`` (0:
-        unbounded), ``evictions`` / ``evicted_bytes``, ``failed_deletes``.
+        ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
+        ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``.
         """
         with self._lock:
             return {

@@ -33,7 +33,7 @@ import stat
 from collections.abc import Iterator, Sequence
 
 from tiering.core.format import TruncatedBlockError
-from tiering.fs.io import Backend, StoredFile
+from tiering.fs.io.base import Backend, StoredFile
 from tiering.fs.layout import ODIRECT_PROBE_NAME, temp_namer
 
 logger = logging.getLogger(__name__)
