@@ -16,7 +16,8 @@ keeps that account true under concurrency:
   outcome; new reservations may already use its room (its caller is deleting
   it right now). A failed delete keeps the bytes counted (the block still
   exists) and the key is handed out again by :meth:`CapacityIndex.retry_deletes`
-  or settled by the next :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16.)
+  or settled by the next :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16;
+  the account is :class:`~tiering.core.toolkit.deletes.DeleteLedger`.)
 - **Epochs.** A read that may :meth:`CapacityIndex.adopt` a key takes a
   :meth:`CapacityIndex.ticket` first; a key removed after that is not
   re-inserted (fault kind 2 / case C13; see :mod:`~tiering.core.toolkit.epochs`).
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from tiering.core.base import OffloadKey
+from tiering.core.toolkit.deletes import DeleteLedger
 from tiering.core.toolkit.epochs import RemovalEpochs
 from tiering.core.toolkit.index_types import Admit, KeyState, ReconcileReport, Reservation, Victim
 
@@ -68,14 +70,10 @@ class CapacityIndex:
         # key -> [size, writers in flight, any writer succeeded]
         self._writing: dict[OffloadKey, list[int]] = {}
         self._writing_bytes = 0
-        self._deleting: dict[OffloadKey, int] = {}  # handed out to be deleted, outcome not yet known
-        self._undeleted: dict[OffloadKey, int] = {}  # delete failed: bytes still there
-        self._deleting_bytes = 0  # bytes of _deleting
-        self._undeleted_bytes = 0  # bytes of _undeleted
+        self._deletes = DeleteLedger()
         self._epochs = RemovalEpochs()
         self._evictions = 0
         self._evicted_bytes = 0
-        self._failed_deletes = 0
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
@@ -90,7 +88,7 @@ class CapacityIndex:
             if touch:
                 self._resident.move_to_end(key)
             return KeyState.RESIDENT
-        if key in self._deleting or key in self._undeleted:
+        if key in self._deletes:
             return KeyState.DELETING
         return KeyState.ABSENT
 
@@ -129,13 +127,13 @@ class CapacityIndex:
             return self._resident_bytes
 
     def _used(self) -> int:
-        return self._resident_bytes + self._writing_bytes + self._deleting_bytes + self._undeleted_bytes
+        return self._resident_bytes + self._writing_bytes + self._deletes.bytes
 
     def _committed(self) -> int:
         # What the cap is checked against: a victim handed out is being deleted by its caller right now, so
         # its bytes are not in the way of new reservations; if the delete fails they come back (undeleted)
         # and the next reservation evicts to make up for them.
-        return self._resident_bytes + self._writing_bytes + self._undeleted_bytes
+        return self._resident_bytes + self._writing_bytes + self._deletes.failed_bytes
 
     # -- stores -------------------------------------------------------------------
     def reserve(self, key: OffloadKey, size: int) -> Reservation:
@@ -148,26 +146,38 @@ class CapacityIndex:
         Raises:
             ValueError: ``size`` is negative.
         """
+        return self.reserve_many((key,), size)[0]
+
+    def reserve_many(self, keys: Iterable[OffloadKey], size: int) -> list[Reservation]:
+        """:meth:`reserve` for each of ``keys`` (``size`` bytes each), in order, one lock round.
+
+        Every reservation's ``victims`` must be deleted and reported, as for :meth:`reserve`.
+
+        Raises:
+            ValueError: ``size`` is negative.
+        """
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         with self._lock:
-            if key in self._resident and key not in self._writing:
-                self._resident.move_to_end(key)
-                return Reservation(Admit.PRESENT)
-            if key in self._deleting or key in self._undeleted:
-                return Reservation(Admit.DELETING, can_wait=key in self._deleting)
-            entry = self._writing.get(key)
-            if entry is not None:
-                entry[1] += 1
-                return Reservation(Admit.RESERVED)
-            victims = self._make_room(size)
-            cap = self.capacity_bytes
-            if cap is not None and self._committed() + size > cap:
-                can_wait = bool(self._writing_bytes)
-                return Reservation(Admit.NO_SPACE, victims, can_wait)
-            self._writing[key] = [size, 1, 0]
-            self._writing_bytes += size
-            return Reservation(Admit.RESERVED, victims)
+            return [self._reserve(key, size) for key in keys]
+
+    def _reserve(self, key: OffloadKey, size: int) -> Reservation:
+        if key in self._resident and key not in self._writing:
+            self._resident.move_to_end(key)
+            return Reservation(Admit.PRESENT)
+        if key in self._deletes:
+            return Reservation(Admit.DELETING, can_wait=self._deletes.is_pending(key))
+        entry = self._writing.get(key)
+        if entry is not None:
+            entry[1] += 1
+            return Reservation(Admit.RESERVED)
+        victims = self._make_room(size)
+        cap = self.capacity_bytes
+        if cap is not None and self._committed() + size > cap:
+            return Reservation(Admit.NO_SPACE, victims, bool(self._writing_bytes))
+        self._writing[key] = [size, 1, 0]
+        self._writing_bytes += size
+        return Reservation(Admit.RESERVED, victims)
 
     def commit(self, key: OffloadKey, ok: bool) -> None:
         """End one reserved write of ``key``: resident when ``ok`` (after the last writer), else released."""
@@ -251,7 +261,7 @@ class CapacityIndex:
         return n
 
     def _may_adopt(self, key: OffloadKey, ticket: int) -> bool:
-        if key in self._writing or key in self._deleting or key in self._undeleted:
+        if key in self._writing or key in self._deletes:
             return False
         return not self._epochs.removed_since(key, ticket)
 
@@ -284,9 +294,7 @@ class CapacityIndex:
             if not delete:
                 self._space.notify_all()
                 return None
-            self._deleting[key] = entry[0]
-            self._deleting_bytes += entry[0]
-            return Victim(key, entry[0])
+            return self._deletes.hand_out(key, entry[0])
 
     def _make_room(self, need: int) -> tuple[Victim, ...]:
         cap = self.capacity_bytes
@@ -297,9 +305,7 @@ class CapacityIndex:
             key, (size, _) = self._resident.popitem(last=False)
             self._resident_bytes -= size
             self._epochs.removed(key)
-            self._deleting[key] = size
-            self._deleting_bytes += size
-            victims.append(Victim(key, size))
+            victims.append(self._deletes.hand_out(key, size))
         self._evictions += len(victims)
         self._evicted_bytes += sum(v.size for v in victims)
         return tuple(victims)
@@ -323,25 +329,13 @@ class CapacityIndex:
         """
         with self._lock:
             for key, ok in outcomes:
-                size = self._deleting.pop(key, None)
-                if size is None:
-                    continue
-                self._deleting_bytes -= size
-                if not ok:
-                    self._undeleted[key] = size
-                    self._undeleted_bytes += size
-                    self._failed_deletes += 1
+                self._deletes.report(key, ok)
             self._space.notify_all()
 
     def retry_deletes(self) -> tuple[Victim, ...]:
         """The keys whose delete failed, handed out again (now DELETING, awaiting :meth:`deleted`)."""
         with self._lock:
-            victims = tuple(Victim(k, s) for k, s in self._undeleted.items())
-            self._deleting.update(self._undeleted)
-            self._deleting_bytes += self._undeleted_bytes
-            self._undeleted.clear()
-            self._undeleted_bytes = 0
-            return victims
+            return self._deletes.retry()
 
     # -- reconciliation ---------------------------------------------------------------
     def reconcile(self, found: Mapping[OffloadKey, int], ticket: int) -> ReconcileReport:
@@ -371,11 +365,9 @@ class CapacityIndex:
                 size, _ = self._resident.pop(key)
                 self._resident_bytes -= size
                 self._epochs.removed(key)
-            confirmed = [k for k in self._undeleted if k not in found]
-            for key in confirmed:
-                self._undeleted_bytes -= self._undeleted.pop(key)
+            confirmed = self._deletes.settle_absent(found)
             self._space.notify_all()
-            return ReconcileReport(tuple(added), tuple(vanished), tuple(confirmed))
+            return ReconcileReport(tuple(added), tuple(vanished), confirmed)
 
     # -- figures --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -390,10 +382,10 @@ class CapacityIndex:
                 "resident_bytes": self._resident_bytes,
                 "used_bytes": self._used(),
                 "reserved_bytes": self._writing_bytes,
-                "pending_delete_bytes": self._deleting_bytes + self._undeleted_bytes,
+                "pending_delete_bytes": self._deletes.bytes,
                 "in_flight_stores": len(self._writing),
                 "capacity_bytes": self.capacity_bytes or 0,
                 "evictions": self._evictions,
                 "evicted_bytes": self._evicted_bytes,
-                "failed_deletes": self._failed_deletes,
+                "failed_deletes": self._deletes.failed_deletes,
             }
