@@ -122,7 +122,7 @@ def test_console_tiering_commands_run(page, commands, tmp_path, monkeypatch):
 
 
 VLLM_CONFIG = re.compile(r"--kv-transfer-config\s+'(\{.*?\})'", re.S)
-VLLM_OWN_KEYS = {"type", "module_path", "model_revision", "kv_layout", "locality", "backpressure"}
+VLLM_OWN_KEYS = {"type", "module_path", "model_revision", "kv_layout", "locality", "backpressure", "enable_kv_events"}
 
 
 def vllm_configs():
@@ -140,7 +140,12 @@ def test_vllm_serve_configs_name_installed_tiers_with_valid_keys(page, text):
     config = json.loads(text)
     assert config["kv_connector"] == "OffloadingConnector"
     extra = config["kv_connector_extra_config"]
-    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] > 0
+    # vLLM's own spec, or tiering's (vLLM's plus a worker for its CPU backend), loaded by spec_module_path
+    assert (extra["spec_name"], extra.get("spec_module_path")) in {
+        ("TieringOffloadingSpec", None),
+        ("TieringSpec", "tiering.core.vllm.spec"),
+    }
+    assert extra["cpu_bytes_to_use"] > 0
     for index, tier in enumerate(extra["secondary_tiers"]):
         assert tier["module_path"] == "tiering.core.vllm.tiers"
         assert tier["type"].startswith("tiering_")

@@ -413,9 +413,6 @@ def test_misspelled_tier_type_gets_a_did_you_mean(monkeypatch, small_spec, small
         create_secondary_tier({"type": "exmaple"}, small_view, small_spec, index=4)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="every constructor error gets its label once the s3 command tests expect it (_LABELLED)"
-)
 def test_tier_os_error_names_the_entry_and_the_key(tmp_path, monkeypatch, small_spec, small_view):
     (tmp_path / "os_tiers.py").write_text(
         "import os\n"

@@ -1,6 +1,8 @@
 import pytest
+import xxhash
 
 from tiering.core.format import (
+    GIL_FREE_HASH_BYTES,
     HEADER_SIZE,
     MAX_KEY_BYTES,
     CorruptBlockError,
@@ -27,6 +29,14 @@ def test_round_trip_verifies():
 def test_checksum_is_xxh3_known_answer():
     # XXH3-64 of the empty input (reference value from the xxHash spec).
     assert checksum(b"") == 0x2D06800538D394C2
+
+
+@pytest.mark.parametrize("size", [0, 36, GIL_FREE_HASH_BYTES - 1, GIL_FREE_HASH_BYTES, 256 * 1024 + 7])
+def test_checksum_is_the_same_xxh3_on_both_sides_of_the_gil_free_size(size):
+    data = bytes((i * 7 + 3) % 251 for i in range(size))
+    # Blocks take the streaming form, which releases the GIL; the digest must not depend on the form.
+    assert checksum(data) == xxhash.xxh3_64_intdigest(data) == xxhash.xxh3_64(data).intdigest()
+    assert checksum(memoryview(bytearray(data))) == checksum(data)
 
 
 def test_payload_bit_flip_is_corrupt():

@@ -34,6 +34,7 @@ OVERSIZED_ALLOWED = {
     "tiering.redis.tier",
     "tiering.core.toolkit.index",  # 492 lines on main at 14:31 (CORE-A)
     "tiering.core.manager",  # 424 lines on main at 15:00 (CORE-A)
+    "tiering.s3.client",  # 408 lines on main at 15:45 (S3)
     "tiering.fs.workers",  # 516 lines on main at 14:31 (FS)
 }
 # A cycle is tolerated only while all its modules are inside one of these sets.

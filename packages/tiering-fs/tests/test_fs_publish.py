@@ -135,3 +135,38 @@ def test_stale_temporaries_are_removed_only_when_safe(tmp_path, open_tier):
     left = {p.name for p in shard.iterdir()}
     assert left == {names["live_owner"], names["other_host_young"]}
     assert tier2.stats()["temps_removed"] == 2
+
+
+# -- shard directory descriptors ------------------------------------------------------------------
+
+
+def _open_dirs(under: Path) -> int:
+    """Descriptors of this process open on shard directories (two levels) below ``under``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+        n += target.parent.parent == under
+    return n
+
+
+def test_shard_directory_removed_under_the_tier_is_recreated_and_descriptors_are_closed(tmp_path, open_tier):
+    import shutil
+
+    from fs_test_helpers import store
+
+    root = tmp_path / "kv"
+    tier, view = open_tier(root)
+    keys = [make_key(i, b"dirs") for i in range(8)]
+    assert store(tier, view, keys)
+    assert _open_dirs(root) == len({Path(tier.block_path(k)).parent for k in keys})  # one per shard, kept
+    shard = Path(tier.block_path(keys[0])).parent
+    shutil.rmtree(shard)  # a cleanup by hand: the kept descriptor now names a removed directory
+    gone = [k for k in keys if Path(tier.block_path(k)).parent == shard]
+    assert load(tier, view, gone[:1], [9]) is False  # a vanished block: a miss, nothing else
+    assert store(tier, view, gone) and all(Path(tier.block_path(k)).is_file() for k in gone)
+    assert loads_exact(tier, view, keys)
+    tier.shutdown()
+    assert _open_dirs(root) == 0

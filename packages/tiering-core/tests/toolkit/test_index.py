@@ -60,6 +60,27 @@ def test_eviction_is_lru_and_keeps_bytes_until_delete_confirmed():
     assert index.stats()["evictions"] == 1
 
 
+def test_reserve_many_is_reserve_per_key_in_one_round():
+    def setup() -> CapacityIndex:
+        index = CapacityIndex(40)
+        for i in range(3):
+            store(index, k(i))  # k(0) is the least recently used
+        index.reserve(k(9), 10)  # being written
+        return index
+
+    keys = [k(1), k(9), k(3), k(4), k(3)]
+    one_by_one = setup()
+    expected = [one_by_one.reserve(key, 10) for key in keys]
+    batched = setup()
+    got = batched.reserve_many(keys, 10)
+    assert got == expected
+    assert [r.admit for r in got] == [Admit.PRESENT, Admit.RESERVED, Admit.RESERVED, Admit.RESERVED, Admit.RESERVED]
+    assert [v.key for r in got for v in r.victims] == [k(0), k(2)]  # LRU first; k(1) was just touched
+    assert batched.stats() == one_by_one.stats()
+    with pytest.raises(ValueError):
+        batched.reserve_many([k(5)], -1)
+
+
 def test_no_space_when_everything_is_in_flight():
     index = CapacityIndex(20)
     index.reserve(k(1), 10)

@@ -32,6 +32,60 @@ def test_items_are_processed_in_shares():
     assert max(len(s) for s in done) <= 5 and not errors
 
 
+def wait_for(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def test_busy_pool_keeps_a_job_in_one_share_idle_pool_spreads_it():
+    pool = IOPool(2, 2, max_batch=16, reader_help_batch=16)  # a reader freed first may take the whole share too
+    fn, on_error, done, errors = collect()
+    gate, running = threading.Event(), []
+
+    def hold(items):
+        running.append(items)
+        gate.wait(5)
+
+    wait_for(lambda: pool._waiting[True] + pool._waiting[False] == 4)
+    pool.submit("write", fn, list(range(16)), on_error)  # idle pool: spread over the 2 writers' worth of shares
+    assert pool.wait_idle(5)
+    assert sorted(len(s) for s in done) == [8, 8]
+    done.clear()
+    wait_for(lambda: pool._waiting[True] + pool._waiting[False] == 4)
+    for i in range(4):
+        pool.submit("read", hold, [i], on_error)  # every thread busy now
+    wait_for(lambda: len(running) == 4)
+    pool.submit("write", fn, list(range(16)), on_error)
+    gate.set()
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert done == [list(range(16))] and not errors  # one share: one lock round for the whole job
+
+
+def test_many_concurrent_small_submissions_all_run():
+    # Each submission wakes only as many threads as it has shares: none may be lost.
+    pool = IOPool(3, 2, max_batch=4)
+    fn, on_error, done, errors = collect()
+
+    def submitter(base):
+        for j in range(200):
+            pool.submit("read" if j % 3 else "write", fn, [base + j], on_error)
+            if j % 50 == 0:
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=submitter, args=(1000 * t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert pool.wait_idle(10)
+    pool.shutdown()
+    assert sorted(i for s in done for i in s) == sorted(1000 * t + j for t in range(4) for j in range(200))
+    assert not errors
+
+
 def test_exceptions_become_on_error_and_workers_survive():
     pool = IOPool(1, 1)
     fn, on_error, done, errors = collect()

@@ -71,8 +71,23 @@ class ForeignBlockError(BlockFormatError):
     reason = "foreign"
 
 
+GIL_FREE_HASH_BYTES = 64 * 1024
+"""From this size up, :func:`checksum` hashes with the GIL released (see there)."""
+
+
 def checksum(payload: bytes | bytearray | memoryview) -> int:
-    """XXH3-64 of ``payload`` (any C-contiguous buffer), as an unsigned int."""
+    """XXH3-64 of ``payload`` (any C-contiguous buffer), as an unsigned int.
+
+    python-xxhash's one-shot ``xxh3_64_intdigest`` holds the GIL while it
+    hashes, while its streaming ``xxh3_64(data)`` releases it around the
+    hashing (``Py_BEGIN_ALLOW_THREADS`` in ``_xxhash.c``); both give the same
+    digest. Blocks (from :data:`GIL_FREE_HASH_BYTES` up) take the streaming
+    form, so the other I/O threads and the scheduler keep running Python
+    while a block is hashed; short inputs (keys, headers) the one-shot form,
+    whose call costs less.
+    """
+    if memoryview(payload).nbytes >= GIL_FREE_HASH_BYTES:
+        return xxhash.xxh3_64(payload).intdigest()
     return xxhash.xxh3_64_intdigest(payload)
 
 

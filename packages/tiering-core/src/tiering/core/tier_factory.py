@@ -109,12 +109,12 @@ def create_secondary_tier(
             :data:`TIER_SIGNATURE`.
         TierConfigError: a value the tier's ``config_schema`` rejects (or its
             constructor raised one), labelled ``secondary_tiers[<index>].<key>``.
-        TypeError, ValueError: whatever the tier's constructor raises of
-            these (subclasses included), same type, its message prefixed with
+        Exception: whatever the tier's constructor raises (``ValueError`` for
+            a bad value, ``OSError`` for an unusable root or bucket...), same
+            type, attributes and traceback, its message prefixed with
             ``secondary_tiers[<index>]`` (plus ``.<key>`` where
             :func:`~tiering.core.construct.config_key_of` tells the key) and
-            redacted. Other errors (``OSError`` for an unusable root...)
-            propagate unchanged for now (see ``_LABELLED``).
+            redacted.
     """
     cls, tier_type, kwargs = resolve_tier(tier_config, index)
     redact = Redactor(tier_config, secret_keys=_schema_secret_keys(cls))
@@ -133,18 +133,11 @@ def create_secondary_tier(
         if exc.entry is None:
             raise exc.with_entry(label) from exc
         raise
-    except _LABELLED as exc:
+    except Exception as exc:
         if label in str(exc):
             raise label_error(exc, label, redact)  # noqa: B904 - only redacted: it names its entry already
         key = config_key_of(kwargs, exc)
         raise label_error(exc, f"{label}.{key}" if key else label, redact)  # noqa: B904 - relabelled in place
-    except Exception as exc:
-        raise label_error(exc, "", redact)  # noqa: B904 - redacted in place, not labelled yet (see _LABELLED)
-
-
-_LABELLED: tuple[type[Exception], ...] = (TypeError, ValueError)
-"""Constructor errors labelled with their entry; widens to every ``Exception`` once the s3 command tests expect
-the label on ``S3StartupError`` too (issue 15: an unusable root or bucket names ``secondary_tiers[N].<key>``)."""
 
 
 def resolve_tier(

@@ -126,8 +126,8 @@ class TempNamer:
     """Makes this process's temporary names: ``<final>.tmp.<host>.<pid>.<nonce>.<counter hex>``.
 
     One random draw per process (the nonce), then a counter: no system call
-    per name. The pid is read at each call, so a forked child gets its own
-    pid in names; the nonce is redrawn after a fork (``os.register_at_fork``).
+    per name. The pid and the nonce are taken again in a forked child
+    (``os.register_at_fork``), so a child's names carry its own pid and nonce.
     Thread-safe: ``next()`` of an ``itertools.count`` is atomic in CPython.
     """
 
@@ -136,15 +136,17 @@ class TempNamer:
 
     def _reset(self) -> None:
         self.nonce = os.urandom(4).hex()
+        self.pid = os.getpid()
+        self._prefix = f"{TMP_MARK}{HOST}.{self.pid}.{self.nonce}."
         self._counter = itertools.count()
 
     def owner(self) -> TempOwner:
         """This process's owner triple as it appears in its temporary names."""
-        return TempOwner(HOST, os.getpid(), self.nonce)
+        return TempOwner(HOST, self.pid, self.nonce)
 
     def __call__(self, final: str) -> str:
         """A new temporary name next to ``final`` (same directory)."""
-        return f"{final}{TMP_MARK}{HOST}.{os.getpid()}.{self.nonce}.{next(self._counter):x}"
+        return f"{final}{self._prefix}{next(self._counter):x}"
 
 
 temp_namer = TempNamer()

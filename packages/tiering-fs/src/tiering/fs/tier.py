@@ -40,6 +40,7 @@ from tiering.fs.blocks import BlockFiles
 from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
 from tiering.fs.io import open_backend
+from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.root import direct_obstacle, prepare_namespace_dir
 from tiering.fs.scanner import Rescanner, scan_namespace
@@ -140,6 +141,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self.backend, self.root = open_backend(cfg.root, dict(cfg.storage_options or {}))
         except ValueError as exc:  # an unknown protocol, a filesystem package not installed
             raise InvalidValueError(tier_type, "root", str(exc)) from exc
+        if isinstance(self.backend, LocalBackend):
+            self.backend.cache_dirs = True  # one open per shard directory, not one per block
         self.namespace_dir = f"{self.root.rstrip('/')}/{self.namespace.digest}"
         self.lookup_fallback = cfg.lookup_fallback
         if self.lookup_fallback == "auto":
@@ -377,4 +380,5 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         if self._lookup_cache is not None:
             self._lookup_cache.close()
         self.pool.shutdown(wait=True)
+        self.backend.close()
         self.jobs.fail_all(SHUTDOWN)

@@ -87,8 +87,7 @@ class Transfers:
         items: list[StoreItem] = []
         present: list[tuple[int, bool, str]] = []
         victims: list[Victim] = []
-        for i, key in enumerate(job.keys):
-            res = self.index.reserve(key, self.stored_block_bytes)
+        for i, res in enumerate(self.index.reserve_many(job.keys, self.stored_block_bytes)):  # one lock round
             victims.extend(res.victims)
             if res.admit is Admit.PRESENT:
                 present.append((i, True, ""))

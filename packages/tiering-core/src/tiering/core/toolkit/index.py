@@ -152,26 +152,38 @@ class CapacityIndex:
         Raises:
             ValueError: ``size`` is negative.
         """
+        return self.reserve_many((key,), size)[0]
+
+    def reserve_many(self, keys: Iterable[OffloadKey], size: int) -> list[Reservation]:
+        """:meth:`reserve` for each of ``keys`` (``size`` bytes each), in order, one lock round.
+
+        Every reservation's ``victims`` must be deleted and reported, as for :meth:`reserve`.
+
+        Raises:
+            ValueError: ``size`` is negative.
+        """
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         with self._lock:
-            if key in self._resident and key not in self._writing:
-                self._resident.move_to_end(key)
-                return Reservation(Admit.PRESENT)
-            if key in self._deleting or key in self._undeleted:
-                return Reservation(Admit.DELETING, can_wait=key in self._deleting)
-            entry = self._writing.get(key)
-            if entry is not None:
-                entry[1] += 1
-                return Reservation(Admit.RESERVED)
-            victims = self._make_room(size)
-            cap = self.capacity_bytes
-            if cap is not None and self._committed() + size > cap:
-                can_wait = bool(self._writing_bytes)
-                return Reservation(Admit.NO_SPACE, victims, can_wait)
-            self._writing[key] = [size, 1, 0]
-            self._writing_bytes += size
-            return Reservation(Admit.RESERVED, victims)
+            return [self._reserve(key, size) for key in keys]
+
+    def _reserve(self, key: OffloadKey, size: int) -> Reservation:
+        if key in self._resident and key not in self._writing:
+            self._resident.move_to_end(key)
+            return Reservation(Admit.PRESENT)
+        if key in self._deleting or key in self._undeleted:
+            return Reservation(Admit.DELETING, can_wait=key in self._deleting)
+        entry = self._writing.get(key)
+        if entry is not None:
+            entry[1] += 1
+            return Reservation(Admit.RESERVED)
+        victims = self._make_room(size)
+        cap = self.capacity_bytes
+        if cap is not None and self._committed() + size > cap:
+            return Reservation(Admit.NO_SPACE, victims, bool(self._writing_bytes))
+        self._writing[key] = [size, 1, 0]
+        self._writing_bytes += size
+        return Reservation(Admit.RESERVED, victims)
 
     def commit(self, key: OffloadKey, ok: bool) -> None:
         """End one reserved write of ``key``: resident when ``ok`` (after the last writer), else released."""

@@ -13,7 +13,13 @@ queues and two groups of threads:
   and each worker takes one share at once, calling the batch function with
   the whole share: a job's blocks cost one queue lock round per share, and
   the batch function can record their outcomes in one
-  :meth:`~tiering.core.toolkit.jobs.JobState.record` call.
+  :meth:`~tiering.core.toolkit.jobs.JobState.record` call. A submission is
+  split only across threads that wait for work: when every thread is busy,
+  a job stays one share (up to ``max_batch`` items), so a burst of jobs
+  costs one lock round per job, not per block, while an idle pool still
+  spreads a single job over its threads;
+- a submission wakes as many waiting threads as it has shares (the
+  kind's own threads first), not every thread.
 
 No thread dies silently: an exception from a batch function is logged and
 passed to the submission's ``on_error`` with the items it was given (which a
@@ -97,6 +103,9 @@ class IOPool:
         self._reads: collections.deque[_Unit] = collections.deque()
         self._writes: collections.deque[_Unit] = collections.deque()
         self._running = 0
+        # Threads blocked in wait() and not yet notified: readers (True), writers (False). The notifier
+        # decrements, so two submissions in a row never count the same sleeping thread twice.
+        self._waiting = {True: 0, False: 0}
         self._stopping = False
         self._threads: list[threading.Thread] = []
         for i in range(n_read_threads):
@@ -125,18 +134,32 @@ class IOPool:
         """
         if not items:
             return
-        parts = self.n_read_threads if kind == "read" else max(1, self.n_write_threads)
-        units = [
-            _Unit(fn, [items[i] for i in share], on_error)
-            for share in split_batches(range(len(items)), parts, self.max_batch)
-        ]
+        is_read = kind == "read"
+        n = len(items)
+        idle = self._waiting[True] + self._waiting[False]  # a racy snapshot is fine: it only sizes the shares
+        if n == 1 or (idle <= 1 and n <= self.max_batch):
+            units = [_Unit(fn, list(items), on_error)]  # one share: no splitting to do
+        else:
+            parts = max(1, min(idle, self.n_read_threads if is_read else max(1, self.n_write_threads)))
+            units = [
+                _Unit(fn, [items[i] for i in share], on_error)
+                for share in split_batches(range(n), parts, self.max_batch)
+            ]
         with self._lock:
             if not self._stopping:
-                (self._reads if kind == "read" else self._writes).extend(units)
-                self._readers_cv.notify(len(units))
-                self._writers_cv.notify(len(units))
+                (self._reads if is_read else self._writes).extend(units)
+                self._wake(is_read, len(units))
                 return
         self._fail(units, PoolShutdownError("the I/O pool is shut down"))
+
+    def _wake(self, is_read: bool, n: int) -> None:
+        """Notify up to ``n`` waiting threads, the kind's own first (lock held)."""
+        for readers in (is_read, not is_read):
+            k = min(n, self._waiting[readers])
+            if k:
+                self._waiting[readers] -= k
+                (self._readers_cv if readers else self._writers_cv).notify(k)
+                n -= k
 
     def submit_call(self, kind: Kind, call: Callable[[], None]) -> None:
         """Queue a single callable (e.g. a lookup cache's resolution); its exception is logged."""
@@ -182,6 +205,7 @@ class IOPool:
                 while unit is None:
                     if self._stopping:
                         return
+                    self._waiting[is_reader] += 1  # the thread that notifies us takes it back
                     cv.wait()
                     unit = self._take(is_reader)
                 self._running += 1
@@ -216,6 +240,7 @@ class IOPool:
             dropped = list(self._reads) + list(self._writes)
             self._reads.clear()
             self._writes.clear()
+            self._waiting = {True: 0, False: 0}
             self._readers_cv.notify_all()
             self._writers_cv.notify_all()
             self._idle_cv.notify_all()

@@ -19,15 +19,89 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tiering.core.vllm.binding import (
+from tiering.core.vllm.compat import (
+    HAS_MANAGER_LOCK,
     LookupResult,
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
     ReqContext,
     ScheduleEndContext,
-    offloading_config,
-    tiering_offloading_spec,
+    TieringOffloadingSpec,
+    VLLMSecondaryTierFactory,
+    manager_lock,
 )
 
 Key = bytes
+
+
+def offloading_config(
+    extra_config: Mapping[str, Any],
+    *,
+    worker_kv_bytes_per_block: int,
+    engine_id: str,
+    model: str = "test/model",
+    dtype: str = "bfloat16",
+    tokens_per_block: int = 16,
+    blocks_per_chunk: int = 1,
+    world_size: int = 1,
+    rank: int = 0,
+    replicated_layout: bool = False,
+    enable_kv_cache_events: bool = False,
+) -> Any:
+    """Build vLLM's ``OffloadingConfig`` as its connector would for a single-group model.
+
+    For tests, benchmarks and running vLLM's scheduler side standalone (the
+    engine builds this itself when serving).
+
+    Args:
+        extra_config: ``kv_connector_extra_config``.
+        worker_kv_bytes_per_block: KV bytes one worker stores per GPU block.
+        engine_id: names the /dev/shm region; unique per live manager.
+        model: the model name vLLM reports.
+        dtype: the KV-cache dtype name vLLM reports.
+        tokens_per_block: tokens per GPU block.
+        blocks_per_chunk: GPU blocks per offloaded chunk.
+        world_size: tensor-parallel workers (each has a slot in every row).
+        rank: this worker's rank.
+        replicated_layout: vLLM's replicated layout (one copy of the KV per
+            row, the same on every rank, as for MLA).
+        enable_kv_cache_events: vLLM's global KV-event switch.
+    """
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=tokens_per_block, layer_names=("layers",), group_id=0),),
+        worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+        enable_kv_cache_events=enable_kv_cache_events,
+        extra_config=dict(extra_config),
+        engine_id=engine_id,
+        model=OffloadingModelConfig(name=model, dtype=dtype),
+        cache=OffloadingCacheConfig(tokens_per_hash=tokens_per_block, blocks_per_chunk=blocks_per_chunk),
+        parallel=OffloadingParallelConfig(
+            rank=rank,
+            world_size=world_size,
+            tp_size=world_size,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+        replicated_layout=replicated_layout,
+    )
+
+
+def tiering_offloading_spec(config: Any) -> Any:
+    """Build vLLM's own ``TieringOffloadingSpec(config)``; ``.get_manager()`` builds its scheduler side."""
+    return TieringOffloadingSpec(config)
+
+
+def vllm_tier_factory() -> Any:
+    """Return vLLM's own ``SecondaryTierFactory`` class."""
+    return VLLMSecondaryTierFactory
 
 
 def make_key(index: int, seed: bytes = b"tiering") -> Key:
@@ -119,7 +193,7 @@ class SchedulerDriver:
         """A fresh vLLM ``ReqContext`` registered with the manager (``on_new_request``)."""
         self._req += 1
         ctx = ReqContext(req_id=f"{prefix}-{self._req}")
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_new_request(ctx)
         return ctx
 
@@ -130,7 +204,7 @@ class SchedulerDriver:
 
     def step(self, new_req_ids: Sequence[str] = ()) -> None:
         """End one scheduler step (``on_schedule_end``: poll jobs, flush promotions)."""
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=list(new_req_ids), preempted_req_ids=[]))
 
     def wait_idle(self, timeout_s: float = 60.0) -> int:
@@ -142,7 +216,7 @@ class SchedulerDriver:
         deadline = time.monotonic() + timeout_s
         steps = 0
         while True:
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 pending = self.manager.has_pending_work()
             if not pending:
                 return steps
@@ -168,20 +242,20 @@ class SchedulerDriver:
         contexts = []
         for keys in requests:
             ctx = self.new_context("store")
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 out = self.manager.prepare_store(list(keys), ctx)
             if out is None:
                 raise RuntimeError("primary tier full: prepare_store returned None")
             for key, chunk_id in zip(out.keys_to_store, out.store_spec.chunk_ids, strict=True):
                 self.row(chunk_id)[:] = data(key)
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 self.manager.complete_store(out.keys_to_store, ctx, True)
             contexts.append(ctx)
         return contexts
 
     def finish(self, contexts: Sequence[Any]) -> None:
         """``on_request_finished`` for each context."""
-        with self.manager.lock:
+        with manager_lock(self.manager):
             for ctx in contexts:
                 self.manager.on_request_finished(ctx)
 
@@ -212,7 +286,7 @@ class SchedulerDriver:
             rounds += 1
             t0 = time.perf_counter()
             any_retry = False
-            with self.manager.lock:
+            with manager_lock(self.manager):
                 for i, (keys, ctx) in enumerate(zip(requests, contexts, strict=True)):
                     if hits[i] >= 0:
                         continue
@@ -240,18 +314,19 @@ class SchedulerDriver:
 
     def read(self, keys: Sequence[Key], ctx: Any) -> list[bytes]:
         """Load HIT keys primary -> "GPU": ``prepare_load``, copy the rows out, ``complete_load``."""
-        with self.manager.lock:
+        with manager_lock(self.manager):
             spec = self.manager.prepare_load(list(keys), ctx)
         rows = [self.row(chunk_id).tobytes() for chunk_id in spec.chunk_ids]
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.complete_load(list(keys), ctx)
         return rows
 
     def evict_all(self) -> None:
         """Empty the primary tier (vLLM's ``reset_cache``: drains every tier first) and zero it."""
-        with self.manager.lock:
+        with manager_lock(self.manager):
             self.manager.reset_cache()
-            self.manager.on_reset_flushed()
+            if HAS_MANAGER_LOCK:  # vLLM >= 0.33
+                self.manager.on_reset_flushed()
         zeros = bytes(self.row_bytes)
         for start in range(0, len(self.flat), self.row_bytes):
             self.flat[start : start + self.row_bytes] = zeros

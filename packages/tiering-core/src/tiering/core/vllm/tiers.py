@@ -16,25 +16,25 @@ Every form starts with ``tiering``/``Tiering`` or is a tiering class name,
 so none can be one of vLLM's built-in names, which vLLM resolves before it
 ever imports this module. Each name returns the same class object every
 time: a subclass of vLLM's ``SecondaryTierManager``
-(:class:`tiering.core.vllm.binding.TieringSecondaryTier`).
+(:class:`tiering.core.vllm.tier.TieringSecondaryTier`).
 
 Importing this module checks the installed vLLM version
-(:data:`tiering.core.vllm.binding.SUPPORTED_VLLM_VERSIONS`).
+(:data:`tiering.core.vllm.compat.SUPPORTED_RANGE`: ``>= 0.32, < 0.34``).
 """
 
 from __future__ import annotations
 
-from tiering.core.vllm.binding import (
-    SUPPORTED_VLLM_VERSIONS,
+from tiering.core.vllm.compat import SUPPORTED_TEXT
+from tiering.core.vllm.names import (
     TIER_NAME_PREFIX,
-    TieringSecondaryTier,
     known_tier_names,
     resolve_tier_name,
     tier_class,
     unknown_tier_message,
 )
+from tiering.core.vllm.tier import TieringSecondaryTier
 
-__all__ = ["SUPPORTED_VLLM_VERSIONS", "TieringSecondaryTier"]
+__all__ = ["SUPPORTED_TEXT", "TieringSecondaryTier"]
 
 
 def __getattr__(attr: str) -> type[TieringSecondaryTier]:

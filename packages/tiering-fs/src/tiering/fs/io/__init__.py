@@ -116,6 +116,9 @@ class Backend:
         """Whether ``path`` is a directory and not a symlink to one (True where the back end has no symlinks)."""
         return True
 
+    def close(self) -> None:
+        """Release what the back end holds open (the tier calls it at shutdown, after its threads stopped)."""
+
 
 def open_backend(root: str, storage_options: dict[str, Any]) -> tuple[Backend, str]:
     """The back end for a configured root, and the root in that back end's syntax.

@@ -1,0 +1,425 @@
+"""The tier wrapper: a vLLM ``SecondaryTierManager`` that runs one tiering tier.
+
+:class:`TieringSecondaryTier` owns one tiering tier
+(:class:`tiering.core.base.SecondaryTierManager`) and translates between
+the two interfaces:
+
+============================================  ==========================================
+vLLM (0.32, 0.33)                             tiering
+============================================  ==========================================
+``__init__(offloading_spec, primary_kv_view,  :class:`~tiering.core.spec.OffloadingSpec`
+tier_type, backpressure_detector, **kw)``     built from vLLM's ``OffloadingConfig``; the
+                                              primary view re-cast to ``(rows, row_bytes)``
+``lookup -> LookupResult.HIT/MISS/RETRY``     ``lookup -> True/False/None``
+``submit_store/submit_load(TransferJob)``     ``submit_store/submit_load(JobMetadata)``
+``get_finished_jobs -> JobResult(...,         ``get_finished -> JobResult(job_id, success,
+successful_keys, transfer_bytes)``            successful_keys)``
+``on_new_request -> RequestOffloadingContext  ``on_new_request -> None``
+``drain_jobs`` (blocks)                       polls ``get_finished`` until all reported
+``get_stats``, ``config_info`` (0.33)         ``stats()``, the namespace digest
+============================================  ==========================================
+
+The wrapper never lets an exception of the tiering tier reach vLLM's
+scheduler: a failing ``lookup`` is a miss, a ``submit_*`` that raises is a
+failed job, and a job id the tier did not get from vLLM is dropped with an
+error log (vLLM's manager would ``assert`` on it).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Collection, Iterable
+from typing import Any, ClassVar
+
+from tiering.core.base import JobMetadata
+from tiering.core.base import JobResult as TieringJobResult
+from tiering.core.base import OffloadKey as TieringOffloadKey
+from tiering.core.base import ReqContext as TieringReqContext
+from tiering.core.base import SecondaryTierManager as TieringTierManager
+from tiering.core.factory import check_tier_keys
+from tiering.core.toolkit.events import BlockRemoved
+from tiering.core.vllm.compat import (
+    ConfigInfoMapping,
+    JobResult,
+    Locality,
+    LookupResult,
+    OffloadingConnectorStats,
+    OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    SecondaryTierManager,
+    TransferJob,
+)
+from tiering.core.vllm.translate import primary_block_view, tiering_spec_from_vllm, to_lookup_result
+
+logger = logging.getLogger(__name__)
+
+STAT_METRIC = "vllm:kv_offload_tiering_backend_stat"
+"""The gauge carrying a tiering tier's :meth:`~tiering.core.base.SecondaryTierManager.stats`."""
+STAT_LABELS = ("tiering_tier", "stat")
+"""Labels of :data:`STAT_METRIC`: the ``type`` of the tier entry and the stat's name."""
+INFO_KEYS = ("tiering_tier", "tiering_namespace")
+"""Labels this tier adds to vLLM's ``vllm:kv_offload_config_info`` (vLLM >= 0.33)."""
+
+RESERVED_KWARGS = ("model_revision", "kv_layout", "locality", "enable_kv_events")
+"""Tier-entry keys the wrapper consumes; every other key goes to the tiering tier."""
+
+_DRAIN_WARN_S = 10.0
+
+
+class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
+    """A vLLM ``SecondaryTierManager`` running one tiering tier.
+
+    Not used directly: :mod:`tiering.core.vllm.tiers` makes one subclass per
+    tiering tier name (:func:`tier_class`), with :attr:`tiering_name` and
+    :attr:`tiering_class` set, and vLLM's ``SecondaryTierFactory`` builds it.
+
+    Args:
+        offloading_spec: vLLM's ``OffloadingSpec`` (``TieringOffloadingSpec``).
+        primary_kv_view: vLLM's primary tier view (see :func:`primary_block_view`).
+        tier_type: the ``type`` string of the tier entry (e.g. ``"tiering_fs"``).
+        backpressure_detector: vLLM's detector built from the entry's
+            ``backpressure`` block, or None; vLLM's manager consults it.
+        **tier_kwargs: the tier entry's other keys. ``model_revision`` and
+            ``kv_layout`` go into tiering's namespace, ``locality``
+            (``"LOCAL"``/``"REMOTE"``, exactly vLLM's ``Locality`` values) to
+            vLLM's tier filter and KV events, ``enable_kv_events`` (bool,
+            default False, as vLLM's fs tier) to :meth:`take_events`; the rest are the
+            tiering tier's own keys.
+
+    Raises:
+        TypeError: a key the tiering tier does not accept (named), or this
+            base class instantiated without a tier.
+        ValueError: a bad ``locality`` (vLLM's own message: ``'local' is not a
+            valid Locality``) or primary view; errors of the tiering
+            tier's constructor propagate unchanged.
+    """
+
+    tiering_name: ClassVar[str] = ""
+    tiering_class: ClassVar[type[TieringTierManager] | None] = None
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        **tier_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            offloading_spec=offloading_spec,
+            primary_kv_view=primary_kv_view,
+            tier_type=tier_type,
+            backpressure_detector=backpressure_detector,
+        )
+        inner_cls = type(self).tiering_class
+        if inner_cls is None:
+            raise TypeError(
+                "TieringSecondaryTier is a base class; use a tier from tiering.core.vllm.tiers, e.g. tiering_fs"
+            )
+        locality = tier_kwargs.pop("locality", None)
+        # vLLM's own tiers take exactly Locality's values ("LOCAL", "REMOTE") and raise its ValueError.
+        self.locality = Locality(locality) if locality is not None else None
+        enable_kv_events = tier_kwargs.pop("enable_kv_events", False)
+        if not isinstance(enable_kv_events, bool):
+            raise TypeError(f"tier {tier_type!r}: enable_kv_events must be a bool, got {enable_kv_events!r}")
+        # As vLLM's fs and obj tiers: events only when the entry and the engine (kv_events_config) both ask.
+        self._events_enabled = enable_kv_events and bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+        if enable_kv_events and not self._events_enabled:
+            logger.warning(
+                "enable_kv_events is set on secondary tier %r but KV cache events are disabled globally; "
+                "the tier will not emit events.",
+                tier_type,
+            )
+        view = primary_block_view(primary_kv_view, offloading_spec)
+        self.tiering_spec = tiering_spec_from_vllm(
+            offloading_spec,
+            view,
+            model_revision=tier_kwargs.pop("model_revision", None),
+            kv_layout=tier_kwargs.pop("kv_layout", None),
+        )
+        check_tier_keys(inner_cls, tier_kwargs, f"secondary tier {tier_type!r} (tiering {self.tiering_name!r})")
+        self.tier: TieringTierManager = inner_cls(self.tiering_spec, view, self.tiering_name, **tier_kwargs)
+        self._view = view
+        # Every job vLLM handed over and that was not yet reported back to it, by id.
+        self._inflight: dict[int, JobMetadata] = {}
+        # Keys whose promotion failed, per request: MISS for the rest of the request (else a tier
+        # that still answers HIT would be asked to load the same block again every step, forever).
+        self._failed_keys: dict[str, set[bytes]] = {}
+        # Results already taken from the tier (by drain_jobs, or synthesized) but not yet given to vLLM.
+        self._ready: list[TieringJobResult] = []
+        self._contexts: dict[str, TieringReqContext] = {}
+        self._errors = 0
+        logger.info(
+            "tiering tier %r (%s.%s) serving vLLM tier %r, namespace %s",
+            self.tiering_name,
+            inner_cls.__module__,
+            inner_cls.__qualname__,
+            tier_type,
+            self.tiering_spec.namespace.digest,
+        )
+
+    # -- translation helpers ---------------------------------------------------
+    def _context(self, req_context: Any) -> TieringReqContext:
+        ctx = self._contexts.get(req_context.req_id)
+        if ctx is None:
+            params = req_context.kv_transfer_params
+            ctx = TieringReqContext(req_context.req_id, dict(params) if params else {})
+            self._contexts[req_context.req_id] = ctx
+        return ctx
+
+    def _job(self, job: Any) -> JobMetadata:
+        return JobMetadata(
+            job_id=int(job.job_id),
+            keys=[TieringOffloadKey(bytes(k)) for k in job.keys],
+            block_ids=[int(c) for c in job.chunk_ids],
+            is_promotion=bool(job.is_promotion),
+            req_context=self._context(job.req_context),
+        )
+
+    def _submit(self, job: Any, promotion: bool) -> None:
+        meta = self._job(job)
+        self._inflight[meta.job_id] = meta
+        try:
+            (self.tier.submit_load if promotion else self.tier.submit_store)(meta)
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r refused job %d; reported failed", self.tiering_name, meta.job_id)
+            self._ready.append(TieringJobResult(meta.job_id, False))
+
+    def _collect(self) -> None:
+        try:
+            self._ready.extend(self.tier.get_finished())
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r get_finished raised", self.tiering_name)
+
+    # -- vLLM SecondaryTierManager ----------------------------------------------
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
+        """HIT, MISS or RETRY for ``key``.
+
+        An exception of the tier is a MISS, and so is a key whose promotion
+        already failed for this request.
+        """
+        failed = self._failed_keys.get(req_context.req_id)
+        if failed is not None and key in failed:
+            return LookupResult.MISS
+        try:
+            verdict = self.tier.lookup(TieringOffloadKey(bytes(key)), self._context(req_context))
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r lookup raised; treated as a miss", self.tiering_name)
+            return LookupResult.MISS
+        return to_lookup_result(verdict)
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        """Hand a cascade (primary -> tier) to the tiering tier; returns at once."""
+        self._submit(job_metadata, promotion=False)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        """Hand a promotion (tier -> primary) to the tiering tier; returns at once."""
+        self._submit(job_metadata, promotion=True)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        """Jobs finished since the last call, as vLLM ``JobResult`` with ``transfer_bytes``.
+
+        A successful job moved ``len(keys)`` rows of :attr:`block_size_bytes`.
+        A failed promotion passes the tier's ``successful_keys`` (the blocks
+        that did reach the primary tier) on to vLLM, which keeps them; only
+        the other keys read as MISS for the rest of their request.
+        Results for job ids vLLM never submitted, or reported twice, are
+        dropped with an error log.
+        """
+        self._collect()
+        ready, self._ready = self._ready, []
+        results = []
+        for result in ready:
+            job = self._inflight.pop(result.job_id, None)
+            if job is None:
+                self._errors += 1
+                logger.error("tiering tier %r reported unknown job %d; dropped", self.tiering_name, result.job_id)
+                continue
+            loaded = self._successful_keys(job, result)
+            if job.is_promotion and not result.success:
+                failed = set(job.keys).difference(loaded)
+                self._failed_keys.setdefault(job.req_context.req_id, set()).update(failed)
+            moved = len(job.keys) if result.success else len(loaded)
+            results.append(
+                JobResult(
+                    job_id=result.job_id,
+                    success=bool(result.success),
+                    successful_keys=[OffloadKey(k) for k in loaded] if loaded else None,
+                    transfer_bytes=moved * self.block_size_bytes if moved else None,
+                )
+            )
+        return results
+
+    def _successful_keys(self, job: JobMetadata, result: TieringJobResult) -> list[bytes]:
+        """The keys of a failed promotion that reached the primary tier anyway (none for a success or store).
+
+        Keys the tier names that are not in the job are dropped with an error
+        log (vLLM's manager asserts that they are a subset).
+        """
+        if result.success or not job.is_promotion or not result.successful_keys:
+            return []
+        in_job = set(job.keys)
+        loaded = [bytes(k) for k in result.successful_keys if bytes(k) in in_job]
+        if len(loaded) != len(result.successful_keys):
+            self._errors += 1
+            logger.error(
+                "tiering tier %r reported successful keys outside job %d; ignored", self.tiering_name, job.job_id
+            )
+        return loaded
+
+    def on_new_request(self, req_context: ReqContext) -> Any:
+        """Forward to the tier; tiering tiers offload per chunk (vLLM's ``CHUNK_LEVEL``)."""
+        try:
+            self.tier.on_new_request(self._context(req_context))
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r on_new_request raised", self.tiering_name)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Forward to the tier and forget the request's context and failed keys."""
+        ctx = self._context(req_context)
+        del self._contexts[req_context.req_id]
+        self._failed_keys.pop(req_context.req_id, None)
+        try:
+            self.tier.on_request_finished(ctx)
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r on_request_finished raised", self.tiering_name)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """The tier's KV events as vLLM's ``OffloadingEvent`` (``enable_kv_events`` and vLLM's KV events on).
+
+        ``BlockStored`` of the tiering tier (a store) becomes a stored event,
+        ``BlockRemoved`` (its own eviction, a bad block removed, a block that
+        vanished at a rescan, e.g. deleted by ``tiering gc``) a removed one;
+        vLLM's own fs and obj tiers never emit removals. Each carries the
+        tier's ``medium`` and ``locality``, and ``ownership`` = the tier's
+        ``type``, so vLLM tracks our residency apart from the primary tier's;
+        stored events set ``removal_expected`` (a removal will follow).
+        """
+        try:
+            events = self.tier.take_events()
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r take_events raised", self.tiering_name)
+            return []
+        if not self._events_enabled:
+            return []
+        return [
+            OffloadingEvent(
+                keys=[OffloadKey(bytes(k)) for k in event.keys],
+                medium=self.medium,
+                removed=isinstance(event, BlockRemoved),
+                locality=self.locality,
+                ownership=self.tier_type,
+                removal_expected=not isinstance(event, BlockRemoved),
+            )
+            for event in events
+            if event.keys
+        ]
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Forward a use of ``keys`` to the tier's recency order."""
+        try:
+            self.tier.touch([TieringOffloadKey(bytes(k)) for k in keys], self._context(req_context))
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r touch raised", self.tiering_name)
+
+    def has_pending_work(self) -> bool:
+        """Whether a job vLLM submitted has not been reported back to it yet."""
+        return bool(self._inflight)
+
+    def drain_jobs(self) -> None:
+        """Block until the tier has reported every submitted job (none is aborted).
+
+        The results stay queued for the next :meth:`get_finished_jobs`, as
+        vLLM's ``reset_cache`` expects. Warns every 10 s while waiting.
+        """
+        delay, started, warned = 0.0005, time.monotonic(), 0.0
+        while True:
+            self._collect()
+            reported = {r.job_id for r in self._ready}
+            if all(job_id in reported for job_id in self._inflight):
+                return
+            waited = time.monotonic() - started
+            if waited - warned >= _DRAIN_WARN_S:
+                warned = waited
+                logger.warning(
+                    "tiering tier %r: drain_jobs still waiting for %d job(s) after %.0f s",
+                    self.tiering_name,
+                    len(set(self._inflight) - reported),
+                    waited,
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def shutdown(self) -> None:
+        """Shut the tier down (it finishes or fails its jobs first), then release the primary view.
+
+        Releasing the re-cast view lets vLLM unmap its /dev/shm region when it
+        cleans up right after; a view the tier still exports (e.g. through
+        numpy) keeps the mapping alive, which vLLM reports and tolerates.
+        """
+        self.tier.shutdown()
+        try:
+            self._view.release()
+        except BufferError:
+            logger.debug("tiering tier %r still exports the primary view", self.tiering_name)
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """Declare :data:`STAT_METRIC`, the gauge that carries the tier's ``stats()``."""
+        return {
+            STAT_METRIC: OffloadingGaugeMetadata(
+                documentation=(
+                    "A tiering secondary tier's own counters and levels (hits, failures by cause, "
+                    "bytes, resident blocks, ...), as the tier reports them, labeled by tier type and stat name."
+                ),
+                labelnames=STAT_LABELS,
+            )
+        }
+
+    def get_stats(self) -> Any:
+        """The tier's ``stats()`` (plus ``binding_errors``) as gauges of :data:`STAT_METRIC`, or None."""
+        try:
+            stats = dict(self.tier.stats())
+        except Exception:
+            self._errors += 1
+            logger.exception("tiering tier %r stats raised", self.tiering_name)
+            stats = {}
+        stats["binding_errors"] = self._errors
+        payload = OffloadingConnectorStats()
+        for name, value in stats.items():
+            payload.set_gauge(STAT_METRIC, float(value), (self.tier_type, str(name)))
+        return payload
+
+    @classmethod
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        """Label names this tier fills on ``vllm:kv_offload_config_info``."""
+        return INFO_KEYS
+
+    def config_info(self) -> ConfigInfoMapping:
+        """The tiering tier's class and version, and its namespace digest."""
+        inner = type(self.tier)
+        dist = _distribution_of(inner)
+        return {
+            "tiering_tier": f"{self.tiering_name} ({inner.__module__}.{inner.__qualname__}{dist})",
+            "tiering_namespace": self.tiering_spec.namespace.digest,
+        }
+
+
+def _distribution_of(cls: type) -> str:
+    package = sys.modules.get(".".join(cls.__module__.split(".")[:2]))
+    version = getattr(package, "__version__", None)
+    return f" {version}" if isinstance(version, str) else ""
