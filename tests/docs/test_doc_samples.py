@@ -105,7 +105,7 @@ def console_commands():
 @pytest.mark.parametrize(("page", "commands"), list(console_commands()))
 def test_console_tiering_commands_run(page, commands, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    env = dict(os.environ, TIERING_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ)
     exe = Path(sys.executable).parent / "tiering"
     for command in commands:
         if "../shared/traces" in command and not TRACE.exists():

@@ -82,3 +82,50 @@ def test_sizes_and_durations_parse_with_units():
     assert parse_duration("30m") == 1800 and parse_duration("2w") == 14 * 86400
     with pytest.raises(ValueError, match="size '10 apples'"):
         parse_size("10 apples")
+
+
+SCHEMED_TIER = """
+from typing import ClassVar
+
+from tiering.core.toolkit import ConfigKey, ConfigSchema
+from tiering.example.tier import ExampleSecondaryTierManager
+
+SCHEMA = ConfigSchema("schemed", [ConfigKey("shared_key_material", (str,), default="", secret=True)])
+
+
+class SchemedExample(ExampleSecondaryTierManager):
+    config_schema: ClassVar[ConfigSchema | None] = SCHEMA
+
+    def __init__(self, offloading_spec, primary_kv_view, tier_type, shared_key_material=""):
+        super().__init__(offloading_spec, primary_kv_view, tier_type)
+"""
+
+
+@requires_tier("example")
+def test_bench_json_hides_the_keys_a_tier_schema_marks_secret(tmp_path, monkeypatch):
+    from tiering.core.factory import SecondaryTierFactory
+
+    (tmp_path / "schemed_tier_for_cli.py").write_text(SCHEMED_TIER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(
+        SecondaryTierFactory,
+        "_lazy",
+        {**SecondaryTierFactory._lazy, "schemed": ("schemed_tier_for_cli", "SchemedExample")},
+    )
+    monkeypatch.setattr(SecondaryTierFactory, "_loaded", dict(SecondaryTierFactory._loaded))
+    material = "k3y-m4t3r14l-value"  # not a name the generic rules treat as secret
+    config = tmp_path / "c.json"
+    config.write_text(
+        json.dumps(
+            {
+                "cpu_bytes_to_use": 64 * 4096,
+                "block_bytes": 4096,
+                "secondary_tiers": [{"type": "schemed", "shared_key_material": material}],
+            }
+        )
+    )
+    out = tmp_path / "r.json"
+    assert main(["bench", "--config", str(config), "--requests", "20", "--json", str(out)]) == 0
+    assert material not in out.read_text()
+    report = json.loads(out.read_text())
+    assert report["config"]["secondary_tiers"] == [{"type": "schemed", "shared_key_material": "***"}]

@@ -24,27 +24,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 MAX_LINES = 400
 
-# Modules still being split by other work (issue 12); the lead removes both allowlists when that lands.
-OVERSIZED_ALLOWED = {
-    "tiering.core.cli",
-    "tiering.core.commands",
-    "tiering.core.vllm.binding",
-    "tiering.fs.tier",
-    "tiering.s3.tier",
-    "tiering.redis.tier",
-    "tiering.core.toolkit.index",  # 492 lines on main at 14:31 (CORE-A)
-    "tiering.core.manager",  # 424 lines on main at 15:00 (CORE-A)
-    "tiering.s3.client",  # 408 lines on main at 15:45 (S3)
-    "tiering.fs.workers",  # 516 lines on main at 14:31 (FS)
-}
-# A cycle is tolerated only while all its modules are inside one of these sets.
-CYCLES_ALLOWED = [
-    {"tiering.core.cli", "tiering.core.commands"},  # the CLI split
-    {"tiering.fs.inspection", "tiering.fs.tier"},  # fs: layout.py takes what both need
-    {"tiering.fs.io", "tiering.fs.io.local", "tiering.fs.io.remote"},  # fs: io/__init__ <-> its modules (main at 14:31)
-    {"tiering.s3.inspection", "tiering.s3.tier"},  # s3: layout.py / client.py
-]
-
 
 def source_modules() -> dict[str, Path]:
     """Every ``tiering.*`` module of every package in the repository, by dotted name."""
@@ -181,7 +160,7 @@ def test_cycle_detection_finds_a_function_level_cycle(tmp_path):
 
 
 def test_no_import_cycles():
-    cycles = [c for c in find_cycles(import_graph(source_modules())) if not any(set(c) <= ok for ok in CYCLES_ALLOWED)]
+    cycles = find_cycles(import_graph(source_modules()))
     assert cycles == [], "import cycles (function-level imports included): " + "; ".join(
         " <-> ".join(c) for c in cycles
     )
@@ -189,8 +168,6 @@ def test_no_import_cycles():
 
 def test_no_module_over_400_lines():
     oversized = {
-        name: n
-        for name, path in source_modules().items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES and name not in OVERSIZED_ALLOWED
+        name: n for name, path in source_modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert oversized == {}, f"modules over {MAX_LINES} lines: {oversized}"

@@ -363,6 +363,11 @@ def _drain(conn: socket.socket, n: int) -> None:
 
 
 def _close(sock: socket.socket) -> None:
+    # shutdown() first: it sends FIN at once and wakes a thread blocked on the socket; close() alone does
+    # neither while another thread is inside recv()/select() on it, so a client could reuse a pooled
+    # connection the proxy meant to drop (a connection error where the test expects a timeout).
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
 

@@ -348,6 +348,22 @@ def test_commands_fail_clearly_on_an_unreachable_endpoint_or_bad_config(tmp_path
     assert "bucket: required" in capsys.readouterr().err
 
 
+def test_check_probe_creates_nothing_and_names_the_features(tmp_path, s3, capsys):
+    """Issue 15: ``tiering check --probe`` reports bucket and features and leaves the bucket as it was."""
+    before = s3.list_keys()
+    path = write_config(tmp_path, stack_config(s3))
+    assert main(["check", path, "--probe"]) == 0
+    out = capsys.readouterr().out
+    assert "probe 's3'" in out and f"s3://{s3.bucket}/{s3.prefix}/ at {s3.endpoint_url}" in out, out
+    assert "conditional put (If-None-Match): " in out and "batch delete (DeleteObjects): " in out, out
+    assert re.search(r"credentials: (checked|NOT checked)", out), out
+    assert s3.server.secret_key not in out and s3.server.access_key not in out
+    assert s3.list_keys() == before  # no namespace.json, no probe object left
+    assert main(["check", write_config(tmp_path, stack_config(s3, bucket="no-such-bucket")), "--probe"]) != 0
+    assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
+    assert s3.list_keys() == before
+
+
 def test_inspector_is_offered_by_the_tier_class(s3):
     inspector = S3SecondaryTierManager.inspector(s3.tier_config(prefix=f"/{s3.prefix}//"))
     assert isinstance(inspector, S3Inspector)

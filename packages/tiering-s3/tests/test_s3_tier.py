@@ -309,6 +309,7 @@ def test_C01_other_namespace_never_reads_blocks(s3):
         tier, view = build(s3.tier_config(), other)
         try:
             assert tier.stats()["resident_blocks"] == 0
+            assert all(tier.lookup(k, CTX) is not True for k in keys)  # the HEADs go out together, in batches
             assert all(wait_for_lookup(tier, k, CTX) is False for k in keys)
             assert not load(tier, view, keys[:2], [0, 1])
         finally:
@@ -346,17 +347,18 @@ def test_C01_other_namespace_never_reads_blocks(s3):
 # -- C05: capacity -------------------------------------------------------------------------
 def test_C05_capacity_evicts_and_never_refuses_forever(s3):
     tier, view = build(s3.tier_config(capacity_bytes=20 * OBJ))
-    keys = [make_key(i, b"c05") for i in range(500)]
+    n = 100  # five times the cap: the cap is cycled through repeatedly
+    keys = [make_key(i, b"c05") for i in range(n)]
     try:
-        for start in range(0, 500, 5):
+        for start in range(0, n, 5):
             assert tier.lookup(keys[0], CTX) is True or start == 0  # keeps keys[0] most recently used
             assert store(tier, view, keys[start : start + 5])
         stats = tier.stats()
-        assert stats["evictions"] == 480
+        assert stats["evictions"] == n - 20
         assert stats.get("store_failed_no_space", 0) == 0 and stats["store_failures"] == 0
         assert stats["resident_blocks"] == 20 and stats["resident_bytes"] == 20 * OBJ
-        wait_until(lambda: tier.stats()["objects_deleted"] == 480, 30)
-        assert stats["delete_requests"] < 480 or tier.stats()["delete_requests"] <= 480
+        wait_until(lambda: tier.stats()["objects_deleted"] == n - 20, 30)
+        assert stats["delete_requests"] < n - 20 or tier.stats()["delete_requests"] <= n - 20
         assert len(block_keys(s3, f"{s3.prefix}/")) == 20
         assert tier.lookup(keys[0], CTX) is True  # recently used survived
         assert wait_for_lookup(tier, keys[1], CTX) is False  # least recently used went
@@ -468,7 +470,9 @@ def test_head_fallback_finds_another_writers_block_without_blocking(s3, proxy_fa
         started = time.monotonic()
         assert reader.lookup(key, CTX) is None  # HEAD in flight, not answered on this thread
         assert reader.lookup(key, CTX) is None
-        assert time.monotonic() - started < 0.1
+        # the hanging HEAD takes read_timeout (1 s); a lookup that waited for it would take that long (a fixed
+        # 0.1 s bound failed on a loaded CI machine: the scheduler alone can hold this thread that long)
+        assert time.monotonic() - started < 0.5
         assert wait_for_lookup(reader, key, CTX) is False  # the HEAD timed out: not servable
         # timed out, or (a pooled connection the proxy closed when it began to hang) dropped
         assert reader.stats()["errors_timeout"] + reader.stats()["errors_connection"] >= 1

@@ -202,7 +202,7 @@ def test_removal_records_are_pruned_when_no_ticket_is_out():
         store(index, k(i))
         index.remove(k(i), delete=False)
     index.release_ticket(t)
-    assert index._removed_at == {}
+    assert len(index._epochs) == 0
 
 
 def test_rejects_negative_sizes():

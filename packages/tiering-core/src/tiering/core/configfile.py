@@ -5,9 +5,10 @@
   vLLM binding's form (``"type": "tiering_fs"``, ``"module_path":
   "tiering.core.vllm.tiers"``) are read as the plain tier (``"fs"``), with
   one line saying so, without importing vLLM.
-- :func:`redact_config`, :func:`redact_text`: every config or error text the
-  command prints or writes goes through :mod:`tiering.core.redact`, with the
-  secret keys each tier declares in its schema.
+- :func:`redact_text`: every error text the command prints goes through
+  :mod:`tiering.core.redact`, with the secret keys each tier declares in its
+  schema (whole configs go through
+  :func:`tiering.core.factory.redact_offloading_config`).
 - :func:`install_hint`: the published and the from-a-clone install forms.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core import redact
-from tiering.core.factory import SecondaryTierFactory, redact_offloading_config
+from tiering.core.factory import SecondaryTierFactory
 
 VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
 """The ``module_path`` of the vLLM binding's tier names."""
@@ -138,11 +139,6 @@ def secret_keys(config: Any) -> frozenset[str]:
         if schema is not None:
             keys.update(schema.secret_keys)
     return frozenset(keys)
-
-
-def redact_config(config: Any) -> Any:
-    """A copy of a whole config with every credential replaced by the redaction marker (tier schemas included)."""
-    return redact_offloading_config(config)
 
 
 def redact_text(text: object, config: Any = None) -> str:

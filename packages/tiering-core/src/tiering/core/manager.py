@@ -17,7 +17,6 @@ All methods run on the scheduler's thread.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -25,59 +24,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
 from tiering.core.toolkit.jobs import JobState, JobTracker
 
 logger = logging.getLogger(__name__)
 
-PRIMARY = -1
-"""The source index of blocks that were already in the primary tier."""
-
-
-@dataclasses.dataclass
-class LoadResult:
-    """A finished load: the leading run of blocks now readable in the primary tier.
-
-    Attributes:
-        req_context: the request.
-        keys: the loaded blocks, a prefix of the keys given to
-            :meth:`TieringManager.prepare_load` (shorter when a promotion
-            failed: the rest are misses to recompute).
-        block_ids: primary slot of each key, pinned until
-            :meth:`TieringManager.complete_load`.
-        sources: per key, :data:`PRIMARY` or the index of the secondary tier
-            it was promoted from.
-        requested: how many keys were asked for.
-    """
-
-    req_context: ReqContext
-    keys: list[OffloadKey]
-    block_ids: list[int]
-    sources: list[int]
-    requested: int
-
-
-@dataclasses.dataclass
-class _PendingLoad:
-    req_context: ReqContext
-    keys: list[OffloadKey]
-    block_ids: list[int]
-    sources: list[int]
-    requested: int
-    jobs: set[int] = dataclasses.field(default_factory=set)
-    pinned: list[OffloadKey] = dataclasses.field(default_factory=list)
-    failed_at: int | None = None
-    abandoned: bool = False  # the request ended while a promotion was in flight
-
-
-@dataclasses.dataclass
-class _JobContext:
-    """What the manager keeps beside a submitted job (the :class:`JobState`'s ``context``)."""
-
-    tier_idx: int
-    load: _PendingLoad | None = None
-    submitted: float = dataclasses.field(default_factory=time.monotonic)
+__all__ = ["PRIMARY", "LoadResult", "TieringManager"]
 
 
 class TieringManager:
@@ -94,7 +48,7 @@ class TieringManager:
         self._job_ids = itertools.count()
         # Jobs submitted to a secondary tier and not yet reported; each is finished exactly once.
         self._jobs = JobTracker(queue_results=False)
-        self._loads: dict[str, _PendingLoad] = {}
+        self._loads: dict[str, PendingLoad] = {}
         self._finished_loads: list[LoadResult] = []
         self._held: dict[str, list[OffloadKey]] = {}
         self._failed_keys: dict[str, set[OffloadKey]] = defaultdict(set)
@@ -168,7 +122,7 @@ class TieringManager:
         req_id = req_context.req_id
         if req_id in self._loads or req_id in self._held:
             raise ValueError(f"request {req_id!r} already has a load in progress")
-        load = _PendingLoad(req_context, [], [], [], requested=len(keys))
+        load = PendingLoad(req_context, [], [], [], requested=len(keys))
         # Pin the resident blocks first, so promotions cannot evict them.
         resident = {key: self.primary.pin([key])[0] for key in keys if self.primary.lookup(key)}
         load.pinned.extend(resident)
@@ -193,7 +147,7 @@ class TieringManager:
         self._loads[req_id] = load
         for idx, (tier_keys, block_ids) in per_tier.items():
             job = JobMetadata(next(self._job_ids), tier_keys, block_ids, True, req_context)
-            self._jobs.start(job, _JobContext(idx, load))
+            self._jobs.start(job, JobContext(idx, load))
             load.jobs.add(job.job_id)
             self._submit(idx, job)
         self._maybe_finish_load(load)
@@ -208,7 +162,7 @@ class TieringManager:
         finished, self._finished_loads = self._finished_loads, []
         return finished
 
-    def _maybe_finish_load(self, load: _PendingLoad) -> None:
+    def _maybe_finish_load(self, load: PendingLoad) -> None:
         if load.jobs:
             return
         req_id = load.req_context.req_id
@@ -272,7 +226,7 @@ class TieringManager:
                 continue
             block_ids = self.primary.pin(missing, record_access=False)
             job = JobMetadata(next(self._job_ids), missing, block_ids, False, req_context)
-            self._jobs.start(job, _JobContext(idx))
+            self._jobs.start(job, JobContext(idx))
             self._submit(idx, job)
 
     def _tier_holds(self, idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
@@ -329,7 +283,7 @@ class TieringManager:
         if self._jobs.report(result) is None:  # finished concurrently (cannot happen on one thread)
             return
         meta = state.meta
-        ctx: _JobContext = state.context
+        ctx: JobContext = state.context
         self._record_job(idx, state, result.success)
         if not meta.is_promotion:
             self.primary.unpin(meta.keys)

@@ -82,15 +82,14 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
     trailer page holding the header); ``capacity_bytes`` counts those sizes
     plus temporaries. The keys are declared in :data:`~tiering.fs.config.FS_SCHEMA`
     and documented on :class:`~tiering.fs.config.FsConfig` and in the package
-    README (with the layout and the multi-process semantics).
+    README (with the layout and the multi-process semantics). The keyword
+    arguments after ``tier_type`` (``root`` ... ``startup_scan_wait_s``) are
+    those config keys.
 
     Args:
         offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).
         primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` view.
         tier_type: the name the factory resolved this tier by.
-        root, storage_options, n_read_threads, n_write_threads, fsync,
-        capacity_bytes, stale_temp_s, rescan_interval_s, lookup_fallback,
-        o_direct, startup_scan_wait_s: see :class:`~tiering.fs.config.FsConfig`.
 
     Attributes:
         o_direct: whether block files are read and written with ``O_DIRECT``

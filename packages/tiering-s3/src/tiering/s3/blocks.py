@@ -42,6 +42,7 @@ from tiering.s3.client import S3Client
 from tiering.s3.deleter import Deleter
 from tiering.s3.errors import S3RequestError, classify_error
 from tiering.s3.layout import Layout
+from tiering.s3.probe import check_bucket, probe_credentials, probe_features, startup_error
 
 logger = logging.getLogger(__name__)
 
@@ -122,24 +123,24 @@ class BlockIO:
         self._deleter.close()
 
     def probe(self) -> None:
-        self._client.check_bucket(self.layout.listing_prefix)
-        self._client.probe_features(self.layout.new_probe())
+        check_bucket(self._client, self.layout.listing_prefix)
+        probe_features(self._client, self.layout.new_probe())
         body = json.dumps({**self._namespace.to_dict(), "digest": self._namespace.digest}, indent=1, sort_keys=True)
         try:
             name = self.layout.namespace_object
             self._client.put(name, body.encode(), if_absent=True, content_type="application/json")
         except S3RequestError as exc:
-            raise self._client.startup_error("PutObject of namespace.json", exc, self.layout.listing_prefix) from None
+            raise startup_error(self._client, "PutObject of namespace.json", exc, self.layout.listing_prefix) from None
 
     def probe_report(self, check_credentials: bool = True) -> list[str]:
         """What the probes found, one line each (for ``tiering check --probe``); never a credential.
 
         Args:
             check_credentials: also send one request with made-up credentials to learn whether
-                the server checks them (:meth:`S3Client.probe_credentials`).
+                the server checks them (:func:`tiering.s3.probe.probe_credentials`).
         """
         if check_credentials and self._client.checks_credentials is None:
-            self._client.probe_credentials()
+            probe_credentials(self._client)
         endpoint = self._redact(self._client.settings.endpoint_url or "AWS")
         where = f"s3://{self._client.bucket}/{self.layout.base}/ at {endpoint}"
         return [where, *self._client.features().describe()]
@@ -171,8 +172,8 @@ class BlockIO:
                             continue
                         found.append((obj["LastModified"].timestamp(), OffloadKey(key), int(obj["Size"])))
             except S3RequestError as exc:
-                raise self._client.startup_error(
-                    "ListObjectsV2 of the namespace prefix", exc, self.layout.listing_prefix
+                raise startup_error(
+                    self._client, "ListObjectsV2 of the namespace prefix", exc, self.layout.listing_prefix
                 ) from None
             found.sort(key=lambda entry: entry[0])
             report = self._index.reconcile({key: size for _, key, size in found}, ticket)

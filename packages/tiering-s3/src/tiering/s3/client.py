@@ -1,4 +1,4 @@
-"""The one request path of the s3 tier: client construction, the bucket probe, and :meth:`S3Client.call`.
+"""The one request path of the s3 tier: client construction and :meth:`S3Client.call`.
 
 Every S3 request of the tier and of its inspector goes through
 :meth:`S3Client.call` (after s3fs's single ``_call_s3``), which translates
@@ -7,19 +7,22 @@ botocore's exceptions once into :class:`~tiering.s3.errors.S3RequestError`
 connection pooling are botocore's, configured through
 :class:`botocore.config.Config`.
 
-:meth:`S3Client.probe_features` finds what the server supports of what the
-tier relies on (conditional put, batch delete, credential checking): servers
-differ in the field. The tier follows what the probe found.
+:class:`ServerFeatures` is what the server supports of what the tier relies
+on (conditional put, batch delete, credential checking): servers differ in
+the field. :mod:`tiering.s3.probe` finds it at start-up; the client falls
+back on the first refusal it meets.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import boto3
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -36,8 +39,28 @@ _REFUSALS = frozenset({"NotImplemented", "MethodNotAllowed", "InvalidRequest", "
 """Error codes of a server that does not support a request or header (batch delete, If-None-Match)."""
 
 
+_LOADER_LOCK = threading.Lock()
+_LOADER: list[botocore.loaders.Loader] = []
+
+
+def shared_loader() -> botocore.loaders.Loader:
+    """One botocore data loader per process: it caches the parsed service models.
+
+    A fresh botocore session parses the S3 service model (JSON, about 0.5 s of
+    CPU) for its first client; sharing the loader makes every later client
+    cost milliseconds. Credentials stay per session (never shared).
+    """
+    with _LOADER_LOCK:
+        if not _LOADER:
+            _LOADER.append(botocore.loaders.create_loader())
+        return _LOADER[0]
+
+
 def new_boto_client(settings: ConnectionSettings, max_pool_connections: int) -> Any:
-    """A boto3 S3 client configured through :class:`botocore.config.Config` (no request is sent).
+    """A botocore S3 client configured through :class:`botocore.config.Config` (no request is sent).
+
+    Each client has its own session (its own credential chain); the parsed
+    service models come from :func:`shared_loader`.
 
     Raises:
         S3StartupError: botocore refused the configuration (e.g. an unknown profile).
@@ -54,17 +77,16 @@ def new_boto_client(settings: ConnectionSettings, max_pool_connections: int) -> 
         response_checksum_validation=settings.response_checksum_validation or default_checksum,
     )
     try:
-        session = boto3.session.Session(
+        session = botocore.session.Session(profile=settings.profile_name)
+        session.register_component("data_loader", shared_loader())
+        return session.create_client(
+            "s3",
+            region_name=settings.region_name,
+            endpoint_url=settings.endpoint_url,
+            verify=settings.ca_bundle if settings.ca_bundle else settings.verify,
             aws_access_key_id=settings.aws_access_key_id,
             aws_secret_access_key=settings.aws_secret_access_key,
             aws_session_token=settings.aws_session_token,
-            profile_name=settings.profile_name,
-            region_name=settings.region_name,
-        )
-        return session.client(
-            "s3",
-            endpoint_url=settings.endpoint_url,
-            verify=settings.ca_bundle if settings.ca_bundle else settings.verify,
             config=config,
         )
     except BotoCoreError as exc:
@@ -75,7 +97,7 @@ def new_boto_client(settings: ConnectionSettings, max_pool_connections: int) -> 
 
 @dataclasses.dataclass(frozen=True)
 class ServerFeatures:
-    """What the server supports of the optional S3 features the tier uses (found by :meth:`S3Client.probe_features`).
+    """What the server supports of the optional S3 features the tier uses (see :mod:`tiering.s3.probe`).
 
     Attributes:
         conditional_put: ``PutObject`` with ``If-None-Match: *`` is refused (412) when the
@@ -123,7 +145,7 @@ class S3Client:
         self.conditional_put = True
         """Whether PUTs send ``If-None-Match: *`` (False once the server refused or ignored it)."""
         self.checks_credentials: bool | None = None
-        """Whether the server checks credentials (None until :meth:`probe_credentials`)."""
+        """Whether the server checks credentials (None until :func:`tiering.s3.probe.probe_credentials`)."""
 
     def __repr__(self) -> str:
         return f"S3Client(bucket={self.bucket!r}, endpoint_url={self.settings.endpoint_url!r})"
@@ -277,132 +299,6 @@ class S3Client:
         """Close the client's connections."""
         self.boto.close()
 
-    # -- start-up --------------------------------------------------------------------------------
-    def check_bucket(self, list_prefix: str) -> None:
-        """``HeadBucket``; on 403, a one-key ``ListObjectsV2`` of ``list_prefix`` tells credentials from permissions.
-
-        Raises:
-            S3StartupError: see :meth:`startup_error`.
-        """
-        try:
-            self.call("head_bucket")
-        except S3RequestError as exc:
-            if exc.status == 403:
-                # HEAD responses carry no error code: ask again with a GET to learn
-                # whether the credentials or the permissions are at fault.
-                try:
-                    self.call("list_objects_v2", Prefix=list_prefix, MaxKeys=1)
-                except S3RequestError as inner:
-                    raise self.startup_error("ListObjectsV2", inner, list_prefix) from None
-            raise self.startup_error("HeadBucket", exc, list_prefix) from None
-
-    def probe_features(self, probe_name: str) -> ServerFeatures:
-        """Write ``probe_name`` twice with ``If-None-Match: *`` and delete it with ``DeleteObjects``.
-
-        The second conditional PUT must be refused (412); a server that
-        accepts it ignores conditional puts. A server that refuses
-        ``DeleteObjects`` is asked with ``DeleteObject``. Each missing feature
-        is logged once, naming the fallback.
-
-        Raises:
-            S3StartupError: a write or delete failed for another reason (permissions...).
-        """
-        try:
-            self.put(probe_name, b"probe", if_absent=True)
-            if self.conditional_put and self.put(probe_name, b"probe", if_absent=True):
-                self.no_conditional_put("ignores")
-            failed = self.delete_many([probe_name])
-            if failed:
-                raise S3RequestError(
-                    "delete_objects", "other", failed[probe_name], 0, "DeleteError", f"delete refused: {failed}"
-                )
-        except S3RequestError as exc:
-            raise self.startup_error("the write/delete probe", exc, probe_name.rpartition("/")[0] + "/") from None
-        return self.features()
-
     def features(self) -> ServerFeatures:
-        """What this client found so far (the probe, and any refusal met since)."""
+        """What this client found so far (the start-up probe, and any refusal met since)."""
         return ServerFeatures(self.conditional_put, self.batch_delete, self.checks_credentials)
-
-    def probe_credentials(self) -> bool | None:
-        """Whether the server refuses a request signed with made-up credentials (one ``HeadBucket``).
-
-        Sets :attr:`checks_credentials` (None when the answer was neither: unreachable...). Never raises.
-        """
-        fake = dataclasses.replace(
-            self.settings,
-            aws_access_key_id="AKIATIERINGPROBE0000",
-            aws_secret_access_key="tiering-credential-probe",
-            aws_session_token=None,
-            profile_name=None,
-            max_attempts=1,
-        )
-        other = S3Client(fake, 1)
-        try:
-            other.call("head_bucket")
-            self.checks_credentials = False
-        except S3RequestError as exc:
-            self.checks_credentials = True if exc.error_class in ("credentials", "access_denied") else None
-        finally:
-            other.close()
-        return self.checks_credentials
-
-    def startup_error(
-        self, what: str, exc: S3RequestError, scope: str, action: str = "startup probe"
-    ) -> S3StartupError:
-        """An :class:`S3StartupError` saying what is wrong (endpoint, bucket, region, credentials, ...).
-
-        Args:
-            what: the request that failed (``"HeadBucket"``), for the message.
-            exc: what it raised.
-            scope: the keys it concerned (``"<prefix>/<digest>/"``), named on access denied.
-            action: what was under way, for the message of an unclassified failure.
-        """
-        settings = self.settings
-        where = f"endpoint {settings.endpoint_url!r}" if settings.endpoint_url else "AWS"
-        code, status, cls, detail = exc.code, exc.status, exc.error_class, str(exc)
-        if exc.no_credentials:
-            return S3StartupError(
-                "s3 tier: no credentials found in boto3's default chain (environment, shared config files, "
-                "instance or container role); set aws_access_key_id / aws_secret_access_key or profile_name",
-                "credentials",
-            )
-        if cls == "credentials":
-            return S3StartupError(
-                f"s3 tier: credentials were rejected by {where} during {what} ({code or exc.kind}): "
-                "check aws_access_key_id / aws_secret_access_key / aws_session_token / profile_name "
-                "or the environment's AWS credentials",
-                "credentials",
-            )
-        if cls == "tls":
-            return S3StartupError(
-                f"s3 tier: TLS certificate verification of {where} failed during {what}: {detail}; "
-                "check 'ca_bundle' (or 'verify')",
-                "tls",
-            )
-        if cls == "timeout":
-            return S3StartupError(f"s3 tier: {where} did not answer in time during {what}: {detail}", "timeout")
-        if cls == "connection":
-            return S3StartupError(
-                f"s3 tier: cannot reach {where} during {what}: {detail}; check 'endpoint_url' and the network",
-                "endpoint",
-            )
-        if code in ("NoSuchBucket", "404", "NotFound") or status == 404:
-            return S3StartupError(
-                f"s3 tier: bucket {self.bucket!r} does not exist at {where} (HTTP {status or code}); check 'bucket'",
-                "bucket",
-            )
-        if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraint"):
-            return S3StartupError(
-                f"s3 tier: bucket {self.bucket!r} is in {exc.bucket_region or 'another region'}, not the configured "
-                f"region {self.boto.meta.region_name!r}; check 'region_name'",
-                "region",
-            )
-        if cls == "access_denied":
-            return S3StartupError(
-                f"s3 tier: access denied to s3://{self.bucket}/{scope} at {where} during {what} "
-                f"({code or status}): the credentials are valid but lack permission "
-                "(s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject needed)",
-                "permission",
-            )
-        return S3StartupError(f"s3 tier: {action} failed at {where} during {what}: {detail}", "other")

@@ -22,6 +22,7 @@ from tiering.s3.client import S3Client
 from tiering.s3.config import SCHEMA, ConnectionSettings
 from tiering.s3.errors import S3RequestError, S3StartupError
 from tiering.s3.layout import DIGEST_RE, NAMESPACE_OBJECT, PROBE_RE, parse_block_name
+from tiering.s3.probe import check_bucket, startup_error
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class S3Inspector(TierInspector):
         client = S3Client(settings, 2)
         inspector = cls(client, settings)
         try:
-            client.check_bucket(inspector.root)
+            check_bucket(client, inspector.root)
         except BaseException:
             client.close()
             raise
@@ -69,7 +70,7 @@ class S3Inspector(TierInspector):
 
     # -- helpers -------------------------------------------------------------
     def _fail(self, what: str, exc: S3RequestError) -> S3StartupError:
-        return self._client.startup_error(what, exc, self.root, action="inspection")
+        return startup_error(self._client, what, exc, self.root, action="inspection")
 
     def _list(self, prefix: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
         """Pages of ListObjectsV2 under ``prefix`` (which is always inside the tier's prefix)."""

@@ -211,6 +211,20 @@ class S3SecondaryTierManager(SecondaryTierManager):
         )
 
     @classmethod
+    def probe(cls, tier_config: Mapping[str, Any]) -> str:
+        """Bucket, credentials and server features of an entry, creating nothing (``tiering check --probe``).
+
+        See :func:`tiering.s3.probe.probe_entry` (one probe object, removed at once; no ``namespace.json``).
+
+        Raises:
+            TierConfigError: a wrong value or unknown key (a ``ValueError``).
+            S3StartupError: the bucket cannot be used (the message says why, without credentials).
+        """
+        from tiering.s3.probe import probe_entry
+
+        return probe_entry(tier_config)
+
+    @classmethod
     def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector:
         """An :class:`~tiering.s3.inspection.S3Inspector` of a config entry's prefix (``tiering ls/gc/verify``)."""
         from tiering.s3.inspection import S3Inspector

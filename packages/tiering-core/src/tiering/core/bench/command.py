@@ -30,7 +30,8 @@ from tiering.core.bench.replay import Replayer, VerificationError
 from tiering.core.bench.report import format_report
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
 from tiering.core.bench.workload import DEFAULT_TRACE, SHIPPED_TRACES, load_mooncake_trace, resolve_trace
-from tiering.core.configfile import install_hint, load_config, redact_config, redact_text, tier_location
+from tiering.core.configfile import install_hint, load_config, redact_text, tier_location
+from tiering.core.factory import redact_offloading_config
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"
@@ -206,7 +207,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         data = report.to_dict()
         data["trace"] = args.trace
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}
-        data["config"] = redact_config(config)
+        data["config"] = redact_offloading_config(config)
         print(format_report(data, header))
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

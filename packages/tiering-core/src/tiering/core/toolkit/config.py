@@ -31,6 +31,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tiering.core.redact import REDACTED
+
 RESERVED_KEYS = frozenset({"type", "module_path"})
 """Keys of a ``secondary_tiers`` entry that select the class; never part of a tier's schema."""
 
@@ -231,7 +233,7 @@ class ConfigSchema:
         spec = self.keys.get(name)
         if spec is None:
             raise UnknownKeyError(self.tier, name, f"unknown key; accepted keys: {', '.join(sorted(self.keys))}", entry)
-        shown = "<redacted>" if spec.secret else _show(value)
+        shown = REDACTED if spec.secret else _show(value)
         expected = spec.describe()
         if value is None:
             if spec.nullable:
@@ -257,7 +259,7 @@ class ConfigSchema:
                 raise InvalidValueError(self.tier, name, f"{problem}, got {shown}", entry)
         return value
 
-    def redact(self, config: Mapping[str, Any], marker: str = "<redacted>") -> dict[str, Any]:
+    def redact(self, config: Mapping[str, Any], marker: str = REDACTED) -> dict[str, Any]:
         """A copy of ``config`` with the values of secret keys replaced by ``marker`` (top level only)."""
         secrets = self.secret_keys
         return {k: (marker if k in secrets and v is not None else v) for k, v in config.items()}

@@ -14,15 +14,13 @@ keeps that account true under concurrency:
   counted in :attr:`CapacityIndex.used_bytes` (state :attr:`KeyState.DELETING`,
   answered as absent) until :meth:`CapacityIndex.deleted` reports the delete's
   outcome; new reservations may already use its room (its caller is deleting
-  it right now). A failed delete
-  keeps the bytes counted (the block still exists) and the key is handed out
-  again by :meth:`CapacityIndex.retry_deletes` or settled by the next
-  :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16.)
-- **Epochs.** A read (a load, or a lookup probe that may adopt a block another
-  process wrote) takes a ticket first (:meth:`CapacityIndex.ticket`); a key
-  removed after that ticket was taken is not re-inserted by the read's
-  :meth:`CapacityIndex.adopt`. So a load that raced an eviction's delete
-  cannot put the key back while its file is gone. (Fault kind 2 / case C13.)
+  it right now). A failed delete keeps the bytes counted (the block still
+  exists) and the key is handed out again by :meth:`CapacityIndex.retry_deletes`
+  or settled by the next :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16;
+  the account is :class:`~tiering.core.toolkit.deletes.DeleteLedger`.)
+- **Epochs.** A read that may :meth:`CapacityIndex.adopt` a key takes a
+  :meth:`CapacityIndex.ticket` first; a key removed after that is not
+  re-inserted (fault kind 2 / case C13; see :mod:`~tiering.core.toolkit.epochs`).
 - **Reconciliation.** :meth:`CapacityIndex.reconcile` replaces the contents
   with what a rescan found, keeping in-flight reservations and every change
   made since the scan's ticket.
@@ -39,6 +37,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from tiering.core.base import OffloadKey
+from tiering.core.toolkit.deletes import DeleteLedger
+from tiering.core.toolkit.epochs import RemovalEpochs
 from tiering.core.toolkit.index_types import Admit, KeyState, ReconcileReport, Reservation, Victim
 
 __all__ = ["Admit", "CapacityIndex", "KeyState", "ReconcileReport", "Reservation", "Victim"]
@@ -70,16 +70,10 @@ class CapacityIndex:
         # key -> [size, writers in flight, any writer succeeded]
         self._writing: dict[OffloadKey, list[int]] = {}
         self._writing_bytes = 0
-        self._deleting: dict[OffloadKey, int] = {}  # handed out to be deleted, outcome not yet known
-        self._undeleted: dict[OffloadKey, int] = {}  # delete failed: bytes still there
-        self._deleting_bytes = 0  # bytes of _deleting
-        self._undeleted_bytes = 0  # bytes of _undeleted
-        self._clock = 0
-        self._removed_at: dict[OffloadKey, int] = {}  # key -> clock of its last removal
-        self._tickets: collections.Counter[int] = collections.Counter()
+        self._deletes = DeleteLedger()
+        self._epochs = RemovalEpochs()
         self._evictions = 0
         self._evicted_bytes = 0
-        self._failed_deletes = 0
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
@@ -94,7 +88,7 @@ class CapacityIndex:
             if touch:
                 self._resident.move_to_end(key)
             return KeyState.RESIDENT
-        if key in self._deleting or key in self._undeleted:
+        if key in self._deletes:
             return KeyState.DELETING
         return KeyState.ABSENT
 
@@ -133,13 +127,13 @@ class CapacityIndex:
             return self._resident_bytes
 
     def _used(self) -> int:
-        return self._resident_bytes + self._writing_bytes + self._deleting_bytes + self._undeleted_bytes
+        return self._resident_bytes + self._writing_bytes + self._deletes.bytes
 
     def _committed(self) -> int:
         # What the cap is checked against: a victim handed out is being deleted by its caller right now, so
         # its bytes are not in the way of new reservations; if the delete fails they come back (undeleted)
         # and the next reservation evicts to make up for them.
-        return self._resident_bytes + self._writing_bytes + self._undeleted_bytes
+        return self._resident_bytes + self._writing_bytes + self._deletes.failed_bytes
 
     # -- stores -------------------------------------------------------------------
     def reserve(self, key: OffloadKey, size: int) -> Reservation:
@@ -171,8 +165,8 @@ class CapacityIndex:
         if key in self._resident and key not in self._writing:
             self._resident.move_to_end(key)
             return Reservation(Admit.PRESENT)
-        if key in self._deleting or key in self._undeleted:
-            return Reservation(Admit.DELETING, can_wait=key in self._deleting)
+        if key in self._deletes:
+            return Reservation(Admit.DELETING, can_wait=self._deletes.is_pending(key))
         entry = self._writing.get(key)
         if entry is not None:
             entry[1] += 1
@@ -222,21 +216,12 @@ class CapacityIndex:
         Return it with :meth:`release_ticket` (or use :meth:`reading`).
         """
         with self._lock:
-            ticket = self._clock
-            self._tickets[ticket] += 1
-            return ticket
+            return self._epochs.take()
 
     def release_ticket(self, ticket: int) -> None:
         """Return a ticket from :meth:`ticket`; removal records older than every live ticket are dropped."""
         with self._lock:
-            self._tickets[ticket] -= 1
-            if self._tickets[ticket] <= 0:
-                del self._tickets[ticket]
-            if not self._tickets:
-                self._removed_at.clear()
-            elif len(self._removed_at) > 4096 + 4 * len(self._resident):
-                oldest = min(self._tickets)
-                self._removed_at = {k: c for k, c in self._removed_at.items() if c > oldest}
+            self._epochs.release(ticket, len(self._resident))
 
     @contextmanager
     def reading(self) -> Iterator[int]:
@@ -276,17 +261,15 @@ class CapacityIndex:
         return n
 
     def _may_adopt(self, key: OffloadKey, ticket: int) -> bool:
-        if key in self._writing or key in self._deleting or key in self._undeleted:
+        if key in self._writing or key in self._deletes:
             return False
-        removed = self._removed_at.get(key)
-        return removed is None or removed <= ticket
+        return not self._epochs.removed_since(key, ticket)
 
     def _insert(self, key: OffloadKey, size: int) -> None:
         old = self._resident.pop(key, None)
         if old is not None:
             self._resident_bytes -= old[0]
-        self._clock += 1
-        self._resident[key] = (size, self._clock)
+        self._resident[key] = (size, self._epochs.tick())
         self._resident_bytes += size
 
     # -- removal and eviction ------------------------------------------------------------
@@ -307,17 +290,11 @@ class CapacityIndex:
             if entry is None:
                 return None
             self._resident_bytes -= entry[0]
-            self._removed(key)
+            self._epochs.removed(key)
             if not delete:
                 self._space.notify_all()
                 return None
-            self._deleting[key] = entry[0]
-            self._deleting_bytes += entry[0]
-            return Victim(key, entry[0])
-
-    def _removed(self, key: OffloadKey) -> None:
-        self._clock += 1
-        self._removed_at[key] = self._clock
+            return self._deletes.hand_out(key, entry[0])
 
     def _make_room(self, need: int) -> tuple[Victim, ...]:
         cap = self.capacity_bytes
@@ -327,10 +304,8 @@ class CapacityIndex:
         while self._resident and self._committed() + need > cap:
             key, (size, _) = self._resident.popitem(last=False)
             self._resident_bytes -= size
-            self._removed(key)
-            self._deleting[key] = size
-            self._deleting_bytes += size
-            victims.append(Victim(key, size))
+            self._epochs.removed(key)
+            victims.append(self._deletes.hand_out(key, size))
         self._evictions += len(victims)
         self._evicted_bytes += sum(v.size for v in victims)
         return tuple(victims)
@@ -354,25 +329,13 @@ class CapacityIndex:
         """
         with self._lock:
             for key, ok in outcomes:
-                size = self._deleting.pop(key, None)
-                if size is None:
-                    continue
-                self._deleting_bytes -= size
-                if not ok:
-                    self._undeleted[key] = size
-                    self._undeleted_bytes += size
-                    self._failed_deletes += 1
+                self._deletes.report(key, ok)
             self._space.notify_all()
 
     def retry_deletes(self) -> tuple[Victim, ...]:
         """The keys whose delete failed, handed out again (now DELETING, awaiting :meth:`deleted`)."""
         with self._lock:
-            victims = tuple(Victim(k, s) for k, s in self._undeleted.items())
-            self._deleting.update(self._undeleted)
-            self._deleting_bytes += self._undeleted_bytes
-            self._undeleted.clear()
-            self._undeleted_bytes = 0
-            return victims
+            return self._deletes.retry()
 
     # -- reconciliation ---------------------------------------------------------------
     def reconcile(self, found: Mapping[OffloadKey, int], ticket: int) -> ReconcileReport:
@@ -394,30 +357,24 @@ class CapacityIndex:
             added = [k for k in found if k not in self._resident and self._may_adopt(k, ticket)]
             for key in reversed(added):
                 size = found[key]
-                self._clock += 1
-                self._resident[key] = (size, self._clock)
+                self._resident[key] = (size, self._epochs.tick())
                 self._resident.move_to_end(key, last=False)
                 self._resident_bytes += size
             vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
             for key in vanished:
                 size, _ = self._resident.pop(key)
                 self._resident_bytes -= size
-                self._removed(key)
-            confirmed = [k for k in self._undeleted if k not in found]
-            for key in confirmed:
-                self._undeleted_bytes -= self._undeleted.pop(key)
+                self._epochs.removed(key)
+            confirmed = self._deletes.settle_absent(found)
             self._space.notify_all()
-            return ReconcileReport(tuple(added), tuple(vanished), tuple(confirmed))
+            return ReconcileReport(tuple(added), tuple(vanished), confirmed)
 
     # -- figures --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
-        """Figures under the :mod:`tiering.core.toolkit.stats` names.
+        """The index's figures, each named and described once in :data:`tiering.core.toolkit.stats.STATS`.
 
-        ``resident_blocks`` / ``resident_bytes`` (blocks a lookup answers True
-        for), ``used_bytes`` (counted against the cap: resident + reserved +
-        pending or failed deletes), ``reserved_bytes``, ``pending_delete_bytes``,
-        ``in_flight_stores`` (keys being written), ``capacity_bytes`` (0:
-        unbounded), ``evictions`` / ``evicted_bytes``, ``failed_deletes``.
+        ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
+        ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``.
         """
         with self._lock:
             return {
@@ -425,10 +382,10 @@ class CapacityIndex:
                 "resident_bytes": self._resident_bytes,
                 "used_bytes": self._used(),
                 "reserved_bytes": self._writing_bytes,
-                "pending_delete_bytes": self._deleting_bytes + self._undeleted_bytes,
+                "pending_delete_bytes": self._deletes.bytes,
                 "in_flight_stores": len(self._writing),
                 "capacity_bytes": self.capacity_bytes or 0,
                 "evictions": self._evictions,
                 "evicted_bytes": self._evicted_bytes,
-                "failed_deletes": self._failed_deletes,
+                "failed_deletes": self._deletes.failed_deletes,
             }

@@ -28,7 +28,6 @@ error log (vLLM's manager would ``assert`` on it).
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
@@ -39,15 +38,11 @@ from tiering.core.base import OffloadKey as TieringOffloadKey
 from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
-from tiering.core.toolkit.events import BlockRemoved
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
     Locality,
     LookupResult,
-    OffloadingConnectorStats,
-    OffloadingEvent,
-    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -55,16 +50,16 @@ from tiering.core.vllm.compat import (
     SecondaryTierManager,
     TransferJob,
 )
+from tiering.core.vllm.observability import (
+    INFO_KEYS,
+    config_info_of,
+    metric_definitions,
+    stats_payload,
+    to_offloading_events,
+)
 from tiering.core.vllm.translate import primary_block_view, tiering_spec_from_vllm, to_lookup_result
 
 logger = logging.getLogger(__name__)
-
-STAT_METRIC = "vllm:kv_offload_tiering_backend_stat"
-"""The gauge carrying a tiering tier's :meth:`~tiering.core.base.SecondaryTierManager.stats`."""
-STAT_LABELS = ("tiering_tier", "stat")
-"""Labels of :data:`STAT_METRIC`: the ``type`` of the tier entry and the stat's name."""
-INFO_KEYS = ("tiering_tier", "tiering_namespace")
-"""Labels this tier adds to vLLM's ``vllm:kv_offload_config_info`` (vLLM >= 0.33)."""
 
 RESERVED_KWARGS = ("model_revision", "kv_layout", "locality", "enable_kv_events")
 """Tier-entry keys the wrapper consumes; every other key goes to the tiering tier."""
@@ -296,7 +291,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             self._errors += 1
             logger.exception("tiering tier %r on_request_finished raised", self.tiering_name)
 
-    def take_events(self) -> Iterable[OffloadingEvent]:
+    def take_events(self) -> Iterable[Any]:
         """The tier's KV events as vLLM's ``OffloadingEvent`` (``enable_kv_events`` and vLLM's KV events on).
 
         ``BlockStored`` of the tiering tier (a store) becomes a stored event,
@@ -315,18 +310,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             return []
         if not self._events_enabled:
             return []
-        return [
-            OffloadingEvent(
-                keys=[OffloadKey(bytes(k)) for k in event.keys],
-                medium=self.medium,
-                removed=isinstance(event, BlockRemoved),
-                locality=self.locality,
-                ownership=self.tier_type,
-                removal_expected=not isinstance(event, BlockRemoved),
-            )
-            for event in events
-            if event.keys
-        ]
+        return to_offloading_events(events, self.medium, self.locality, self.tier_type)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Forward a use of ``keys`` to the tier's recency order."""
@@ -379,19 +363,11 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
-        """Declare :data:`STAT_METRIC`, the gauge that carries the tier's ``stats()``."""
-        return {
-            STAT_METRIC: OffloadingGaugeMetadata(
-                documentation=(
-                    "A tiering secondary tier's own counters and levels (hits, failures by cause, "
-                    "bytes, resident blocks, ...), as the tier reports them, labeled by tier type and stat name."
-                ),
-                labelnames=STAT_LABELS,
-            )
-        }
+        """Declare the gauge that carries the tier's ``stats()`` (see :mod:`~tiering.core.vllm.observability`)."""
+        return metric_definitions()
 
     def get_stats(self) -> Any:
-        """The tier's ``stats()`` (plus ``binding_errors``) as gauges of :data:`STAT_METRIC`, or None."""
+        """The tier's ``stats()`` (plus ``binding_errors``) as gauges (see :mod:`~tiering.core.vllm.observability`)."""
         try:
             stats = dict(self.tier.stats())
         except Exception:
@@ -399,10 +375,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             logger.exception("tiering tier %r stats raised", self.tiering_name)
             stats = {}
         stats["binding_errors"] = self._errors
-        payload = OffloadingConnectorStats()
-        for name, value in stats.items():
-            payload.set_gauge(STAT_METRIC, float(value), (self.tier_type, str(name)))
-        return payload
+        return stats_payload(self.tier_type, stats)
 
     @classmethod
     def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
@@ -411,15 +384,4 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def config_info(self) -> ConfigInfoMapping:
         """The tiering tier's class and version, and its namespace digest."""
-        inner = type(self.tier)
-        dist = _distribution_of(inner)
-        return {
-            "tiering_tier": f"{self.tiering_name} ({inner.__module__}.{inner.__qualname__}{dist})",
-            "tiering_namespace": self.tiering_spec.namespace.digest,
-        }
-
-
-def _distribution_of(cls: type) -> str:
-    package = sys.modules.get(".".join(cls.__module__.split(".")[:2]))
-    version = getattr(package, "__version__", None)
-    return f" {version}" if isinstance(version, str) else ""
+        return config_info_of(self.tiering_name, self.tier, self.tiering_spec.namespace.digest)

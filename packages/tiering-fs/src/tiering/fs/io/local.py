@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from tiering.core.format import TruncatedBlockError
-from tiering.fs.io import Backend, StoredFile
+from tiering.fs.io.base import Backend, StoredFile
 from tiering.fs.layout import ODIRECT_PROBE_NAME, temp_namer
 
 logger = logging.getLogger(__name__)

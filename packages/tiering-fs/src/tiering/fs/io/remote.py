@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tiering.core.format import TruncatedBlockError
-from tiering.fs.io import Backend, StoredFile
+from tiering.fs.io.base import Backend, StoredFile
 
 
 def _timestamp(value: Any) -> float:

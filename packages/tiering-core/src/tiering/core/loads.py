@@ -1,0 +1,82 @@
+"""The records of a load through the tier stack, in flight and finished.
+
+:class:`~tiering.core.manager.TieringManager` keeps one :class:`PendingLoad`
+per request while its promotions run, one :class:`JobContext` beside each job
+it submitted to a secondary tier, and reports each finished load once as a
+:class:`LoadResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from tiering.core.base import OffloadKey, ReqContext
+
+PRIMARY = -1
+"""The source index of blocks that were already in the primary tier."""
+
+
+@dataclasses.dataclass
+class LoadResult:
+    """A finished load: the leading run of blocks now readable in the primary tier.
+
+    Attributes:
+        req_context: the request.
+        keys: the loaded blocks, a prefix of the keys given to
+            :meth:`~tiering.core.manager.TieringManager.prepare_load` (shorter when a promotion
+            failed: the rest are misses to recompute).
+        block_ids: primary slot of each key, pinned until
+            :meth:`~tiering.core.manager.TieringManager.complete_load`.
+        sources: per key, :data:`PRIMARY` or the index of the secondary tier
+            it was promoted from.
+        requested: how many keys were asked for.
+    """
+
+    req_context: ReqContext
+    keys: list[OffloadKey]
+    block_ids: list[int]
+    sources: list[int]
+    requested: int
+
+
+@dataclasses.dataclass
+class PendingLoad:
+    """A load in flight: what :meth:`~tiering.core.manager.TieringManager.prepare_load` started, per request.
+
+    Attributes:
+        req_context: the request.
+        keys: the keys being loaded (a prefix of those asked for).
+        block_ids: primary slot of each key.
+        sources: per key, :data:`PRIMARY` or the secondary tier index it is promoted from.
+        requested: how many keys were asked for.
+        jobs: ids of the promotion jobs not yet reported.
+        pinned: keys pinned for this load (released exactly once).
+        failed_at: index of the first key whose promotion failed, None while none did.
+        abandoned: the request ended while a promotion was in flight (case C10).
+    """
+
+    req_context: ReqContext
+    keys: list[OffloadKey]
+    block_ids: list[int]
+    sources: list[int]
+    requested: int
+    jobs: set[int] = dataclasses.field(default_factory=set)
+    pinned: list[OffloadKey] = dataclasses.field(default_factory=list)
+    failed_at: int | None = None
+    abandoned: bool = False  # the request ended while a promotion was in flight
+
+
+@dataclasses.dataclass
+class JobContext:
+    """What the manager keeps beside a submitted job (the :class:`~tiering.core.toolkit.jobs.JobState`'s ``context``).
+
+    Attributes:
+        tier_idx: the secondary tier the job went to.
+        load: the load a promotion job belongs to (None for a store).
+        submitted: :func:`time.monotonic` seconds at submission.
+    """
+
+    tier_idx: int
+    load: PendingLoad | None = None
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
