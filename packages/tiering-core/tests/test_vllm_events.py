@@ -50,8 +50,9 @@ def test_fs_tier_events_reach_vllms_manager_stored_evicted_vanished(tmp_path: An
     extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 32 * ROW, "secondary_tiers": [entry]}
     with testing.vllm_manager(extra, worker_kv_bytes_per_block=ROW, enable_kv_cache_events=True) as (_, mgr, drv):
         keys = [testing.make_key(i, seed=b"events") for i in range(6)]
-        drv.finish(drv.store([keys[:3], keys[3:]], lambda k: testing.payload(k, drv.row_bytes)))
-        drv.wait_idle()
+        for job_keys in (keys[:3], keys[3:]):  # one job after the other: the first job's blocks are the oldest
+            drv.finish(drv.store([job_keys], lambda k: testing.payload(k, drv.row_bytes)))
+            drv.wait_idle()
         events = _take(mgr)
         stored = [k for e in events if not e.removed for k in e.keys]
         evicted = [k for e in events if e.removed for k in e.keys]
