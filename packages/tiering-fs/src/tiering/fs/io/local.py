@@ -80,12 +80,17 @@ def _pwritev_all(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
         if n <= 0:
             raise OSError(errno.EIO, "pwritev wrote no bytes")
         total += n
-        while bufs and n >= bufs[0].nbytes:
-            n -= bufs[0].nbytes
-            bufs.pop(0)
-        if n:
-            bufs[0] = bufs[0][n:]
+        _consume(bufs, n)
     return total
+
+
+def _consume(bufs: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``bufs`` in place (after a vectored read or write moved ``n`` bytes)."""
+    while bufs and n >= bufs[0].nbytes:
+        n -= bufs[0].nbytes
+        bufs.pop(0)
+    if n:
+        bufs[0] = bufs[0][n:]
 
 
 def _preadv_all(fd: int, buffers: Sequence[memoryview], offset: int, direct: bool = False) -> int:
@@ -104,11 +109,7 @@ def _preadv_all(fd: int, buffers: Sequence[memoryview], offset: int, direct: boo
         total += n
         if direct and (offset + total) % DIRECT_ALIGN:
             break
-        while bufs and n >= bufs[0].nbytes:
-            n -= bufs[0].nbytes
-            bufs.pop(0)
-        if n:
-            bufs[0] = bufs[0][n:]
+        _consume(bufs, n)
     return total
 
 
