@@ -21,6 +21,8 @@ from tiering.fs import FsspecSecondaryTierManager, RootNotUsableError
 from tiering.fs.inspection import FsInspector
 from tiering.fs.layout import HOST, TRAILER_BYTES, shard_of, temp_namer
 
+pytestmark = pytest.mark.usefixtures("io_path")
+
 BB = 16 * 1024
 STORED = BB + TRAILER_BYTES
 CTX = ReqContext("reliability")

@@ -291,10 +291,10 @@ def open_native(
         return None, status()
     if not isinstance(backend, LocalBackend):
         return None, "pure-Python block I/O (the root is not a local filesystem)"
-    address, shape = _view_address(primary_kv_view), primary_kv_view.shape or ()
-    if address is None or not shape:
+    address, shape, strides = _view_address(primary_kv_view), primary_kv_view.shape, primary_kv_view.strides
+    if address is None or not shape or not strides:
         return None, "pure-Python block I/O (the primary buffer's address cannot be taken)"
-    block_bytes = int(primary_kv_view.strides[0])
+    block_bytes = int(strides[0])
     try:
         io = NativeBlockIO(lib, namespace_dir, digest, address, int(shape[0]), block_bytes)
     except OSError as exc:

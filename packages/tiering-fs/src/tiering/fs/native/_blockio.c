@@ -19,8 +19,8 @@
  *
  * Result codes per block: 0 done, > 0 an errno, < 0 one of the TKVB_* codes below.
  * Build: cc -O2 -shared -fPIC -o libblockio.so _blockio.c (see packages/tiering-fs/hatch_build.py).
- * XXH3 from the vendored xxhash.h (BSD-2-Clause, LICENSE-xxhash; the copy python-xxhash 4.1.0 ships),
- * so checksums equal python-xxhash's xxh3_64.
+ * XXH3 from the vendored xxhash.h and xxh_x86dispatch.c (BSD-2-Clause, LICENSE-xxhash; the copies
+ * python-xxhash 4.1.0 ships), so checksums equal python-xxhash's xxh3_64.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -34,8 +34,16 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(_M_X64)
+/* Runtime dispatch to the AVX2 / AVX-512 kernels where the CPU has them (as python-xxhash does):
+ * about 3x the speed of the SSE2 baseline a plain -O2 build gets. Includes xxhash.h (XXH_INLINE_ALL). */
+#include "xxh_x86dispatch.c"
+#define XXH3_HASH XXH3_64bits_dispatch
+#else
 #define XXH_INLINE_ALL
 #include "xxhash.h"
+#define XXH3_HASH XXH3_64bits
+#endif
 
 #define TKVB_ABI_VERSION 1
 
@@ -66,7 +74,7 @@ static uint64_t temp_counter = (uint64_t)1 << 40; /* distinct from the Python Te
 
 int tkvb_abi_version(void) { return TKVB_ABI_VERSION; }
 
-uint64_t tkvb_xxh3_64(const void *data, size_t len) { return XXH3_64bits(data, len); }
+uint64_t tkvb_xxh3_64(const void *data, size_t len) { return XXH3_HASH(data, len); }
 
 static void put_le(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -136,7 +144,7 @@ static int verify(const uint8_t *h, const uint8_t *payload, uint64_t payload_len
     unsigned cmp_len = stored_len > MAX_KEY_BYTES ? MAX_KEY_BYTES : stored_len;
     if (cmp_len != key_len || memcmp(h + 42, key, key_len) != 0) return TKVB_FOREIGN;
     if (get_le(h + 24, 8) != payload_len) return TKVB_FOREIGN;
-    if (XXH3_64bits(payload, payload_len) != get_le(h + 32, 8)) return TKVB_CHECKSUM;
+    if (XXH3_HASH(payload, payload_len) != get_le(h + 32, 8)) return TKVB_CHECKSUM;
     return 0;
 }
 
@@ -236,7 +244,7 @@ int tkvb_store(int ns_fd, int32_t *shard_fds, const char *temp_prefix, const uin
             results[i] = -dfd;
             continue;
         }
-        encode_header(trailer, digest, key, key_len, block_bytes, XXH3_64bits(payload, block_bytes));
+        encode_header(trailer, digest, key, key_len, block_bytes, XXH3_HASH(payload, block_bytes));
         char final[NAME_MAX_BYTES], tmp[NAME_MAX_BYTES];
         size_t len = hex_name(final, key, key_len);
         memcpy(tmp, final, len);
