@@ -15,7 +15,6 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoPermissionError, ResponseError
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
 from tiering.core.toolkit import (
@@ -32,12 +31,10 @@ from tiering.core.toolkit import (
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import classify_error
 from tiering.redis.layout import KeyLayout
+from tiering.redis.presence import PresenceQuery
 from tiering.redis.probe import run_ids
 
 logger = logging.getLogger(__name__)
-
-SIZES_SCRIPT = "local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('STRLEN', k) end return r"
-"""Lua: the ``STRLEN`` of every key given (0 for an absent key), one reply for the batch."""
 
 Task = tuple[JobState, int]
 """One block of a job: (the job's state, the block's index in the job)."""
@@ -69,7 +66,7 @@ class RedisBlockIO:
     _closed: bool
     _recheck: bool
     _run_ids: frozenset[str]
-    _sizes_script: Any
+    _presence: PresenceQuery
     _is_cluster: bool
     _scan_done: threading.Event
     _forget_only: bool
@@ -186,22 +183,19 @@ class RedisBlockIO:
         self.pool.submit("write", run, list(victims), failed)
 
     def _resolve(self, keys: Sequence[OffloadKey]) -> Mapping[OffloadKey, bool]:
-        """The sizes of a batch of keys in one round trip (on an I/O thread): a block of the right size is present.
+        """Which of a batch of keys the server holds, in one round trip (on an I/O thread).
 
-        A single server (or Sentinel's primary) answers one Lua call
-        (:data:`SIZES_SCRIPT`, ``EVALSHA`` with redis-py's ``NOSCRIPT``
-        fallback), several times faster than a pipeline of ``STRLEN`` for
-        thousands of keys; a cluster (keys in many slots), or a server that
-        refuses scripts (ACL), gets the pipeline.
+        See :class:`~tiering.redis.presence.PresenceQuery`: one Lua call on a
+        single server, one packed ``STRLEN`` pipeline when an ACL refuses
+        scripts, redis-py's cluster pipeline on a cluster.
         """
-        names = [self.block_key(key) for key in keys]
         with self.index.reading() as ticket:
             try:
-                sizes = self._sizes(names)
+                flags = self._present(keys)
             except Exception as exc:
                 self._count_error(exc, f"lookup of {len(keys)} keys")
                 raise
-            found = [key for key, size in zip(keys, sizes, strict=True) if size == self.object_bytes]
+            found = [key for key, flag in zip(keys, flags, strict=True) if flag]
             self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
         self._delete(self.index.evict_to_cap(), "eviction")
         self._trim_known()
@@ -217,7 +211,6 @@ class RedisBlockIO:
         """
         try:
             with self.index.reading() as ticket:
-                names: list[str] = []
                 keys: list[OffloadKey] = []
                 kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
                 if self._is_cluster:
@@ -225,14 +218,13 @@ class RedisBlockIO:
                 for name in self._client.scan_iter(**kwargs):
                     parsed = self.layout.parse(name)
                     if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
-                        names.append(name.decode() if isinstance(name, bytes) else name)
                         keys.append(OffloadKey(parsed[2]))
                 found: dict[OffloadKey, int] = {}
-                for start in range(0, len(names), 4096):
-                    sizes = self._sizes(names[start : start + 4096])
-                    for key, size in zip(keys[start : start + 4096], sizes, strict=True):
-                        if size == self.object_bytes:
-                            found[key] = size
+                for start in range(0, len(keys), 4096):
+                    batch = keys[start : start + 4096]
+                    for key, flag in zip(batch, self._present(batch), strict=True):
+                        if flag:
+                            found[key] = self.object_bytes
                 self.index.adopt_many(found.items(), ticket)
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
@@ -242,26 +234,11 @@ class RedisBlockIO:
         finally:
             self._scan_done.set()
 
-    def _sizes(self, names: list[str]) -> list[Any]:
-        if self._sizes_script is not None:
-            if self._recheck:
-                self._check_restart()
-            self.counters.inc("pipelines")
-            try:
-                return list(self._sizes_script(keys=names))
-            except ResponseError as exc:
-                if classify_error(exc) != "other" and not isinstance(exc, NoPermissionError):
-                    raise
-                logger.warning(
-                    "redis tier: %s refuses the lookup script (%s); asking with pipelined STRLEN instead",
-                    self.location,
-                    self.settings.redact(str(exc)),
-                )
-                self._sizes_script = None
-        pipe = self._pipeline()
-        for name in names:
-            pipe.strlen(name)
-        return list(pipe.execute(raise_on_error=False))
+    def _present(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        return self._presence(keys)
 
     def _store_batch(self, tasks: Sequence[Task]) -> None:
         keys = [state.meta.keys[i] for state, i in tasks]
