@@ -106,9 +106,9 @@ def test_acl_user_without_scripting_gets_lookups_and_key_patterns_hold(redis_ser
 
 
 def test_lookups_read_through_redis_py_when_hiredis_is_missing(redis_server, prefix, monkeypatch):
-    from tiering.redis import presence
+    from tiering.redis import wire
 
-    monkeypatch.setattr(presence, "hiredis", None)
+    monkeypatch.setattr(wire, "hiredis", None)
     writer, view = make_tier({"url": redis_server.url, "prefix": prefix})
     try:
         stored = [make_key(i, b"no-hiredis") for i in range(8)]

@@ -33,6 +33,7 @@ from tiering.redis.errors import classify_error
 from tiering.redis.layout import KeyLayout
 from tiering.redis.presence import PresenceQuery
 from tiering.redis.probe import run_ids
+from tiering.redis.wire import InSlot, get_into, run_on_connection, set_nx_parts
 
 logger = logging.getLogger(__name__)
 
@@ -247,13 +248,8 @@ class RedisBlockIO:
         if self._closed:
             whole = _Shutdown()
         else:
-            pipe = self._pipeline()
-            for (state, i), key in zip(tasks, keys, strict=True):
-                slot = self.block(state.meta.block_ids[i])
-                body = b"".join((encode_header(self._digest_bytes, key, slot), slot))
-                pipe.set(self.block_key(key), body, nx=True, ex=self.ttl_s)
             try:
-                results = pipe.execute(raise_on_error=False)
+                results = self._send_stores(tasks, keys)
             except Exception as exc:
                 self._count_error(exc, f"store of {len(tasks)} blocks")
                 whole = exc
@@ -283,6 +279,30 @@ class RedisBlockIO:
         self.events.record_stored(new)
         record_tasks(outcomes)
 
+    def _send_stores(self, tasks: Sequence[Task], keys: Sequence[OffloadKey]) -> list[Any]:
+        """``SET NX`` of the blocks in one round trip; one reply (or error) per block, in order.
+
+        A single server or Sentinel primary: packed by hand, the slot's bytes
+        sent as they are (:mod:`tiering.redis.wire`); a cluster: redis-py's
+        cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
+        """
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        digest = self._digest_bytes
+        if self._is_cluster:
+            pipe = self._client.pipeline(transaction=False)
+            for (state, i), key in zip(tasks, keys, strict=True):
+                slot = self.block(state.meta.block_ids[i])
+                body = b"".join((encode_header(digest, key, slot), slot))
+                pipe.set(self.block_key(key), body, nx=True, ex=self.ttl_s)
+            return list(pipe.execute(raise_on_error=False))
+        parts: list[bytes | memoryview] = []
+        for (state, i), key in zip(tasks, keys, strict=True):
+            slot = self.block(state.meta.block_ids[i])
+            parts += set_nx_parts(self.block_key(key).encode(), encode_header(digest, key, slot), slot, self.ttl_s)
+        return run_on_connection(self._client, parts, len(tasks))
+
     def _tasks_failed(self, tasks: Sequence[Task], exc: BaseException) -> None:
         """A batch that never ran (shutdown) or raised: its blocks fail, store reservations are released."""
         cause = "shutdown" if self._closed else classify_error(exc)
@@ -301,11 +321,8 @@ class RedisBlockIO:
             record_tasks(outcomes + [(s, i, False, "shutdown") for s, i in todo])
             return
         with self.index.reading() as ticket:
-            pipe = self._pipeline()
-            for state, i in todo:
-                pipe.get(self.block_key(state.meta.keys[i]))
             try:
-                replies = pipe.execute(raise_on_error=False)
+                replies = self._send_loads(todo)
             except Exception as exc:
                 self._count_error(exc, f"load of {len(todo)} blocks")
                 replies = [exc] * len(todo)
@@ -322,7 +339,7 @@ class RedisBlockIO:
                 else:
                     cause = self._verify_into(key, reply, state.meta.block_ids[i])
                     if cause:
-                        bad.append(Victim(key, len(reply)))
+                        bad.append(Victim(key, self.object_bytes if isinstance(reply, InSlot) else len(reply)))
                     else:
                         loaded += 1
                         self.index.adopt(key, self.object_bytes, ticket)
@@ -336,17 +353,46 @@ class RedisBlockIO:
             self._delete(bad, "bad", accounted=False)
         record_tasks(outcomes)
 
-    def _verify_into(self, key: OffloadKey, reply: bytes, block_id: int) -> str:
-        """Verify a ``GET`` reply and move its payload into the slot; returns "" or the failure cause."""
-        view = memoryview(reply)
+    def _send_loads(self, todo: Sequence[Task]) -> list[Any]:
+        """``GET`` of the blocks in one round trip: single server / Sentinel: read into the slots
+        (:func:`tiering.redis.wire.get_into`); cluster: redis-py's cluster pipeline.
+        """  # noqa: D205
+        if not todo:
+            return []
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        names = [self.block_key(state.meta.keys[i]) for state, i in todo]
+        if self._is_cluster:
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            return list(pipe.execute(raise_on_error=False))
+        slots = [self.block(state.meta.block_ids[i]) for state, i in todo]
+        return get_into(self._client, [n.encode() for n in names], slots, HEADER_SIZE)
+
+    def _verify_into(self, key: OffloadKey, reply: bytes | InSlot, block_id: int) -> str:
+        """Verify a ``GET`` reply, its payload moved into (or already read into) the slot; "" or the failure cause.
+
+        A payload read into the slot is verified there; the job fails when it
+        does not verify, so the slot's bytes are never used.
+        """
         try:
-            if view.nbytes != self.object_bytes:
-                raise TruncatedBlockError(f"value is {view.nbytes} bytes, expected {self.object_bytes}")
-            verify_block(view[:HEADER_SIZE], view[HEADER_SIZE:], self._digest_bytes, key, stored_size=view.nbytes)
+            if isinstance(reply, InSlot):
+                header: memoryview = memoryview(reply.header)
+                payload = self.block(block_id)
+                stored = self.object_bytes
+            else:
+                view = memoryview(reply)
+                if view.nbytes != self.object_bytes:
+                    raise TruncatedBlockError(f"value is {view.nbytes} bytes, expected {self.object_bytes}")
+                header, payload, stored = view[:HEADER_SIZE], view[HEADER_SIZE:], view.nbytes
+            verify_block(header, payload, self._digest_bytes, key, stored_size=stored)
         except BlockFormatError as exc:
             logger.warning(
                 "redis tier: block %s is unusable (%s): %s; deleting it", self.block_key(key), exc.reason, exc
             )
             return exc.reason
-        self.block(block_id)[:] = view[HEADER_SIZE:]
+        if not isinstance(reply, InSlot):
+            self.block(block_id)[:] = payload
         return ""

@@ -27,14 +27,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-try:
-    import hiredis
-except ImportError:  # the hiredis extra is not installed: replies are read through redis-py
-    hiredis = None  # type: ignore[assignment]
+from tiering.redis.wire import command, read_replies
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +69,9 @@ class PresenceQuery:
             for pool, idx in groups.items():
                 conn = pool.get_connection()
                 taken.append((pool, conn, idx))
-                conn.send_packed_command(
-                    [b"".join(b"*2\r\n$6\r\nSTRLEN\r\n$%d\r\n%s\r\n" % (len(names[i]), names[i]) for i in idx)]
-                )
+                conn.send_packed_command([b"".join(command(b"STRLEN", names[i]) for i in idx)])
             for _pool, conn, idx in taken:
-                for i, reply in zip(idx, _read_replies(conn, len(idx)), strict=True):
+                for i, reply in zip(idx, read_replies(conn, len(idx)), strict=True):
                     sizes[i] = reply
         except BaseException:
             for _pool, conn, _idx in taken:
@@ -90,37 +81,3 @@ class PresenceQuery:
             for pool, conn, _idx in taken:
                 pool.release(conn)
         return [size == self._object_bytes for size in sizes]
-
-
-def _read_replies(conn: Any, n: int) -> list[Any]:
-    """The next ``n`` replies of ``conn``; an error reply is returned (as an exception), not raised.
-
-    With hiredis installed, the socket is read in large chunks and fed to one
-    :class:`hiredis.Reader` (about 0.3 us per reply); otherwise redis-py's
-    ``read_response`` per reply (about 2.5 us). The connection must have no
-    unread reply before this request (it comes fresh from its pool).
-    """
-    sock = getattr(conn, "_sock", None)
-    if hiredis is None or sock is None:
-        out: list[Any] = []
-        for _ in range(n):
-            try:
-                out.append(conn.read_response())
-            except ResponseError as exc:
-                out.append(exc)
-        return out
-    reader = hiredis.Reader(replyError=ResponseError)
-    out = []
-    while len(out) < n:
-        try:
-            data = sock.recv(1 << 20)
-        except TimeoutError as exc:
-            raise RedisTimeoutError(f"timeout reading {n} STRLEN replies") from exc
-        except OSError as exc:
-            raise RedisConnectionError(f"error reading {n} STRLEN replies: {exc}") from exc
-        if not data:
-            raise RedisConnectionError("the server closed the connection")
-        reader.feed(data)
-        while (reply := reader.gets()) is not False:
-            out.append(reply)
-    return out
