@@ -24,6 +24,7 @@ is not there.
 from __future__ import annotations
 
 import logging
+from binascii import hexlify
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +57,8 @@ class PresenceQuery:
         """
         if not keys:
             return []
-        names = [self._base + k.hex().encode() for k in keys]
+        base = self._base
+        names = [base + hexlify(k) for k in keys]
         groups: dict[Any, list[int]] = {}
         if self._is_cluster:
             for i, name in enumerate(names):
@@ -69,7 +71,7 @@ class PresenceQuery:
             for pool, idx in groups.items():
                 conn = pool.get_connection()
                 taken.append((pool, conn, idx))
-                conn.send_packed_command([b"".join(command(b"STRLEN", names[i]) for i in idx)])
+                conn.send_packed_command([_strlen_request([names[i] for i in idx])])
             for _pool, conn, idx in taken:
                 for i, reply in zip(idx, read_replies(conn, len(idx)), strict=True):
                     sizes[i] = reply
@@ -81,3 +83,12 @@ class PresenceQuery:
             for pool, conn, _idx in taken:
                 pool.release(conn)
         return [size == self._object_bytes for size in sizes]
+
+
+def _strlen_request(names: list[bytes]) -> bytes:
+    """One RESP buffer of ``STRLEN`` per name; names of one length (the usual case) are framed by one join."""
+    size = len(names[0])
+    if all(len(n) == size for n in names):
+        head = b"*2\r\n$6\r\nSTRLEN\r\n$%d\r\n" % size
+        return head + (b"\r\n" + head).join(names) + b"\r\n"
+    return b"".join(command(b"STRLEN", name) for name in names)
