@@ -133,25 +133,6 @@ def test_keys_values_and_ttl(redis_server, prefix):
         tier.shutdown()
 
 
-def test_lookup_of_4096_keys_is_resolved_by_the_second_round(redis_server, prefix):
-    tier, view = make_tier({"url": redis_server.url, "prefix": prefix})
-    try:
-        stored = [make_key(i, b"many") for i in range(16)]
-        assert store(tier, view, stored)
-        other, _ = make_tier({"url": redis_server.url, "prefix": prefix})  # knows nothing yet
-        keys = stored + [make_key(i, b"many-absent") for i in range(4096 - 16)]
-        assert [other.lookup(k, CTX) for k in keys] == [None] * 4096  # scheduler round 1
-        deadline = time.monotonic() + 10
-        while other.lookups.pending() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        second = [other.lookup(k, CTX) for k in keys]  # scheduler round 2
-        assert second == [True] * 16 + [False] * (4096 - 16)
-        assert other.stats()["lookup_probes"] == 4096  # each key asked once, in batches (pipelines)
-        other.shutdown()
-    finally:
-        tier.shutdown()
-
-
 # -- two processes, one server -----------------------------------------------------------
 CHILD = """
 import json, sys
@@ -369,29 +350,6 @@ def test_cluster_resharding_during_a_run_loses_nothing(redis_cluster, prefix):
             ok, slots = load(fresh, view, keys)
             assert ok and slots == [block_payload(k, BLOCK) for k in keys]
         fresh.shutdown()
-    finally:
-        tier.shutdown()
-
-
-def test_acl_user_without_scripting_falls_back_to_pipelined_lookups(redis_server, prefix, caplog):
-    client = redis_server.client()
-    client.acl_setuser(
-        "noscript", enabled=True, passwords=["+noscript-pw-1"], keys=["*"], commands=["+@all", "-@scripting"]
-    )
-    client.close()
-    tier, view = make_tier(
-        {"url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1"}
-    )
-    try:
-        key = make_key(1, b"acl")
-        assert store(tier, view, [key])
-        other, _ = make_tier(
-            {"url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1"}
-        )
-        assert wait_for_lookup(other, key, CTX) is True
-        assert wait_for_lookup(other, make_key(2, b"acl"), CTX) is False
-        assert "refuses the lookup script" in caplog.text and "noscript-pw-1" not in caplog.text
-        other.shutdown()
     finally:
         tier.shutdown()
 

@@ -18,6 +18,7 @@ from tiering.core import JobMetadata
 from tiering.core.base import block_view
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.s3 import client as s3_client
+from tiering.s3 import deleter as s3_deleter
 
 
 @pytest.fixture
@@ -127,6 +128,38 @@ def test_C16_per_key_delete_errors_keep_bytes_counted_until_a_rescan(s3, hooks):
         stats = tier.stats()
         assert stats["resident_blocks"] == 4 and stats["pending_delete_bytes"] == 0
         assert load(tier, view, keys[4:], [8, 9, 10, 11])  # the resident blocks were not sacrificed
+    finally:
+        failing.clear()
+        tier.shutdown()
+
+
+def test_C16_failed_deletes_settle_on_their_own_after_an_outage(s3, hooks, monkeypatch):
+    """Deletes failing longer than the fast retry rounds are retried on, with no rescan, until they succeed."""
+    monkeypatch.setattr(s3_deleter, "RETRY_PAUSES_S", (0.05, 0.05))
+    monkeypatch.setattr(s3_deleter, "RETRY_EVERY_S", 0.3)
+    failing = threading.Event()
+    failing.set()
+    attempts = []
+
+    def outage(params, **_):
+        attempts.append(len(body_keys(params)))
+        if failing.is_set():
+            return server_error(503, "ServiceUnavailable")
+        return None
+
+    tier, view = build(s3.tier_config(capacity_bytes=2 * OBJ))
+    tier._client.boto.meta.events.register("before-call.s3.DeleteObjects", outage)
+    try:
+        keys = [make_key(i, b"c16-outage") for i in range(4)]
+        assert store(tier, view, keys[:2])
+        assert store(tier, view, keys[2:], [2, 3])  # evicts keys[:2]; their deletes fail
+        wait_until(lambda: len(attempts) >= 5)  # past the two fast rounds: the slow rounds keep going
+        assert total_object_bytes(s3) == 4 * OBJ == tier.stats()["used_bytes"]
+        failing.clear()  # the server answers again; nobody calls rescan()
+        wait_until(lambda: total_object_bytes(s3) == 2 * OBJ)
+        wait_until(lambda: tier.stats()["used_bytes"] == 2 * OBJ)
+        assert tier.stats()["pending_delete_bytes"] == 0
+        assert sorted(block_keys(s3, f"{s3.prefix}/")) == sorted(tier.object_key(k) for k in keys[2:])
     finally:
         failing.clear()
         tier.shutdown()

@@ -155,3 +155,44 @@ def test_own_executor_resolves_concurrent_lookups():
 def test_bad_bounds():
     with pytest.raises(ValueError, match="max_batch"):
         LookupCache(lambda keys: {}, ManualSubmit(), max_batch=0)
+
+
+def test_gather_waits_for_the_round_to_end_so_a_step_is_one_batch():
+    batches = []
+    done = threading.Event()
+
+    def resolve(keys):
+        batches.append(list(keys))
+        done.set()
+        return {}
+
+    cache = LookupCache(resolve, gather_s=0.02, max_gather_s=5.0, max_batch=1000)
+    try:
+        for key in K[:10]:  # a "round" slower than an immediate pickup: without gathering, K[0] goes alone
+            assert cache.lookup(key) is None
+            threading.Event().wait(0.005)
+        assert done.wait(5)
+        assert batches == [K[:10]]
+    finally:
+        cache.close()
+
+
+def test_gather_stops_at_a_full_batch_and_parallel_tasks_take_the_rest():
+    submit = ManualSubmit()
+    seen = []
+    cache = LookupCache(lambda keys: seen.append(list(keys)) or {}, submit, gather_s=0.05, max_batch=4, parallel=3)
+    for key in K[:10]:
+        cache.lookup(key)
+    assert len(submit.calls) == 1
+    submit.run()  # a full batch is there: no gathering wait; two more tasks are submitted for the rest
+    assert seen[0] == K[:4] and len(submit.calls) == 2
+    submit.run()
+    assert sorted(k for b in seen for k in b) == sorted(K[:10]) and cache.pending() == 0
+    assert [cache.lookup(k) for k in K[:10]] == [False] * 10
+
+
+def test_bad_parallel_and_gather():
+    with pytest.raises(ValueError, match="parallel"):
+        LookupCache(lambda keys: {}, ManualSubmit(), parallel=0)
+    with pytest.raises(ValueError, match="gather_s"):
+        LookupCache(lambda keys: {}, ManualSubmit(), gather_s=-1)

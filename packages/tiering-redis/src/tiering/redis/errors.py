@@ -50,7 +50,7 @@ def classify_error(exc: BaseException) -> str:
     """The cause class of an exception raised by redis-py (see the module docstring)."""
     if isinstance(exc, (rx.TimeoutError, socket.timeout, TimeoutError)):
         return "timeout"
-    if isinstance(exc, rx.BusyLoadingError):
+    if isinstance(exc, rx.BusyLoadingError) or (isinstance(exc, rx.ResponseError) and str(exc).startswith("LOADING")):
         return "loading"
     if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError, rx.NoPermissionError)):
         return "credentials"

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoPermissionError, ResponseError
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
 from tiering.core.toolkit import (
@@ -32,12 +31,11 @@ from tiering.core.toolkit import (
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import classify_error
 from tiering.redis.layout import KeyLayout
+from tiering.redis.presence import PresenceQuery
 from tiering.redis.probe import run_ids
+from tiering.redis.wire import InSlot, get_into, run_on_connection, set_nx_parts
 
 logger = logging.getLogger(__name__)
-
-SIZES_SCRIPT = "local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('STRLEN', k) end return r"
-"""Lua: the ``STRLEN`` of every key given (0 for an absent key), one reply for the batch."""
 
 Task = tuple[JobState, int]
 """One block of a job: (the job's state, the block's index in the job)."""
@@ -69,7 +67,7 @@ class RedisBlockIO:
     _closed: bool
     _recheck: bool
     _run_ids: frozenset[str]
-    _sizes_script: Any
+    _presence: PresenceQuery
     _is_cluster: bool
     _scan_done: threading.Event
     _forget_only: bool
@@ -186,22 +184,19 @@ class RedisBlockIO:
         self.pool.submit("write", run, list(victims), failed)
 
     def _resolve(self, keys: Sequence[OffloadKey]) -> Mapping[OffloadKey, bool]:
-        """The sizes of a batch of keys in one round trip (on an I/O thread): a block of the right size is present.
+        """Which of a batch of keys the server holds, in one round trip (on an I/O thread).
 
-        A single server (or Sentinel's primary) answers one Lua call
-        (:data:`SIZES_SCRIPT`, ``EVALSHA`` with redis-py's ``NOSCRIPT``
-        fallback), several times faster than a pipeline of ``STRLEN`` for
-        thousands of keys; a cluster (keys in many slots), or a server that
-        refuses scripts (ACL), gets the pipeline.
+        See :class:`~tiering.redis.presence.PresenceQuery`: one Lua call on a
+        single server, one packed ``STRLEN`` pipeline when an ACL refuses
+        scripts, redis-py's cluster pipeline on a cluster.
         """
-        names = [self.block_key(key) for key in keys]
         with self.index.reading() as ticket:
             try:
-                sizes = self._sizes(names)
+                flags = self._present(keys)
             except Exception as exc:
                 self._count_error(exc, f"lookup of {len(keys)} keys")
                 raise
-            found = [key for key, size in zip(keys, sizes, strict=True) if size == self.object_bytes]
+            found = [key for key, flag in zip(keys, flags, strict=True) if flag]
             self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
         self._delete(self.index.evict_to_cap(), "eviction")
         self._trim_known()
@@ -217,7 +212,6 @@ class RedisBlockIO:
         """
         try:
             with self.index.reading() as ticket:
-                names: list[str] = []
                 keys: list[OffloadKey] = []
                 kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
                 if self._is_cluster:
@@ -225,14 +219,13 @@ class RedisBlockIO:
                 for name in self._client.scan_iter(**kwargs):
                     parsed = self.layout.parse(name)
                     if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
-                        names.append(name.decode() if isinstance(name, bytes) else name)
                         keys.append(OffloadKey(parsed[2]))
                 found: dict[OffloadKey, int] = {}
-                for start in range(0, len(names), 4096):
-                    sizes = self._sizes(names[start : start + 4096])
-                    for key, size in zip(keys[start : start + 4096], sizes, strict=True):
-                        if size == self.object_bytes:
-                            found[key] = size
+                for start in range(0, len(keys), 4096):
+                    batch = keys[start : start + 4096]
+                    for key, flag in zip(batch, self._present(batch), strict=True):
+                        if flag:
+                            found[key] = self.object_bytes
                 self.index.adopt_many(found.items(), ticket)
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
@@ -242,26 +235,11 @@ class RedisBlockIO:
         finally:
             self._scan_done.set()
 
-    def _sizes(self, names: list[str]) -> list[Any]:
-        if self._sizes_script is not None:
-            if self._recheck:
-                self._check_restart()
-            self.counters.inc("pipelines")
-            try:
-                return list(self._sizes_script(keys=names))
-            except ResponseError as exc:
-                if classify_error(exc) != "other" and not isinstance(exc, NoPermissionError):
-                    raise
-                logger.warning(
-                    "redis tier: %s refuses the lookup script (%s); asking with pipelined STRLEN instead",
-                    self.location,
-                    self.settings.redact(str(exc)),
-                )
-                self._sizes_script = None
-        pipe = self._pipeline()
-        for name in names:
-            pipe.strlen(name)
-        return list(pipe.execute(raise_on_error=False))
+    def _present(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        return self._presence(keys)
 
     def _store_batch(self, tasks: Sequence[Task]) -> None:
         keys = [state.meta.keys[i] for state, i in tasks]
@@ -270,13 +248,8 @@ class RedisBlockIO:
         if self._closed:
             whole = _Shutdown()
         else:
-            pipe = self._pipeline()
-            for (state, i), key in zip(tasks, keys, strict=True):
-                slot = self.block(state.meta.block_ids[i])
-                body = b"".join((encode_header(self._digest_bytes, key, slot), slot))
-                pipe.set(self.block_key(key), body, nx=True, ex=self.ttl_s)
             try:
-                results = pipe.execute(raise_on_error=False)
+                results = self._send_stores(tasks, keys)
             except Exception as exc:
                 self._count_error(exc, f"store of {len(tasks)} blocks")
                 whole = exc
@@ -306,6 +279,30 @@ class RedisBlockIO:
         self.events.record_stored(new)
         record_tasks(outcomes)
 
+    def _send_stores(self, tasks: Sequence[Task], keys: Sequence[OffloadKey]) -> list[Any]:
+        """``SET NX`` of the blocks in one round trip; one reply (or error) per block, in order.
+
+        A single server or Sentinel primary: packed by hand, the slot's bytes
+        sent as they are (:mod:`tiering.redis.wire`); a cluster: redis-py's
+        cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
+        """
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        digest = self._digest_bytes
+        if self._is_cluster:
+            pipe = self._client.pipeline(transaction=False)
+            for (state, i), key in zip(tasks, keys, strict=True):
+                slot = self.block(state.meta.block_ids[i])
+                body = b"".join((encode_header(digest, key, slot), slot))
+                pipe.set(self.block_key(key), body, nx=True, ex=self.ttl_s)
+            return list(pipe.execute(raise_on_error=False))
+        parts: list[bytes | memoryview] = []
+        for (state, i), key in zip(tasks, keys, strict=True):
+            slot = self.block(state.meta.block_ids[i])
+            parts += set_nx_parts(self.block_key(key).encode(), encode_header(digest, key, slot), slot, self.ttl_s)
+        return run_on_connection(self._client, parts, len(tasks))
+
     def _tasks_failed(self, tasks: Sequence[Task], exc: BaseException) -> None:
         """A batch that never ran (shutdown) or raised: its blocks fail, store reservations are released."""
         cause = "shutdown" if self._closed else classify_error(exc)
@@ -324,11 +321,8 @@ class RedisBlockIO:
             record_tasks(outcomes + [(s, i, False, "shutdown") for s, i in todo])
             return
         with self.index.reading() as ticket:
-            pipe = self._pipeline()
-            for state, i in todo:
-                pipe.get(self.block_key(state.meta.keys[i]))
             try:
-                replies = pipe.execute(raise_on_error=False)
+                replies = self._send_loads(todo)
             except Exception as exc:
                 self._count_error(exc, f"load of {len(todo)} blocks")
                 replies = [exc] * len(todo)
@@ -345,7 +339,7 @@ class RedisBlockIO:
                 else:
                     cause = self._verify_into(key, reply, state.meta.block_ids[i])
                     if cause:
-                        bad.append(Victim(key, len(reply)))
+                        bad.append(Victim(key, self.object_bytes if isinstance(reply, InSlot) else len(reply)))
                     else:
                         loaded += 1
                         self.index.adopt(key, self.object_bytes, ticket)
@@ -359,17 +353,46 @@ class RedisBlockIO:
             self._delete(bad, "bad", accounted=False)
         record_tasks(outcomes)
 
-    def _verify_into(self, key: OffloadKey, reply: bytes, block_id: int) -> str:
-        """Verify a ``GET`` reply and move its payload into the slot; returns "" or the failure cause."""
-        view = memoryview(reply)
+    def _send_loads(self, todo: Sequence[Task]) -> list[Any]:
+        """``GET`` of the blocks in one round trip: single server / Sentinel: read into the slots
+        (:func:`tiering.redis.wire.get_into`); cluster: redis-py's cluster pipeline.
+        """  # noqa: D205
+        if not todo:
+            return []
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        names = [self.block_key(state.meta.keys[i]) for state, i in todo]
+        if self._is_cluster:
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            return list(pipe.execute(raise_on_error=False))
+        slots = [self.block(state.meta.block_ids[i]) for state, i in todo]
+        return get_into(self._client, [n.encode() for n in names], slots, HEADER_SIZE)
+
+    def _verify_into(self, key: OffloadKey, reply: bytes | InSlot, block_id: int) -> str:
+        """Verify a ``GET`` reply, its payload moved into (or already read into) the slot; "" or the failure cause.
+
+        A payload read into the slot is verified there; the job fails when it
+        does not verify, so the slot's bytes are never used.
+        """
         try:
-            if view.nbytes != self.object_bytes:
-                raise TruncatedBlockError(f"value is {view.nbytes} bytes, expected {self.object_bytes}")
-            verify_block(view[:HEADER_SIZE], view[HEADER_SIZE:], self._digest_bytes, key, stored_size=view.nbytes)
+            if isinstance(reply, InSlot):
+                header: memoryview = memoryview(reply.header)
+                payload = self.block(block_id)
+                stored = self.object_bytes
+            else:
+                view = memoryview(reply)
+                if view.nbytes != self.object_bytes:
+                    raise TruncatedBlockError(f"value is {view.nbytes} bytes, expected {self.object_bytes}")
+                header, payload, stored = view[:HEADER_SIZE], view[HEADER_SIZE:], view.nbytes
+            verify_block(header, payload, self._digest_bytes, key, stored_size=stored)
         except BlockFormatError as exc:
             logger.warning(
                 "redis tier: block %s is unusable (%s): %s; deleting it", self.block_key(key), exc.reason, exc
             )
             return exc.reason
-        self.block(block_id)[:] = view[HEADER_SIZE:]
+        if not isinstance(reply, InSlot):
+            self.block(block_id)[:] = payload
         return ""

@@ -9,8 +9,8 @@ The machinery is the toolkit's (:mod:`tiering.core.toolkit`): job tracking
 (:class:`~tiering.core.toolkit.JobTracker`), the index of blocks this process
 knows (:class:`~tiering.core.toolkit.CapacityIndex`, capped only with
 ``eviction: "tier"``), lookups resolved in batches in the background
-(:class:`~tiering.core.toolkit.LookupCache`: one pipelined ``STRLEN`` per
-batch, None while in flight) and the I/O threads
+(:class:`~tiering.core.toolkit.LookupCache`: one Lua call or pipeline per
+batch, see :mod:`tiering.redis.presence`; None while in flight) and the I/O threads
 (:class:`~tiering.core.toolkit.IOPool`, one per connection). What is Redis's
 own is here: a job's blocks go out as pipelines of ``pipeline_blocks`` blocks
 (redis-py's cluster pipeline splits each per node), stores are ``SET NX`` (the
@@ -54,8 +54,9 @@ from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.stats import failure_totals
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
-from tiering.redis.io import SIZES_SCRIPT, RedisBlockIO, Task
+from tiering.redis.io import RedisBlockIO, Task
 from tiering.redis.layout import KeyLayout
+from tiering.redis.presence import PresenceQuery
 from tiering.redis.probe import EVICTING_POLICIES, probe
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,9 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self._run_ids = self.server.run_ids
         self._recheck = False  # set by connection errors: was the server restarted meanwhile?
         self._is_cluster = settings["mode"] == "cluster"
-        self._sizes_script = None if self._is_cluster else self._client.register_script(SIZES_SCRIPT)
+        self._presence = PresenceQuery(
+            self._client, self.layout.base(self.digest) + ":", self.object_bytes, self._is_cluster
+        )
         self._scan_done = threading.Event()
         # With the server as eviction authority the index only remembers what is stored, bounded by what the
         # server can hold (its maxmemory): beyond that the least recently used entries are forgotten, not deleted.
@@ -152,8 +155,10 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             self._resolve,
             lambda fn: self.pool.submit_call("read", fn),
             negative_ttl_s=settings["lookup_negative_ttl_s"],
-            max_batch=4096,
+            max_batch=1024,  # resolved while the scheduler still asks; the rest right after its round
             max_pending=65536,
+            gather_s=0.001,  # a scheduler step's lookups (a few microseconds apart) gather into full batches
+            parallel=1,
         )
         if settings["startup_scan"]:
             self.pool.submit_call("read", self._startup_scan)

@@ -4,8 +4,10 @@ Deletes run on a one-thread :class:`~tiering.core.toolkit.IOPool` of their
 own, so a store waiting for an old copy's delete never blocks the thread that
 would send it. Each outcome is reported to the tier's
 :class:`~tiering.core.toolkit.CapacityIndex`: a failed delete keeps its
-bytes counted (the object is still there) and is retried a few times with a
-growing pause; what still fails is settled by the next rescan (fault kind 3,
+bytes counted (the object is still there) and is retried, first a few times
+with a growing pause, then every :data:`RETRY_EVERY_S` for as long as deletes
+keep failing (a server outage of any length settles on its own once the
+server answers again; a rescan also retries them at once: fault kind 3,
 case C16).
 """
 
@@ -23,7 +25,10 @@ from tiering.s3.errors import classify_error
 logger = logging.getLogger(__name__)
 
 RETRY_PAUSES_S = (0.2, 1.0, 5.0)
-"""Pauses before each retry round of failed deletes (then the next rescan settles them)."""
+"""Pauses in seconds before the first retry rounds of failed deletes."""
+
+RETRY_EVERY_S = 30.0
+"""Pause in seconds between the later retry rounds, while deletes keep failing."""
 
 
 class Deleter:
@@ -56,6 +61,7 @@ class Deleter:
         self._scheduled = False
         self._closed = False
         self._retry_round = 0
+        self._retry_timer: threading.Timer | None = None  # at most one retry round waits
         self._pool = IOPool(1, 0, name="tiering-s3-delete")
 
     def queue(self, keys: Iterable[OffloadKey], reason: str) -> None:
@@ -110,25 +116,30 @@ class Deleter:
             self._events.record_removed((key for key, r in done if r == reason), reason)
         if failed:
             self._schedule_retry()
+        else:
+            self.reset_retries()
 
     def _schedule_retry(self) -> None:
         with self._lock:
-            if self._closed or self._retry_round >= len(RETRY_PAUSES_S):
+            if self._closed or self._retry_timer is not None:
                 return
-            pause = RETRY_PAUSES_S[self._retry_round]
+            rounds = self._retry_round
+            pause = RETRY_PAUSES_S[rounds] if rounds < len(RETRY_PAUSES_S) else RETRY_EVERY_S
             self._retry_round += 1
-        timer = threading.Timer(pause, self._retry)
+            timer = self._retry_timer = threading.Timer(pause, self._retry)
         timer.daemon = True
         timer.start()
 
     def _retry(self) -> None:
+        with self._lock:
+            self._retry_timer = None
         if self._closed:
             return
         victims = self._index.retry_deletes()
         self.queue((v.key for v in victims), "eviction")
 
     def reset_retries(self) -> None:
-        """Allow a new series of retry rounds (after a rescan settled the old failures)."""
+        """Start the next failures' retries at the shortest pause again (after a batch without failures)."""
         with self._lock:
             self._retry_round = 0
 
@@ -136,6 +147,9 @@ class Deleter:
         """Send what is queued, then stop (idempotent)."""
         with self._lock:
             self._closed = True
+            timer, self._retry_timer = self._retry_timer, None
+        if timer is not None:
+            timer.cancel()
         self._pool.wait_idle(60.0)
         self._pool.shutdown()
         self._run()  # anything queued after the pool stopped

@@ -10,7 +10,11 @@ from memory and resolves unknown keys in the background:
 - unknown keys are queued, and one background task resolves every queued key
   with one call of the tier's ``resolve`` callback (a pipelined EXISTS, HEADs
   in parallel, a directory listing...), so the keys of one scheduler step go
-  in one batch.
+  in one batch. With ``gather_s`` the background task first waits until no
+  key was queued for ``gather_s`` seconds (the scheduler finished its round
+  of ``lookup`` calls), so a step's keys become one batch instead of a small
+  first batch raced by the rest, and the resolution does not compete with
+  the scheduler thread for the GIL while it is still asking.
 
 Negative entries expire after ``negative_ttl_s`` (another process may store
 the block meanwhile) and are bounded in number (oldest dropped first);
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -60,6 +65,12 @@ class LookupCache:
             lookup answers False at once (counted in ``lookup_probes_skipped``).
         max_batch: keys per ``resolve`` call.
         error_ttl_s: seconds a key whose resolution raised answers False.
+        gather_s: seconds without a newly queued key before a batch is taken
+            (0: take what is queued at once); the wait ends early when
+            ``max_batch`` keys are queued, and lasts at most ``max_gather_s``.
+        max_gather_s: the longest gathering wait, in seconds.
+        parallel: most ``resolve`` calls running at once (each on its own
+            ``submit`` task; the tier's resolver must be thread-safe when > 1).
         clock: monotonic clock in seconds (tests pass a fake).
 
     Raises:
@@ -78,6 +89,9 @@ class LookupCache:
         max_pending: int = 16384,
         max_batch: int = 1024,
         error_ttl_s: float = 1.0,
+        gather_s: float = 0.0,
+        max_gather_s: float = 0.05,
+        parallel: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, value in (
@@ -87,9 +101,12 @@ class LookupCache:
             ("max_pending", max_pending),
             ("max_batch", max_batch),
             ("error_ttl_s", error_ttl_s),
+            ("parallel", parallel),
         ):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if gather_s < 0 or max_gather_s < 0:
+            raise ValueError(f"gather_s and max_gather_s must be >= 0, got {gather_s}, {max_gather_s}")
         if positive_ttl_s is not None and positive_ttl_s <= 0:
             raise ValueError(f"positive_ttl_s must be > 0 or None, got {positive_ttl_s}")
         self._resolve = resolve
@@ -105,6 +122,9 @@ class LookupCache:
         self.max_pending = max_pending
         self.max_batch = max_batch
         self.error_ttl_s = error_ttl_s
+        self.gather_s = gather_s
+        self.parallel = parallel
+        self.max_gather_s = max_gather_s
         self._clock = clock
         self._lock = threading.Lock()
         self._positive: collections.OrderedDict[OffloadKey, float] = collections.OrderedDict()  # key -> expiry
@@ -112,7 +132,7 @@ class LookupCache:
         self._queued: dict[OffloadKey, None] = {}  # insertion-ordered set
         self._resolving: set[OffloadKey] = set()
         self._stale: set[OffloadKey] = set()  # invalidated while resolving
-        self._scheduled = False
+        self._runners = 0  # resolution tasks submitted and not finished
         self._closed = False
         self._counters: collections.Counter[str] = collections.Counter()
 
@@ -137,8 +157,9 @@ class LookupCache:
                 self._counters["lookup_probes_skipped"] += 1
                 return False
             self._queued[key] = None
-            schedule = not self._scheduled
-            self._scheduled = True
+            schedule = self._runners == 0
+            if schedule:
+                self._runners = 1
         if schedule:
             self._schedule()
         return None
@@ -149,22 +170,33 @@ class LookupCache:
         except Exception:  # an executor shut down: answer the queued keys "absent" rather than hang
             logger.warning("lookup cache: cannot schedule a resolution; queued keys answer False", exc_info=True)
             with self._lock:
-                self._scheduled = False
-                keys = list(self._queued)
-                self._queued.clear()
-                self._add_negative(keys, self._clock() + self.error_ttl_s)
+                self._runners -= 1
+                if self._runners == 0:
+                    keys = list(self._queued)
+                    self._queued.clear()
+                    self._add_negative(keys, self._clock() + self.error_ttl_s)
 
     def _run(self) -> None:
-        """Resolve queued keys in batches until none is left (background thread)."""
+        """Resolve queued keys in batches until none is left (background thread).
+
+        When keys remain queued after taking a batch, another task is
+        submitted (up to ``parallel`` at once), so batches resolve side by side.
+        """
         while True:
+            self._gather()
             with self._lock:
                 if not self._queued:
-                    self._scheduled = False
+                    self._runners -= 1
                     return
-                batch = list(self._queued)[: self.max_batch]
+                batch = list(itertools.islice(self._queued, self.max_batch))
                 for key in batch:
                     del self._queued[key]
                 self._resolving.update(batch)
+                more = bool(self._queued) and self._runners < self.parallel
+                if more:
+                    self._runners += 1
+            if more:
+                self._schedule()
             try:
                 answer: Mapping[OffloadKey, bool] | None = self._resolve(batch)
             except Exception:
@@ -173,6 +205,21 @@ class LookupCache:
                 )
                 answer = None
             self._record(batch, answer)
+
+    def _gather(self) -> None:
+        """Wait (without the lock) until the queue stopped growing for ``gather_s``, or is a full batch."""
+        if self.gather_s <= 0:
+            return
+        deadline = time.monotonic() + self.max_gather_s
+        with self._lock:
+            seen = len(self._queued)
+        while seen < self.max_batch and time.monotonic() < deadline:
+            time.sleep(self.gather_s)
+            with self._lock:
+                now = len(self._queued)
+            if now == seen:
+                return
+            seen = now
 
     def _record(self, batch: Sequence[OffloadKey], answer: Mapping[OffloadKey, bool] | None) -> None:
         now = self._clock()

@@ -1,0 +1,269 @@
+"""Pipelines packed by hand on a redis-py connection: block stores without copying the block, fast reply reading.
+
+redis-py's pipeline packs every command into new ``bytes``: with hiredis it
+first copies a ``memoryview`` argument into ``bytes``, then
+``hiredis.pack_command`` copies the whole command again, and each command
+costs about 10 us of Python. For a block store the value is the 128-byte
+header followed by the primary slot's bytes, so :func:`set_nx_parts` writes
+the RESP framing around them and hands the slot's ``memoryview`` itself to
+``sendall`` (the kernel's copy into the socket is the only one).
+:func:`read_replies` reads a batch of replies with one :class:`hiredis.Reader`
+fed from the socket in large chunks (about 0.3 us per reply), or through
+redis-py's ``read_response`` when hiredis is not installed.
+
+Everything runs on a connection taken from the client's own pool, so
+authentication, TLS, ``socket_timeout`` and the pool's size are redis-py's;
+:func:`run_on_connection` retries with the client's :class:`redis.retry.Retry`
+(``SET NX`` is safe to resend: a block the first attempt stored answers nil,
+"already present"). Used for a single server and a Sentinel-managed primary;
+a cluster goes through redis-py's cluster pipeline, which routes per slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+try:
+    import hiredis
+except ImportError:  # the hiredis extra is not installed: replies are read through redis-py
+    hiredis = None  # type: ignore[assignment]
+
+T = TypeVar("T")
+Chunk = bytes | memoryview
+
+
+def set_nx_parts(name: bytes, header: bytes, payload: memoryview, ttl_s: int | None) -> list[Chunk]:
+    """The RESP of ``SET name header+payload NX [EX ttl_s]`` as chunks; ``payload`` is not copied.
+
+    Args:
+        name: the Redis key.
+        header: the block header (:data:`tiering.core.format.HEADER_SIZE` bytes).
+        payload: the block's bytes (a C-contiguous byte view of the primary slot).
+        ttl_s: seconds until the key expires, or None.
+    """
+    argc = 4 if ttl_s is None else 6
+    size = len(header) + payload.nbytes
+    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s" % (argc, len(name), name, size, header)
+    tail = b"\r\n$2\r\nNX\r\n"
+    if ttl_s is not None:
+        ttl = b"%d" % ttl_s
+        tail += b"$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
+    return [head, payload, tail]
+
+
+def command(*args: bytes) -> bytes:
+    """The RESP of one command whose arguments are ``bytes`` (e.g. ``command(b"STRLEN", name)``)."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def read_replies(conn: Any, n: int) -> list[Any]:
+    """The next ``n`` replies of ``conn``; an error reply is returned (a :class:`ResponseError`), not raised.
+
+    The connection must have no unread reply before this request (it comes
+    fresh from its pool, and a connection that failed is disconnected).
+
+    Raises:
+        redis.exceptions.ConnectionError: the connection broke or closed.
+        redis.exceptions.TimeoutError: no reply within the connection's ``socket_timeout``.
+    """
+    sock = getattr(conn, "_sock", None)  # redis-py's socket (TLS included); connected by send_packed_command
+    if hiredis is None or sock is None:
+        out: list[Any] = []
+        for _ in range(n):
+            try:
+                out.append(conn.read_response())
+            except ResponseError as exc:
+                out.append(exc)
+        return out
+    reader = hiredis.Reader(replyError=ResponseError)
+    out = []
+    while len(out) < n:
+        try:
+            data = sock.recv(1 << 20)
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"timeout reading {n} replies") from exc
+        except OSError as exc:
+            raise RedisConnectionError(f"error reading {n} replies: {exc}") from exc
+        if not data:
+            raise RedisConnectionError("the server closed the connection")
+        reader.feed(data)
+        while (reply := reader.gets()) is not False:
+            out.append(reply)
+    return out
+
+
+def run_on_connection(client: Any, parts: Sequence[Chunk], n: int) -> list[Any]:
+    """Send ``parts`` (``n`` packed commands) on one pooled connection of ``client``; its ``n`` replies.
+
+    Retried on connection errors and timeouts by the client's ``Retry`` (its
+    backoff between attempts); the connection is disconnected after a failure,
+    so no unread reply is ever left on a pooled connection.
+
+    Raises:
+        redis.exceptions.ConnectionError / TimeoutError: every attempt failed.
+    """
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+
+        def attempt() -> list[Any]:
+            conn.send_packed_command(list(parts))
+            return read_replies(conn, n)
+
+        def failed(_error: BaseException) -> None:
+            conn.disconnect()
+
+        retry = client.get_retry()
+        if retry is None:
+            return _once(attempt, failed)
+        return list(retry.call_with_retry(attempt, failed))
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _once(attempt: Callable[[], T], failed: Callable[[BaseException], None]) -> T:
+    try:
+        return attempt()
+    except BaseException as exc:
+        failed(exc)
+        raise
+
+
+class InSlot:
+    """A ``GET`` reply whose payload was read straight into the destination slot; ``header`` holds its header."""
+
+    __slots__ = ("header",)
+
+    def __init__(self, header: bytearray) -> None:
+        self.header = header
+
+
+class _Stream:
+    """Buffered reads of one socket: reply lines through a small buffer, block payloads straight into slots."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.pos = 0
+
+    def _fill(self) -> None:
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError as exc:
+            raise RedisTimeoutError("timeout reading a reply") from exc
+        except OSError as exc:
+            raise RedisConnectionError(f"error reading a reply: {exc}") from exc
+        if not data:
+            raise RedisConnectionError("the server closed the connection")
+        if self.pos:
+            del self.buf[: self.pos]
+            self.pos = 0
+        self.buf += data
+
+    def line(self) -> bytes:
+        while (end := self.buf.find(b"\r\n", self.pos)) < 0:
+            self._fill()
+        out = bytes(self.buf[self.pos : end])
+        self.pos = end + 2
+        return out
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill ``view`` exactly: first from the buffer, the rest with ``recv_into`` (no intermediate copy)."""
+        want = view.nbytes
+        k = min(len(self.buf) - self.pos, want)
+        view[:k] = self.buf[self.pos : self.pos + k]
+        self.pos += k
+        while k < want:
+            try:
+                got = self.sock.recv_into(view[k:])
+            except TimeoutError as exc:
+                raise RedisTimeoutError("timeout reading a reply") from exc
+            except OSError as exc:
+                raise RedisConnectionError(f"error reading a reply: {exc}") from exc
+            if not got:
+                raise RedisConnectionError("the server closed the connection")
+            k += got
+
+
+def get_into(client: Any, names: Sequence[bytes], slots: Sequence[memoryview], header_size: int) -> list[Any]:
+    """Pipelined ``GET`` of ``names`` on one pooled connection, each value of the expected size read into its slot.
+
+    Args:
+        client: a :class:`redis.Redis` (single server or Sentinel primary).
+        names: the keys.
+        slots: the destination of each key's payload (the bytes after the header).
+        header_size: bytes of header before the payload.
+
+    Returns:
+        One per key: :class:`InSlot` (header + ``len(slot)`` payload bytes: the
+        payload is in the slot, unverified), None (no such key), ``bytes`` (a
+        value of another size, left for the caller to refuse) or a
+        :class:`ResponseError`. A slot's contents are undefined unless its
+        block then verifies.
+
+    Raises:
+        redis.exceptions.ConnectionError / TimeoutError: every attempt (the client's ``Retry``) failed.
+    """
+    request = b"".join(command(b"GET", name) for name in names)
+    pool = client.connection_pool
+    conn = pool.get_connection()
+
+    def attempt() -> list[Any]:
+        conn.send_packed_command([request])
+        sock = getattr(conn, "_sock", None)
+        if sock is None:  # not a socket connection redis-py exposes: read with redis-py and copy
+            out = []
+            for raw, slot in zip(read_replies(conn, len(names)), slots, strict=True):
+                if isinstance(raw, bytes) and len(raw) == header_size + slot.nbytes:
+                    slot[:] = memoryview(raw)[header_size:]
+                    raw = InSlot(bytearray(raw[:header_size]))
+                out.append(raw)
+            return out
+        stream = _Stream(sock)
+        replies: list[Any] = []
+        for slot in slots:
+            line = stream.line()
+            if line[:1] == b"-":
+                replies.append(ResponseError(line[1:].decode("utf-8", "replace")))
+                continue
+            if line == b"_":  # RESP3 null: no such key
+                replies.append(None)
+                continue
+            if line[:1] != b"$":
+                raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}")
+            size = int(line[1:])
+            if size < 0:
+                replies.append(None)
+                continue
+            if size == header_size + slot.nbytes:
+                header = bytearray(header_size)
+                stream.read_into(memoryview(header))
+                stream.read_into(slot)
+                replies.append(InSlot(header))
+            else:
+                value = bytearray(size)
+                stream.read_into(memoryview(value))
+                replies.append(bytes(value))
+            if stream.line() != b"":
+                raise RedisConnectionError("a GET reply did not end where its length said")
+        return replies
+
+    def failed(_error: BaseException) -> None:
+        conn.disconnect()
+
+    try:
+        retry = client.get_retry()
+        return _once(attempt, failed) if retry is None else list(retry.call_with_retry(attempt, failed))
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)

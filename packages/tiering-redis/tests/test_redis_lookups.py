@@ -1,0 +1,122 @@
+"""Lookups against real servers: a scheduler step's 4,096 unknown keys resolve by the next round; ACLs; cluster."""
+
+import itertools
+import time
+
+import pytest
+
+from tiering.core import create_secondary_tier
+from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.primary import allocate_host_buffer
+from tiering.core.spec import OffloadingSpec
+from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
+
+CTX = ReqContext("lookups")
+BLOCK = 16 * 1024
+_ids = itertools.count(1)
+STEP_S = 0.025
+"""The pause between two scheduler rounds: a decode step of a busy engine is 10-30 ms; generous for a loaded CI box."""
+
+
+def make_tier(config):
+    view = allocate_host_buffer(32, BLOCK)
+    spec = OffloadingSpec({"cpu_bytes_to_use": 32 * BLOCK, "block_bytes": BLOCK, "model": "redis/lookups"})
+    return create_secondary_tier({"type": "redis", **config}, view, spec), view
+
+
+def store(tier, view, keys):
+    for i, key in enumerate(keys):
+        block_view(view, i)[:] = block_payload(key, BLOCK)
+    job = JobMetadata(next(_ids), keys, list(range(len(keys))), False, CTX)
+    tier.submit_store(job)
+    return wait_for_jobs(tier, [job.job_id], 30.0)[job.job_id]
+
+
+def rounds_to_resolve(tier, keys, step_s=STEP_S, max_rounds=20):
+    """Ask every key once per scheduler round, ``step_s`` apart, until none answers None; returns (rounds, answers)."""
+    answers = {}
+    pending = list(keys)
+    rounds = 0
+    while pending and rounds < max_rounds:
+        rounds += 1
+        for key in pending:
+            answers[key] = tier.lookup(key, CTX)
+        pending = [k for k in pending if answers[k] is None]
+        if pending:
+            time.sleep(step_s)
+    return rounds, answers
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_4096_unknown_keys_resolve_by_the_second_scheduler_round(redis_server, prefix, trial):
+    writer, view = make_tier({"url": redis_server.url, "prefix": prefix})
+    try:
+        stored = [make_key(i, b"many") for i in range(16)]
+        assert store(writer, view, stored)
+        reader, _ = make_tier({"url": redis_server.url, "prefix": prefix, "startup_scan": False})
+        keys = stored + [make_key(i, b"many-absent") for i in range(4096 - 16)]
+        rounds, answers = rounds_to_resolve(reader, keys)
+        assert [answers[k] for k in keys] == [True] * 16 + [False] * (4096 - 16)
+        assert rounds <= 2, f"resolved in {rounds} rounds {STEP_S * 1000:.0f} ms apart"
+        stats = reader.stats()
+        assert stats["lookup_probes"] == 4096  # each key asked once
+        assert stats["lookup_batches"] <= 8  # in batches of up to 1024 keys, not one round trip per key
+        reader.shutdown()
+    finally:
+        writer.shutdown()
+
+
+def test_cluster_lookups_group_keys_per_node_and_resolve_by_the_second_round(redis_cluster, prefix):
+    config = {"mode": "cluster", "url": redis_cluster.url, "prefix": prefix}
+    writer, view = make_tier(config)
+    try:
+        stored = [make_key(i, b"cluster-many") for i in range(24)]
+        for start in range(0, 24, 8):
+            assert store(writer, view, stored[start : start + 8])
+        reader, _ = make_tier({**config, "startup_scan": False})
+        keys = stored + [make_key(i, b"cluster-absent") for i in range(4096 - 24)]
+        rounds, answers = rounds_to_resolve(reader, keys, step_s=0.05)
+        assert [answers[k] for k in keys] == [True] * 24 + [False] * (4096 - 24)
+        assert rounds <= 2
+        reader.shutdown()
+    finally:
+        writer.shutdown()
+
+
+def test_acl_user_without_scripting_gets_lookups_and_key_patterns_hold(redis_server, prefix, caplog):
+    client = redis_server.client()
+    client.acl_setuser(
+        "noscript", enabled=True, passwords=["+noscript-pw-1"], keys=[f"{prefix}:*"],
+        commands=["+@all", "-@scripting"],
+    )  # fmt: skip
+    client.close()
+    config = {"url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1"}
+    tier, view = make_tier(config)
+    try:
+        key = make_key(1, b"acl")
+        assert store(tier, view, [key])
+        other, _ = make_tier(config)
+        assert wait_for_lookup(other, key, CTX) is True
+        assert wait_for_lookup(other, make_key(2, b"acl"), CTX) is False
+        assert other.stats()["lookup_errors"] == 0
+        assert "noscript-pw-1" not in caplog.text
+        other.shutdown()
+    finally:
+        tier.shutdown()
+
+
+def test_lookups_read_through_redis_py_when_hiredis_is_missing(redis_server, prefix, monkeypatch):
+    from tiering.redis import wire
+
+    monkeypatch.setattr(wire, "hiredis", None)
+    writer, view = make_tier({"url": redis_server.url, "prefix": prefix})
+    try:
+        stored = [make_key(i, b"no-hiredis") for i in range(8)]
+        assert store(writer, view, stored)
+        reader, _ = make_tier({"url": redis_server.url, "prefix": prefix, "startup_scan": False})
+        keys = stored + [make_key(i, b"no-hiredis-absent") for i in range(1000)]
+        _, answers = rounds_to_resolve(reader, keys)
+        assert [answers[k] for k in keys] == [True] * 8 + [False] * 1000
+        reader.shutdown()
+    finally:
+        writer.shutdown()
