@@ -99,8 +99,9 @@ def _native_problems(zf: zipfile.ZipFile, info: str, package: Package) -> list[s
     problems = [f"{n} missing (native part; built without a C compiler?)" for n in wheel_files if n not in names]
     if wheel_files[0] in names and b"tkvb_abi_version" not in zf.read(wheel_files[0]):
         problems.append(f"{wheel_files[0]} does not export tkvb_abi_version")
-    wheel_meta = HeaderParser().parsestr(zf.read(f"{info}/WHEEL").decode("utf-8")) if f"{info}/WHEEL" in names else {}
-    tags = wheel_meta.get_all("Tag") if isinstance(wheel_meta, Message) else None
+    tags = None
+    if f"{info}/WHEEL" in names:
+        tags = HeaderParser().parsestr(zf.read(f"{info}/WHEEL").decode("utf-8")).get_all("Tag")
     if not tags or any(t.endswith("-any") or not t.startswith("py3-none-") for t in tags):
         problems.append(f"WHEEL Tag {tags} is not py3-none-<platform> (the wheel ships a native library)")
     return problems
