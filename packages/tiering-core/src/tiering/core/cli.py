@@ -106,18 +106,28 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _probe(spec: Any, tier_configs: list[Any]) -> None:
-    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it."""
+    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it.
+
+    Every error names the entry (``secondary_tiers[N]`` and, where it can be told, ``.<key>``), as plain check does.
+    """
     from tiering.core.configfile import tier_location
     from tiering.core.factory import create_secondary_tier
     from tiering.core.primary import allocate_host_buffer
+    from tiering.core.tier_factory import tier_error
 
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
         cls, tier_type, _ = resolve_tier(tier_config, index)
-        where = tier_location(tier_config, index)
+        try:
+            where = tier_location(tier_config, index)
+            found = cls.probe(tier_config)
+        except Exception as exc:
+            labelled = tier_error(exc, tier_config, index)
+            if labelled is exc:
+                raise
+            raise labelled from exc
         head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
         tail = "" if where else " (in memory, nothing kept)"
-        found = cls.probe(tier_config)
         if found is not None:
             print(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
             continue
