@@ -62,7 +62,7 @@ def test_probe_errors_name_the_entry_as_plain_check_does(tmp_path, capsys, monke
         raise InvalidValueError("s3", "endpoint_url", "refused by the probe")
 
     monkeypatch.setattr(S3SecondaryTierManager, "probe", classmethod(probe))
-    monkeypatch.setattr("tiering.core.configfile.tier_location", lambda entry, index=0: f"s3://{entry['bucket']}/")
+    monkeypatch.setattr("tiering.core.inspection.inspector_for", lambda entry, index=0: None)
     path = tmp_path / "config.json"
     tiers = [{"type": "s3", "bucket": "a"}, {"type": "s3", "bucket": "b"}]
     path.write_text(json.dumps({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": tiers}))
