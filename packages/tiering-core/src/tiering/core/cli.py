@@ -114,8 +114,8 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
     """
     from tiering.core.factory import create_secondary_tier
     from tiering.core.inspection import inspector_for
-    from tiering.core.primary.memory import format_bytes
     from tiering.core.primary import allocate_host_buffer
+    from tiering.core.primary.memory import format_bytes
     from tiering.core.tier_factory import tier_error
 
     view = allocate_host_buffer(1, spec.block_bytes)

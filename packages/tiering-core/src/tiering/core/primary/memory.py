@@ -51,9 +51,11 @@ class MachineMemory:
 
     def describe(self) -> str:
         """``"physical memory 23.5 GiB, cgroup limit 8.0 GiB"`` (or ``"no cgroup limit"``)."""
-        physical = "physical memory unknown" if self.physical is None else f"physical memory {format_bytes(self.physical)}"
+        physical = (
+            "physical memory unknown" if self.physical is None else f"physical memory {format_bytes(self.physical)}"
+        )
         limit = "no cgroup limit" if self.cgroup_limit is None else f"cgroup limit {format_bytes(self.cgroup_limit)}"
-        return f"{physical}, {limit}"
+        return f"physical memory {physical}, {limit}"
 
 
 def _physical() -> int | None:
@@ -132,9 +134,10 @@ def allocation_error(exc: BaseException, cpu_bytes_to_use: int) -> OSError:
     """
     import errno
 
+    reason = getattr(exc, "strerror", None) or repr(exc)
     return OSError(
         errno.ENOMEM,
         f"cpu_bytes_to_use: cannot allocate the CPU primary tier of {cpu_bytes_to_use} bytes "
-        f"({format_bytes(cpu_bytes_to_use)}): {getattr(exc, 'strerror', None) or exc!r}; this machine has {machine_memory().describe()}; "
+        f"({format_bytes(cpu_bytes_to_use)}): {reason}; this machine has {machine_memory().describe()}; "
         "lower cpu_bytes_to_use",
     )
