@@ -54,6 +54,7 @@ from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.stats import failure_totals
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
+from tiering.redis.fleet import FleetCap
 from tiering.redis.io import RedisBlockIO, Task
 from tiering.redis.layout import KeyLayout
 from tiering.redis.presence import PresenceQuery
@@ -75,6 +76,8 @@ _COUNTERS = (
     "server_restarts",
     "scanned_blocks",
     "forgotten_blocks",
+    "fleet_evictions",
+    "fleet_repaired_blocks",
     *(f"errors_{c}" for c in ERROR_CLASSES),
 )
 
@@ -112,9 +115,13 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self.object_bytes = HEADER_SIZE + self.block_bytes
         self.ttl_s: int | None = settings["ttl_s"]
         self.location = settings.location()
-        capacity = settings["capacity_bytes"] if settings["eviction"] == "tier" else None
-        if capacity is not None and capacity < self.object_bytes:
-            raise ValueError(f"redis tier: capacity_bytes {capacity} is below one block ({self.object_bytes} bytes)")
+        eviction = settings["eviction"]
+        fleet_cap = settings["capacity_bytes"] if eviction == "tier" else None
+        capacity = settings["capacity_bytes"] if eviction == "process" else None
+        if (capacity or fleet_cap or self.object_bytes) < self.object_bytes:
+            raise ValueError(
+                f"redis tier: capacity_bytes {capacity or fleet_cap} is below one block ({self.object_bytes} bytes)"
+            )
         try:
             self._client: Any = settings.make_client()
         except Exception as exc:
@@ -127,7 +134,12 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         except BaseException:
             self._client.close()
             raise
-        self._warn_eviction_authority(capacity)
+        self._warn_eviction_authority(capacity or fleet_cap)
+        self.fleet = (
+            FleetCap(self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap)
+            if fleet_cap
+            else None
+        )
 
         self._closed = False
         self._close_lock = threading.Lock()
@@ -140,8 +152,11 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self._scan_done = threading.Event()
         # With the server as eviction authority the index only remembers what is stored, bounded by what the
         # server can hold (its maxmemory): beyond that the least recently used entries are forgotten, not deleted.
+        # With eviction "tier" the fleet's LRU evicts; the index forgets beyond the fleet's cap the same way.
         self._forget_only = capacity is None
-        self._known_limit = self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
+        self._known_limit = fleet_cap or (
+            self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
+        )
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
@@ -173,7 +188,11 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             self.server.maxmemory,
             self.server.policy,
             self.layout.base(self.digest),
-            f"this tier ({capacity} bytes per process)" if capacity else "the server",
+            f"this tier ({capacity} bytes per process)"
+            if capacity
+            else f"the fleet's shared LRU ({fleet_cap} bytes)"
+            if fleet_cap
+            else "the server",
         )
 
     def _warn_eviction_authority(self, capacity: int | None) -> None:
@@ -240,8 +259,10 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         return verdict
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        """Mark ``keys`` most recently used (the order of ``eviction: "tier"``)."""
+        """Mark ``keys`` most recently used (the eviction order; with ``eviction: "tier"`` the fleet's, sent later)."""
         self.index.touch(keys)
+        if self.fleet is not None and self.fleet.touch(keys):
+            self.pool.submit_call("write", self.flush_touches)
 
     # -- stores -------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
@@ -328,6 +349,9 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         out.update(self.jobs.stats())
         out.update(self.lookups.stats())
         out.update(failure_totals(out))
+        if self.fleet is not None:
+            out["fleet_capacity_bytes"] = self.fleet.capacity_bytes
+            out["fleet_used_bytes"] = self.fleet.used_bytes
         out["server_maxmemory_bytes"] = self.server.maxmemory
         out["server_evicts"] = int(self.server.server_evicts)
         return out
