@@ -8,9 +8,10 @@ not verify is a miss, is deleted and counted by cause.
 The machinery is the toolkit's (:mod:`tiering.core.toolkit`): job tracking
 (:class:`~tiering.core.toolkit.JobTracker`), the index of blocks this process
 knows (:class:`~tiering.core.toolkit.CapacityIndex`, capped only with
-``eviction: "tier"``), lookups resolved in batches in the background
-(:class:`~tiering.core.toolkit.LookupCache`: one Lua call or pipeline per
-batch, see :mod:`tiering.redis.presence`; None while in flight) and the I/O threads
+``eviction: "process"``; ``eviction: "tier"`` is the fleet's shared LRU,
+:mod:`tiering.redis.fleet`), lookups resolved in batches in the background
+(:class:`~tiering.core.toolkit.LookupCache`: one packed ``STRLEN`` request
+per node and batch, :mod:`tiering.redis.presence`; None while in flight) and the I/O threads
 (:class:`~tiering.core.toolkit.IOPool`, one per connection). What is Redis's
 own is here: a job's blocks go out as pipelines of ``pipeline_blocks`` blocks
 (redis-py's cluster pipeline splits each per node), stores are ``SET NX`` (the
@@ -214,8 +215,8 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             )
         elif capacity is not None and info.server_evicts:
             logger.warning(
-                "redis tier: eviction 'tier' is set but %s also evicts (maxmemory %d, %s): blocks it evicts "
-                "become misses",
+                "redis tier: the tier caps the blocks (eviction 'tier' or 'process') but %s also evicts "
+                "(maxmemory %d, %s): blocks it evicts become misses",
                 self.location,
                 info.maxmemory,
                 info.policy,
@@ -270,9 +271,11 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
 
         A block this process knows is stored counts as stored without I/O; a
         ``SET NX`` refused because another writer stored the key first counts as
-        stored (``stores_already_present``). With ``eviction: "tier"``, least
+        stored (``stores_already_present``). With ``eviction: "process"``, least
         recently used blocks are deleted to make room; a block that cannot fit
-        fails with cause ``no_space``.
+        fails with cause ``no_space``. With ``eviction: "tier"`` the blocks
+        stored first here join the fleet's LRU after their ``SET NX``, and the
+        victims beyond the fleet's cap it hands this process are deleted.
         """
         state = self.jobs.start(job)
         now: list[tuple[int, bool, str]] = []
