@@ -156,6 +156,37 @@ def test_vllm_serve_configs_name_installed_tiers_with_valid_keys(page, text):
         check_tier_keys(cls, {k: v for k, v in tier.items() if k not in VLLM_OWN_KEYS}, f"{page.name}[{index}]")
 
 
+@pytest.mark.parametrize(("page", "text"), list(vllm_configs()))
+def test_tiering_check_accepts_vllm_serve_configs(page, text, tmp_path, capsys):
+    """``tiering check`` on each ``--kv-transfer-config`` of the docs (binding keys such as model_revision included)."""
+    config = json.loads(text)
+    names = {t["type"].removeprefix("tiering_") for t in config["kv_connector_extra_config"]["secondary_tiers"]}
+    if not names <= installed_types():
+        pytest.skip(f"tiers {sorted(names - installed_types())} not installed here")
+    path = tmp_path / "kv-transfer-config.json"
+    path.write_text(text)
+    assert tiering_main(["check", str(path)]) == 0, capsys.readouterr().err
+    assert "config ok" in capsys.readouterr().out
+
+
+def vllm_tier_entries():
+    for page in PAGES:
+        for body in blocks(page, "json"):
+            entry = json.loads(body)
+            if isinstance(entry, dict) and entry.get("module_path") == "tiering.core.vllm.tiers":
+                yield pytest.param(page, entry, id=f"{page_id(page)}: {entry['type']}")
+
+
+@pytest.mark.parametrize(("page", "entry"), list(vllm_tier_entries()))
+def test_tiering_check_accepts_vllm_tier_entries(page, entry, tmp_path, capsys):
+    """Each lone vLLM-form tier entry of the docs, inside a minimal config, passes ``tiering check``."""
+    if entry["type"].removeprefix("tiering_") not in installed_types():
+        pytest.skip(f"tier {entry['type']!r} not installed here")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"cpu_bytes_to_use": 1 << 26, "secondary_tiers": [entry]}))
+    assert tiering_main(["check", str(path)]) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "bash")], ids=page_id)
 def test_bash_samples_name_existing_scripts_and_our_packages(page):
     for body in blocks(page, "bash"):

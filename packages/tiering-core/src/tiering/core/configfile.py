@@ -3,8 +3,10 @@
 - :func:`load_config`: a JSON file (a whole ``--kv-transfer-config`` object is
   unwrapped to its ``kv_connector_extra_config``); tier entries written in the
   vLLM binding's form (``"type": "tiering_fs"``, ``"module_path":
-  "tiering.core.vllm.tiers"``) are read as the plain tier (``"fs"``), with
-  one line saying so, without importing vLLM.
+  "tiering.core.vllm.tiers"``) are read as the plain tier (``"fs"``), and the
+  binding's spec (``"spec_name": "TieringSpec"``) as tiering's, with one line
+  saying so, without importing vLLM; the keys the binding consumes
+  (``model_revision``, ``locality``, ...) are checked as the binding's.
 - :func:`redact_text`: every error text the command prints goes through
   :mod:`tiering.core.redact`, with the secret keys each tier declares in its
   schema (whole configs go through
@@ -21,6 +23,7 @@ from typing import Any
 
 from tiering.core import redact
 from tiering.core.factory import SecondaryTierFactory
+from tiering.core.vllm.entry import split_binding_keys
 
 VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
 """The ``module_path`` of the vLLM binding's tier names."""
@@ -62,13 +65,37 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
         config = config["kv_connector_extra_config"]
     if not isinstance(config, dict):
         raise ValueError(f"config {path} must hold a JSON object")
-    lines = plain_tier_entries(config)
+    lines = plain_spec(config) + plain_tier_entries(config)
     if notes is None:
         for line in lines:
             print(line, file=sys.stderr)
     else:
         notes.extend(lines)
     return config
+
+
+VLLM_SPEC = ("TieringSpec", "tiering.core.vllm.spec")
+"""``(spec_name, spec_module_path)`` of the binding's spec for vLLM (:mod:`tiering.core.vllm.spec`, needs vLLM)."""
+
+
+def plain_spec(config: dict[str, Any]) -> list[str]:
+    """Rewrite, in place, the binding's vLLM spec (``TieringSpec`` of ``tiering.core.vllm.spec``) to tiering's own.
+
+    That spec is vLLM's ``TieringOffloadingSpec`` plus a worker and needs vLLM
+    to import; its keys are the ones tiering's ``TieringOffloadingSpec``
+    checks, so the config is checked with that spec, without vLLM.
+
+    Returns:
+        One line saying so, or none when the config names another spec.
+    """
+    if (config.get("spec_name"), config.get("spec_module_path")) != VLLM_SPEC:
+        return []
+    del config["spec_module_path"]
+    config["spec_name"] = "TieringOffloadingSpec"
+    return [
+        f"spec_name {VLLM_SPEC[0]!r} with spec_module_path {VLLM_SPEC[1]!r} is the vLLM binding's spec; "
+        "its keys are checked as tiering's 'TieringOffloadingSpec' (without vLLM)"
+    ]
 
 
 def _plain_name(name: str) -> str | None:
@@ -93,13 +120,17 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
 
     ``{"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", ...}``
     becomes ``{"type": "fs", ...}``: the tier the binding would load inside
-    vLLM, checked here without vLLM.
+    vLLM, checked here without vLLM. The keys the binding or vLLM consume
+    (``model_revision``, ``kv_layout``, ``locality``, ``enable_kv_events``,
+    ``backpressure``: :data:`tiering.core.vllm.entry.BINDING_KEYS`) are
+    checked here and removed from the entry, never passed to the tier's schema.
 
     Returns:
         One line per rewritten entry.
 
     Raises:
-        ValueError: an entry of that form names no installed tiering tier.
+        ValueError: an entry of that form names no installed tiering tier, or a
+            binding key's value is wrong (``secondary_tiers[N].<key>: ...``).
     """
     tiers = config.get("secondary_tiers")
     if not isinstance(tiers, list):
@@ -116,11 +147,15 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
                 f"secondary_tiers[{index}]: type {name!r} with module_path {VLLM_TIERS_MODULE!r} names no "
                 f"installed tiering tier; the vLLM binding's names are {known}"
             )
-        tiers[index] = {"type": plain, **{k: v for k, v in entry.items() if k not in ("type", "module_path")}}
-        lines.append(
+        binding, own = split_binding_keys(entry, str(name), f"secondary_tiers[{index}]")
+        tiers[index] = {"type": plain, **{k: v for k, v in own.items() if k not in ("type", "module_path")}}
+        line = (
             f"secondary_tiers[{index}]: {name!r} with module_path {VLLM_TIERS_MODULE!r} is the vLLM binding's "
             f'form of tier {plain!r}; checked as "type": {plain!r}'
         )
+        if binding:
+            line += f"; binding keys {', '.join(sorted(binding))} checked (the binding's and vLLM's, not the tier's)"
+        lines.append(line)
     return lines
 
 

@@ -50,6 +50,7 @@ from tiering.core.vllm.compat import (
     SecondaryTierManager,
     TransferJob,
 )
+from tiering.core.vllm.entry import WRAPPER_KWARGS
 from tiering.core.vllm.observability import (
     INFO_KEYS,
     config_info_of,
@@ -61,8 +62,8 @@ from tiering.core.vllm.translate import primary_block_view, tiering_spec_from_vl
 
 logger = logging.getLogger(__name__)
 
-RESERVED_KWARGS = ("model_revision", "kv_layout", "locality", "enable_kv_events")
-"""Tier-entry keys the wrapper consumes; every other key goes to the tiering tier."""
+RESERVED_KWARGS = WRAPPER_KWARGS
+"""Tier-entry keys the wrapper consumes (:mod:`tiering.core.vllm.entry`); every other key goes to the tiering tier."""
 
 _DRAIN_WARN_S = 10.0
 
