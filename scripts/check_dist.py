@@ -19,7 +19,11 @@ For each wheel it checks that
   of the package's ``pyproject.toml``, naming a class of the package that the
   wheel ships; and its METADATA ``Requires-Dist`` on tiering-core admits the
   current core version;
-- the matching sdist ``<name>-<version>.tar.gz`` is there too.
+- the matching sdist ``<name>-<version>.tar.gz`` is there too;
+- a package with a native part (:data:`NATIVE_FILES`: tiering-fs's batch block
+  I/O library) ships the library and its licence in the wheel, which is then
+  tagged ``py3-none-<platform>`` (not ``any``), and the C sources, the build
+  hook and the licence, but no built library, in the sdist.
 
 It prints one line per wheel and exits 1 when any check fails (2 when there is
 nothing to check). ``twine check dist/*`` is run separately.
@@ -31,6 +35,7 @@ import argparse
 import configparser
 import re
 import sys
+import tarfile
 import zipfile
 from email.message import Message
 from email.parser import HeaderParser
@@ -67,6 +72,53 @@ ATTRIBUTION = {
     f"{TRACE_DATA}/LICENSE-APACHE-2.0": ("Apache License",),
 }
 """Texts each licence / attribution file must contain."""
+
+
+NATIVE_DIR = "tiering/fs/native"
+NATIVE_FILES = {
+    "tiering-fs": (
+        [f"{NATIVE_DIR}/libblockio.so", f"{NATIVE_DIR}/LICENSE-xxhash"],
+        [
+            "hatch_build.py",
+            f"src/{NATIVE_DIR}/_blockio.c",
+            f"src/{NATIVE_DIR}/xxhash.h",
+            f"src/{NATIVE_DIR}/xxh_x86dispatch.c",
+            f"src/{NATIVE_DIR}/LICENSE-xxhash",
+        ],
+    )
+}
+"""By distribution: what its wheel must ship (the native library first) and what its sdist must (build inputs)."""
+
+
+def _native_problems(zf: zipfile.ZipFile, info: str, package: Package) -> list[str]:
+    """The wheel of a package with a native part: library and licence shipped, a platform tag."""
+    wheel_files = NATIVE_FILES.get(package.dist, ([], []))[0]
+    if not wheel_files:
+        return []
+    names = set(zf.namelist())
+    problems = [f"{n} missing (native part; built without a C compiler?)" for n in wheel_files if n not in names]
+    if wheel_files[0] in names and b"tkvb_abi_version" not in zf.read(wheel_files[0]):
+        problems.append(f"{wheel_files[0]} does not export tkvb_abi_version")
+    tags = None
+    if f"{info}/WHEEL" in names:
+        tags = HeaderParser().parsestr(zf.read(f"{info}/WHEEL").decode("utf-8")).get_all("Tag")
+    if not tags or any(t.endswith("-any") or not t.startswith("py3-none-") for t in tags):
+        problems.append(f"WHEEL Tag {tags} is not py3-none-<platform> (the wheel ships a native library)")
+    return problems
+
+
+def _sdist_problems(sdist: Path, package: Package) -> list[str]:
+    """The sdist of a package with a native part: its build inputs there, no built library."""
+    needed = NATIVE_FILES.get(package.dist, ([], []))[1]
+    if not needed:
+        return []
+    try:
+        with tarfile.open(sdist) as tf:
+            names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    except (tarfile.TarError, OSError) as exc:
+        return [f"{sdist.name} is not a readable sdist: {exc}"]
+    problems = [f"{sdist.name} lacks {n}" for n in needed if n not in names]
+    return problems + [f"{sdist.name} ships a built library {n}" for n in sorted(names) if n.endswith(".so")]
 
 
 def _data_problems(zf: zipfile.ZipFile, package: Package) -> list[str]:
@@ -192,6 +244,9 @@ def check_wheel(wheel: Path, packages: dict[str, Package], core: Version) -> tup
             version = None
         problems += _url_problems(meta, package)
         problems += _data_problems(zf, package)
+        problems += _native_problems(zf, info, package)
+        if NATIVE_FILES.get(package.dist):
+            summary.append("native library")
         if SHIPPED_DATA.get(package.dist):
             summary.append(f"{len(SHIPPED_DATA[package.dist])} data files")
         if version != package.version:
@@ -245,8 +300,11 @@ def check_dist(dist_dir: Path, repo: Path) -> int:
     failed = 0
     for wheel in wheels:
         package, problems, summary = check_wheel(wheel, packages, core)
-        if package is not None and sdist_for(dist_dir, package.dist, wheel.name.split("-")[1]) is None:
+        sdist = None if package is None else sdist_for(dist_dir, package.dist, wheel.name.split("-")[1])
+        if package is not None and sdist is None:
             problems.append(f"no sdist {wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.tar.gz next to it")
+        elif package is not None and sdist is not None:
+            problems += _sdist_problems(sdist, package)
         if problems:
             failed += 1
             print(f"FAIL {wheel.name}: " + "; ".join(problems))

@@ -406,6 +406,17 @@ def test_check_dist_core_ships_traces_with_licence_and_attribution(
     assert message in proc.stdout
 
 
+def test_check_dist_fs_wheel_must_ship_the_native_library(tree: Path, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    set_version(tree, "tiering-fs", "0.1.0")
+    make_wheel(dist, "tiering-fs", "0.1.0", entry_point="fs = tiering.fs:FsspecSecondaryTierManager")
+    proc = check(tree, dist)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "tiering/fs/native/libblockio.so missing (native part" in proc.stdout
+    assert "WHEEL Tag ['py3-none-any'] is not py3-none-<platform>" in proc.stdout
+    assert "tiering_fs-0.1.0.tar.gz is not a readable sdist" in proc.stdout
+
+
 def test_check_dist_empty_and_unknown(tree: Path, tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     dist.mkdir()

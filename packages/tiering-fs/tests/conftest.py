@@ -12,7 +12,31 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fs_test_helpers import make_spec
 
 from tiering.core.primary import allocate_host_buffer
-from tiering.fs import FsspecSecondaryTierManager
+from tiering.fs import FsspecSecondaryTierManager, native
+
+
+@pytest.fixture
+def python_io(monkeypatch):
+    """The pure-Python block I/O path, for tests that inject faults by patching ``os`` or the back end."""
+    monkeypatch.setenv(native.ENV_VAR, "0")
+
+
+@pytest.fixture(params=["native", "python"])
+def io_path(request, monkeypatch):
+    """Run a test on both block I/O paths (modules opt in with ``pytestmark = pytest.mark.usefixtures("io_path")``).
+
+    The native run is skipped when the library is not built (``python packages/tiering-fs/hatch_build.py``
+    builds it; test_fs_native.py fails when a C compiler is there and the library is not).
+    """
+    if request.param == "python":
+        monkeypatch.setenv(native.ENV_VAR, "0")
+    elif "python_io" in request.fixturenames:
+        pytest.skip("injects faults into the pure-Python path")
+    elif native._load()[0] is None:
+        pytest.skip(f"native library not built: {native._load()[1]}")
+    else:
+        monkeypatch.delenv(native.ENV_VAR, raising=False)
+    return request.param
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ def main() -> None:
     go = cfg.get("go_file")
     while go and not os.path.exists(go):
         time.sleep(0.001)
+    if cfg.get("hang"):
+        os.environ["TIERING_FS_NATIVE"] = "0"  # the hang is injected into os.pwritev: the pure-Python path
     tier = FsspecSecondaryTierManager(spec, view, "fs", root=cfg["root"], **cfg.get("tier", {}))
     keys = [make_key(i, salt) for i in range(n)]
     for start in range(0, n, 16):

@@ -6,6 +6,7 @@ import pytest
 from tiering.core.testing import TierConformanceTests
 
 
+@pytest.mark.usefixtures("io_path")
 class TestFsLocalConformance(TierConformanceTests):
     @pytest.fixture
     def tier_config(self, tmp_path):

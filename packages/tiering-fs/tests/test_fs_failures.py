@@ -17,6 +17,8 @@ from tiering.core.base import block_view
 from tiering.core.testing import block_payload, make_key
 from tiering.fs import FsspecSecondaryTierManager
 
+pytestmark = pytest.mark.usefixtures("python_io")
+
 # -- failures --------------------------------------------------------------------------------
 
 

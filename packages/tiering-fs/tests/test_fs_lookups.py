@@ -3,11 +3,14 @@
 import threading
 import time
 
+import pytest
 from fs_test_helpers import BB, CTX, load, store
 
 from tiering.core.base import block_view
 from tiering.core.testing import block_payload, make_key, wait_for_lookup
 from tiering.fs.io.local import LocalBackend
+
+pytestmark = pytest.mark.usefixtures("io_path")
 
 # -- lookups -----------------------------------------------------------------------------------
 

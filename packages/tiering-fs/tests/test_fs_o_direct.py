@@ -16,6 +16,8 @@ from tiering.fs.errors import DirectIONotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
 
+pytestmark = pytest.mark.usefixtures("io_path")
+
 # -- O_DIRECT ------------------------------------------------------------------------------
 
 
@@ -39,6 +41,7 @@ def _record_open_flags(monkeypatch):
     return flags
 
 
+@pytest.mark.usefixtures("python_io")
 def test_o_direct_is_used_on_a_local_disk_with_aligned_slots(tmp_path, open_tier, monkeypatch):
     _direct_or_skip(tmp_path)
     tier, view = open_tier(tmp_path)
@@ -65,6 +68,7 @@ def test_blocks_written_buffered_load_with_o_direct_and_back(tmp_path, open_tier
     assert loads_exact(direct, view_d, keys) and loads_exact(buffered, view_b, keys)
 
 
+@pytest.mark.usefixtures("python_io")
 def test_block_bytes_not_a_page_multiple_falls_back_to_buffered(tmp_path, open_tier, monkeypatch):
     bb = 3 * 4096 + 100
     spec = make_spec(block_bytes=bb)

@@ -6,6 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from fs_test_helpers import BB, CTX, _ids, block_files, load, loads_exact, make_spec, run_worker, temp_files
 
 from tiering.core import (
@@ -15,9 +16,11 @@ from tiering.core.base import block_view
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.layout import HOST, TRAILER_BYTES
 
+pytestmark = pytest.mark.usefixtures("io_path")
+
+
 # -- atomic publish, concurrency, crashes ---------------------------------------------------
-
-
+@pytest.mark.usefixtures("python_io")
 def test_C02_throttled_write_is_never_served_partially(tmp_path, open_tier, monkeypatch):
     bb = 8 * 1024 * 1024
     tier, view = open_tier(tmp_path, spec=make_spec(block_bytes=bb, num_blocks=2), num_blocks=2)

@@ -21,6 +21,8 @@ from tiering.fs import FsspecSecondaryTierManager, RootNotUsableError
 from tiering.fs.inspection import FsInspector
 from tiering.fs.layout import HOST, TRAILER_BYTES, shard_of, temp_namer
 
+pytestmark = pytest.mark.usefixtures("io_path")
+
 BB = 16 * 1024
 STORED = BB + TRAILER_BYTES
 CTX = ReqContext("reliability")
@@ -80,8 +82,7 @@ def rescan(tier):
 
 
 # -- kind 2 / C13: eviction, load and adoption agree ---------------------------------------------
-
-
+@pytest.mark.usefixtures("python_io")
 def test_C13_load_racing_an_eviction_never_reindexes_the_key(tmp_path, open_tier, monkeypatch):
     tier, view = open_tier(tmp_path, capacity_bytes=4 * STORED, n_read_threads=1, n_write_threads=1)
     keys = [make_key(i, b"c13") for i in range(4)]
@@ -196,6 +197,7 @@ def test_C16_unremovable_bad_block_answers_false_and_stays_counted(tmp_path, ope
 # -- kind 4: O_DIRECT refused at run time --------------------------------------------------------
 
 
+@pytest.mark.usefixtures("python_io")
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
 @pytest.mark.parametrize("direction", ["store", "load"])
 def test_kind4_o_direct_einval_at_run_time_falls_back_without_losing_the_block(
@@ -319,6 +321,7 @@ def test_C15_stale_temps_and_probes_are_removed_and_live_ones_counted(tmp_path, 
     assert disk_bytes(tier) + 1000 <= tier.capacity_bytes
 
 
+@pytest.mark.usefixtures("python_io")
 def test_temp_names_carry_a_per_process_nonce_and_cost_no_syscall(tmp_path, open_tier, monkeypatch):
     tier, view = open_tier(tmp_path, o_direct=False)
     names, real_open = [], os.open

@@ -17,6 +17,8 @@ from tiering.core.base import block_view
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key
 
+pytestmark = pytest.mark.usefixtures("io_path")
+
 # -- verification on load ------------------------------------------------------------------
 
 
@@ -32,6 +34,7 @@ def _count_reads(monkeypatch, tier):
     return counts
 
 
+@pytest.mark.usefixtures("python_io")
 def test_C06_truncated_file_is_a_miss_once(tmp_path, open_tier, monkeypatch):
     bb = 256 * 1024
     tier, view = open_tier(tmp_path, spec=make_spec(block_bytes=bb), n_read_threads=2, n_write_threads=1)

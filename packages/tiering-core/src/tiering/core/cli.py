@@ -25,6 +25,7 @@ from tiering.core.bench.command import add_bench_parser
 from tiering.core.commands import add_commands, option_pairs
 from tiering.core.configfile import install_hint, load_config, redact_text
 from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
+from tiering.core.primary.memory import check_primary_fits
 
 logger = logging.getLogger("tiering.core.cli")
 
@@ -80,6 +81,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
     print(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
     print(f"primary: {spec.num_primary_blocks} blocks x {spec.block_bytes} bytes")
+    check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
     policy = getattr(spec, "eviction_policy", None)
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
@@ -106,18 +108,38 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _probe(spec: Any, tier_configs: list[Any]) -> None:
-    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it."""
-    from tiering.core.configfile import tier_location
+    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it.
+
+    Every error names the entry (``secondary_tiers[N]`` and, where it can be told, ``.<key>``), as plain check does.
+    """
     from tiering.core.factory import create_secondary_tier
+    from tiering.core.inspection import inspector_for
     from tiering.core.primary import allocate_host_buffer
+    from tiering.core.primary.memory import format_bytes
+    from tiering.core.tier_factory import tier_error
 
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
         cls, tier_type, _ = resolve_tier(tier_config, index)
-        where = tier_location(tier_config, index)
+        try:
+            inspector = inspector_for(tier_config, index)
+            where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
+            free = None if inspector is None else inspector.free_bytes()
+            found = cls.probe(tier_config)
+        except Exception as exc:
+            labelled = tier_error(exc, tier_config, index)
+            if labelled is exc:
+                raise
+            raise labelled from exc
         head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
         tail = "" if where else " (in memory, nothing kept)"
-        found = cls.probe(tier_config)
+        capacity = tier_config.get("capacity_bytes")
+        if free is not None and isinstance(capacity, int) and capacity > free:
+            print(
+                f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
+                f"more than the {free} bytes ({format_bytes(free)}) free at {where}; stores will fail once the disk "
+                "is full, before the tier evicts"
+            )
         if found is not None:
             print(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
             continue

@@ -101,6 +101,13 @@ class TierInspector(abc.ABC):
     def remove_namespace(self, digest: str) -> int:
         """Remove every block and the namespace file of ``digest``; returns the blocks removed."""
 
+    def free_bytes(self) -> int | None:
+        """Bytes free where the tier writes (the disk under a local root), None when unknown or unbounded.
+
+        ``tiering check --probe`` warns when a tier's ``capacity_bytes`` is larger. Creates nothing.
+        """
+        return None
+
     def summary(self, digest: str) -> NamespaceSummary:
         """Block count, bytes, oldest and newest block of a namespace."""
         out = NamespaceSummary(digest, self.namespace_fields(digest))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import hashlib
 import json
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.manager import TieringManager
 from tiering.core.primary import CPUPrimaryTier
+from tiering.core.primary.memory import allocation_error
 from tiering.core.redact import redact_config
 from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
 
@@ -229,9 +231,18 @@ class TieringOffloadingSpec(OffloadingSpec):
                 block_bytes`` bytes (e.g. the pinned
                 :attr:`tiering.core.transfer.HostBuffer.view`); when None an
                 ordinary pre-faulted buffer is allocated.
+
+        Raises:
+            OSError: (``ENOMEM``) the buffer cannot be allocated; the message
+                names ``cpu_bytes_to_use``, its value and the machine's memory.
         """
         policy = create_cache_policy(self.eviction_policy, self.cache_policy_module_path, self.num_primary_blocks)
-        return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
+        try:
+            return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
+        except (MemoryError, OSError) as exc:
+            if buffer is not None or (isinstance(exc, OSError) and exc.errno != errno.ENOMEM):
+                raise
+            raise allocation_error(exc, self.num_primary_blocks * self.block_bytes) from exc
 
     def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
         """Build every entry of ``secondary_tiers`` over ``primary_kv_view``, in order.

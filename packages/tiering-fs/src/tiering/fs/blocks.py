@@ -12,19 +12,33 @@ temporary name (no system call: :class:`~tiering.fs.layout.TempNamer`), no
 ``stat`` of the final path (the rename replaces atomically; dedupe is the
 index's job), and a ``mkdir`` only the first time a shard directory is used
 by this instance (cached; redone once when a shard was removed under us).
+
+With :attr:`BlockFiles.native` set (a local root, the library loaded: see
+:mod:`tiering.fs.native`), :meth:`BlockFiles.write_many` and
+:meth:`BlockFiles.read_many` move a whole share in one native call; a block
+that fails there with ``ENOENT`` (its shard directory removed under us) is
+redone once through the Python path, which recreates the directory.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
+import os
 import threading
+from collections.abc import Callable, Sequence
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, MAX_KEY_BYTES, encode_header, verify_block
 from tiering.fs.io import Backend
-from tiering.fs.layout import TRAILER_BYTES, block_path, temp_namer
+from tiering.fs.layout import TRAILER_BYTES, block_path, shard_of, temp_namer
+from tiering.fs.native import NativeBlockIO, block_error
 
 _ZERO_TAIL = bytes(TRAILER_BYTES - HEADER_SIZE)
+
+
+class NotStartedError(Exception):
+    """A block of a share was not written: the tier began shutting down before its turn (pure-Python path)."""
 
 
 class BlockFiles:
@@ -36,7 +50,13 @@ class BlockFiles:
         digest: the namespace digest bytes written into (and checked in) every header.
         block_bytes: payload bytes per block.
         fsync: fsync each file and its directory at publish.
+
+    Attributes:
+        native: the native batch path (set by the tier for a local root when the
+            library is usable), None for the pure-Python path.
     """
+
+    native: NativeBlockIO | None = None
 
     def __init__(self, backend: Backend, namespace_dir: str, digest: bytes, block_bytes: int, fsync: bool) -> None:
         self.backend = backend
@@ -109,3 +129,91 @@ class BlockFiles:
     def remove(self, key: OffloadKey) -> bool:
         """Remove ``key``'s block file; True when it is gone (also when it was already), False on an error."""
         return self.backend.remove(self.path(key))
+
+    def write_many(
+        self,
+        keys: Sequence[OffloadKey],
+        block_ids: Sequence[int],
+        slot: Callable[[int], memoryview],
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> list[Exception | None]:
+        """Publish ``keys[i]`` from primary slot ``block_ids[i]`` (as :meth:`write`, one native call when possible).
+
+        Args:
+            keys: the blocks' keys.
+            block_ids: the primary slot of each.
+            slot: primary slot ``block_id`` -> its ``memoryview``.
+            stopping: checked before each block of the pure-Python path; once True the
+                rest is not written (:class:`NotStartedError`). A native call writes its
+                whole share (a few milliseconds).
+
+        Returns:
+            Per key None (published) or what :meth:`write` would have raised.
+        """
+        native = self.native
+        if native is None or not native.accepts(keys):
+            out: list[Exception | None] = []
+            for key, block_id in zip(keys, block_ids, strict=True):
+                stop = stopping()
+                out.append(NotStartedError() if stop else _attempt(self.write, key, block_id, slot))
+            return out
+        backend = self.backend
+        codes, lost = native.store(keys, block_ids, temp_namer.prefix, backend.direct, self.fsync)
+        if lost:
+            backend.give_up_direct(OSError(lost, os.strerror(lost)), "write")
+        if not any(codes):
+            return [None] * len(codes)
+        out = []
+        for key, block_id, code in zip(keys, block_ids, codes, strict=False):
+            if code == errno.ENOENT:  # the shard directory was removed under us: the Python path recreates it
+                native.refresh(shard_of(key))
+                out.append(_attempt(self.write, key, block_id, slot))
+            else:
+                out.append(block_error(code, self.path(key)) if code else None)
+        return out
+
+    def read_many(
+        self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
+    ) -> list[Exception | None]:
+        """Read and verify ``keys[i]`` into slot ``block_ids[i]`` (as :meth:`read`), stopping at the first failure.
+
+        Returns:
+            Per key attempted, None (read and verified) or what :meth:`read` would
+            have raised; the list ends at the first failure (the rest was not read).
+        """
+        native = self.native
+        out: list[Exception | None] = []
+        if native is None or not native.accepts(keys):
+            for key, block_id in zip(keys, block_ids, strict=False):
+                out.append(_attempt(self.read, key, block_id, slot))
+                if out[-1] is not None:
+                    break
+            return out
+        codes, lost = native.load(keys, block_ids, self.backend.direct, stop_on_error=True)
+        if lost:
+            self.backend.give_up_direct(OSError(lost, os.strerror(lost)), "read")
+        for key, block_id, code in zip(keys, block_ids, codes, strict=False):
+            if code == errno.ENOENT:  # a kept shard descriptor may be stale: the Python path looks again
+                native.refresh(shard_of(key))
+                out.append(_attempt(self.read, key, block_id, slot))
+            else:
+                out.append(block_error(code, self.path(key)) if code else None)
+            if out[-1] is not None:
+                break
+        return out
+
+    def close(self) -> None:
+        """Close the native path's directory descriptors (the tier calls it at shutdown, after its threads)."""
+        if self.native is not None:
+            self.native.close()
+
+
+def _attempt(
+    op: Callable[[OffloadKey, memoryview], object], key: OffloadKey, block_id: int, slot: Callable[[int], memoryview]
+) -> Exception | None:
+    """Run one block operation on primary slot ``block_id``; None when it succeeded, else what it raised."""
+    try:
+        op(key, slot(block_id))
+    except Exception as exc:
+        return exc
+    return None

@@ -144,6 +144,15 @@ class TempNamer:
         """This process's owner triple as it appears in its temporary names."""
         return TempOwner(HOST, self.pid, self.nonce)
 
+    @property
+    def prefix(self) -> str:
+        """What follows a final name in this process's temporaries, before the counter: ``.tmp.<host>.<pid>.<nonce>.``.
+
+        The native batch path (:mod:`tiering.fs.native`) appends its own counter, from a
+        range this class never reaches (``2**40`` up), so the two never make the same name.
+        """
+        return self._prefix
+
     def __call__(self, final: str) -> str:
         """A new temporary name next to ``final`` (same directory)."""
         return f"{final}{self._prefix}{next(self._counter):x}"

@@ -42,6 +42,7 @@ from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
 from tiering.fs.io import open_backend
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.native import open_native
 from tiering.fs.root import direct_obstacle, prepare_namespace_dir
 from tiering.fs.scanner import Rescanner, scan_namespace
 from tiering.fs.transfer import Transfers
@@ -152,6 +153,10 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self.files = BlockFiles(
             self.backend, self.namespace_dir, self.namespace.digest_bytes, self.block_bytes, cfg.fsync
         )
+        self.files.native, self.block_io = open_native(
+            self.backend, self.namespace_dir, self.namespace.digest_bytes, self.primary_kv_view
+        )  # block_io: which block I/O path (native batch or pure Python) and why, for logs and probes
+        logger.info("fs tier: %s uses %s", self.namespace_dir, self.block_io)
 
         self.index = CapacityIndex(cfg.capacity_bytes)
         self.jobs = JobTracker()
@@ -219,10 +224,13 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
     @classmethod
     def probe(cls, tier_config: Mapping[str, Any]) -> str:
         """Whether the entry's root would work, creating nothing (``tiering check --probe``); see :func:`probe_root`."""
+        from tiering.fs.native import status
         from tiering.fs.root import probe_root
 
         cfg = FS_SCHEMA.validate(tier_config)
-        return probe_root(cfg["root"], cfg["storage_options"], str(tier_config.get("type", "fs")))
+        found = probe_root(cfg["root"], cfg["storage_options"], str(tier_config.get("type", "fs")))
+        local = "::" not in cfg["root"] and ("://" not in cfg["root"] or cfg["root"].startswith("file://"))
+        return f"{found}; {status()}" if local else found
 
     def block_path(self, key: bytes) -> str:
         """Path of ``key``'s block file: ``<namespace dir>/<ab>/<key hex>.kvb``."""
@@ -368,6 +376,7 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         out["scan_done"] = int(self._rescanner.first_done.is_set())
         out["last_scan_s"] = self._last_scan_s
         out["o_direct"] = int(self.o_direct)
+        out["native_io"] = int(self.files.native is not None)
         return out
 
     def shutdown(self) -> None:
@@ -380,4 +389,5 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
             self._lookup_cache.close()
         self.pool.shutdown(wait=True)
         self.backend.close()
+        self.files.close()
         self.jobs.fail_all(SHUTDOWN)

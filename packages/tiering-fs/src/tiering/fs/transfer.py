@@ -24,7 +24,7 @@ from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
 from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, KeyState, KVEventLog, Victim
 from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks
-from tiering.fs.blocks import BlockFiles
+from tiering.fs.blocks import BlockFiles, NotStartedError
 from tiering.fs.errors import failure_cause
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ class Transfers:
         commits: list[tuple[OffloadKey, bool]] = []
         stored: list[OffloadKey] = []
         state = items[0][0]
+        keys, block_ids, indexes = [], [], []
         for _, i, reserved in items:
             key = state.meta.keys[i]
             if self._stopping:
@@ -146,9 +147,18 @@ class Transfers:
                     cause = "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]
                     outcomes.append((i, ok, cause))
                     continue
-            try:
-                self.files.write(key, self.slot(state.meta.block_ids[i]))
-            except Exception as exc:
+            keys.append(key)
+            block_ids.append(state.meta.block_ids[i])
+            indexes.append(i)
+        # One call for the share (native path: no Python work per block; see BlockFiles.write_many).
+        for key, i, exc in zip(
+            keys, indexes, self.files.write_many(keys, block_ids, self.slot, self._is_stopping), strict=False
+        ):
+            if isinstance(exc, NotStartedError):
+                commits.append((key, False))
+                outcomes.append((i, False, SHUTDOWN))
+                continue
+            if exc is not None:
                 cause = failure_cause(exc, load=False)
                 _log_failure("store", key, cause, exc)
                 commits.append((key, False))
@@ -183,22 +193,24 @@ class Transfers:
         state = items[0][0]
         failed = False  # a share is a run of consecutive blocks: after a failure the rest is skipped
         with self.index.reading() as ticket:
+            todo = []
             for _, i in items:
                 if self._stopping:
                     outcomes.append((i, False, SHUTDOWN))
-                    continue
-                if failed or state.should_skip(i):
-                    outcomes.append((i, False, ""))  # the request recomputes from an earlier failed block
-                    continue
-                key = state.meta.keys[i]
-                try:
-                    size = self.files.read(key, self.slot(state.meta.block_ids[i]))
-                except Exception as exc:
-                    failed = True
+                elif failed or state.should_skip(i):
+                    failed = True  # the request recomputes from an earlier failed block
+                    outcomes.append((i, False, ""))
+                else:
+                    todo.append(i)
+            keys = [state.meta.keys[i] for i in todo]
+            results = self.files.read_many(keys, [state.meta.block_ids[i] for i in todo], self.slot)
+            for i, key, exc in zip(todo, keys, results, strict=False):  # results end at the first failure
+                if exc is None:
+                    found.append((key, self.stored_block_bytes))
+                    outcomes.append((i, True, ""))
+                else:
                     outcomes.append((i, False, self._load_failure(key, exc)))
-                    continue
-                found.append((key, size))
-                outcomes.append((i, True, ""))
+            outcomes.extend((i, False, "") for i in todo[len(results) :])  # not read after a failure
             self.index.adopt_many(found, ticket)
         if found:
             self.counters.add({"blocks_loaded": len(found), "bytes_loaded": len(found) * self.block_bytes})

@@ -98,5 +98,8 @@ class Backend:
         """Whether ``path`` is a directory and not a symlink to one (True where the back end has no symlinks)."""
         return True
 
+    def give_up_direct(self, exc: OSError, what: str) -> None:
+        """Stop using ``O_DIRECT`` after the filesystem refused it at run time (a no-op where it is never used)."""
+
     def close(self) -> None:
         """Release what the back end holds open (the tier calls it at shutdown, after its threads stopped)."""

@@ -238,7 +238,8 @@ class LocalBackend(Backend):
             back.close()
         return None
 
-    def _give_up_direct(self, exc: OSError, what: str) -> None:
+    def give_up_direct(self, exc: OSError, what: str) -> None:
+        """Stop using ``O_DIRECT`` for good after the filesystem refused it (``what``: "write"/"read"); warns once."""
         if self.direct:
             self.direct = False
             self.direct_lost = f"O_DIRECT {what} failed at run time: {exc.strerror or exc}"
@@ -267,7 +268,7 @@ class LocalBackend(Backend):
             except OSError as exc:
                 if not (direct and exc.errno in DIRECT_UNSUPPORTED):
                     raise
-                self._give_up_direct(exc, "write")
+                self.give_up_direct(exc, "write")
                 _publish(dfd, tmp_name, final_name, [payload, trailer], 0, fsync)
 
         self._in_dir(directory, publish)
@@ -283,7 +284,7 @@ class LocalBackend(Backend):
             except OSError as exc:
                 if not (direct and exc.errno in DIRECT_UNSUPPORTED):
                     raise
-                self._give_up_direct(exc, "read")
+                self.give_up_direct(exc, "read")
                 return _read(dfd, name, path, payload, trailer, expected_size, False)
 
         return self._in_dir(directory, read)
