@@ -72,7 +72,18 @@ def test_bench_without_a_local_tier_says_so_and_replays_through_the_primary(env,
     assert "pip install tiering-<name> (from a clone of the repository: pip install ./packages/tiering-<name>)" in (
         proc.stderr
     )
+    assert "the tier packages are listed at https://" in proc.stderr
     assert "every loaded byte matched" in proc.stdout
+
+
+def test_bench_root_without_a_local_tier_is_refused_and_creates_nothing(env, tmp_path):
+    if LOCAL is not None:
+        pytest.skip("a local persistent tier is installed")
+    proc = tiering("bench", "--root", tmp_path / "keep", "--requests", "50", env=env)
+    assert proc.returncode == 2
+    assert "no installed tier keeps blocks in a local directory, so nothing would be kept there" in proc.stderr
+    assert "the tier packages are listed at https://" in proc.stderr
+    assert not (tmp_path / "keep").exists()
 
 
 @needs_local

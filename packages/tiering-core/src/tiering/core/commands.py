@@ -327,6 +327,14 @@ STACK_EPILOG = (
 )
 
 
+def size_argument(text: str) -> int:
+    """:func:`parse_size` for argparse: a bad size is reported with what sizes look like (not ``invalid value``)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
     parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
@@ -359,7 +367,7 @@ def add_commands(sub: Any) -> None:
     )
     what.add_argument(
         "--to-bytes",
-        type=parse_size,
+        type=size_argument,
         metavar="N",
         help="remove the oldest blocks until at most N bytes remain (500M, 64GiB)",
     )

@@ -9,7 +9,6 @@ scheduler-side manager (:meth:`TieringOffloadingSpec.get_manager`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import errno
 import hashlib
 import json
@@ -21,6 +20,7 @@ from tiering.core.manager import TieringManager
 from tiering.core.primary import CPUPrimaryTier
 from tiering.core.primary.memory import allocation_error
 from tiering.core.redact import redact_config
+from tiering.core.registry import closest_name
 from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
 
 if TYPE_CHECKING:
@@ -158,9 +158,7 @@ class OffloadingSpec:
         unknown = sorted(set(extra_config) - SPEC_KEYS - VLLM_KEYS)
         if unknown and strict:
             hints = [
-                f"{key!r} (did you mean {match[0]!r}?)"
-                if (match := difflib.get_close_matches(key, SPEC_KEYS, 1))
-                else repr(key)
+                f"{key!r} (did you mean {match!r}?)" if (match := closest_name(key, SPEC_KEYS)) else repr(key)
                 for key in unknown
             ]
             raise ValueError(f"unknown config key {', '.join(hints)}; known keys: {', '.join(sorted(SPEC_KEYS))}")
@@ -214,10 +212,10 @@ class TieringOffloadingSpec(OffloadingSpec):
         policy = extra_config.get("eviction_policy", "lru")
         self.cache_policy_module_path: str | None = extra_config.get("cache_policy_module_path")
         if not isinstance(policy, str) or (policy not in EVICTION_POLICIES and self.cache_policy_module_path is None):
-            close = difflib.get_close_matches(policy, EVICTION_POLICIES, 1) if isinstance(policy, str) else []
+            close = closest_name(policy, EVICTION_POLICIES) if isinstance(policy, str) else None
             raise ValueError(
                 f"config key 'eviction_policy' is {policy!r}"
-                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + (f" (did you mean {close!r}?)" if close else "")
                 + f"; allowed: {', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "
                 "together with 'cache_policy_module_path'"
             )
