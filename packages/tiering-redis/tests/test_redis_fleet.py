@@ -171,3 +171,32 @@ def test_a_cap_of_one_block_keeps_the_newest(redis_server, prefix, cap_blocks):
     finally:
         tier.shutdown()
         client.close()
+
+
+def test_gc_removals_leave_the_fleet_lru_and_removing_the_namespace_removes_it(redis_server, prefix):
+    from tiering.redis import RedisSecondaryTierManager
+
+    config = {"type": "redis", "url": redis_server.url, "prefix": prefix, "eviction": "tier",
+              "capacity_bytes": 8 * OBJECT}  # fmt: skip
+    view = allocate_host_buffer(32, BLOCK)
+    tier = create_secondary_tier(config, view, spec())
+    keys = [make_key(i, b"gc") for i in range(3)]
+    for i, key in enumerate(keys):
+        block_view(view, i)[:] = block_payload(key, BLOCK)
+    job = JobMetadata(next(_ids), keys, [0, 1, 2], False, CTX)
+    tier.submit_store(job)
+    assert wait_for_jobs(tier, [job.job_id])[job.job_id]
+    tier.pool.wait_idle(10)
+    digest, lru = tier.digest, tier.layout.lru_key(tier.digest)
+    tier.shutdown()
+    client = redis_server.client()
+    inspector = RedisSecondaryTierManager.inspector(config)
+    try:
+        blocks = sorted(inspector.blocks(digest), key=lambda b: b.key)
+        victim = next(b for b in blocks if b.key == keys[0])
+        assert inspector.remove_blocks(digest, [victim]) == 1
+        assert {m for m, _ in client.zscan_iter(lru)} == {keys[1].hex().encode(), keys[2].hex().encode()}
+        assert inspector.remove_namespace(digest) == 2
+        assert not client.exists(lru)
+    finally:
+        client.close()
