@@ -200,3 +200,32 @@ def test_gc_removals_leave_the_fleet_lru_and_removing_the_namespace_removes_it(r
         assert not client.exists(lru)
     finally:
         client.close()
+
+
+def test_touch_reorders_the_fleet_lru_so_the_least_recently_used_goes_first(redis_server, prefix):
+    config = {"type": "redis", "url": redis_server.url, "prefix": prefix, "eviction": "tier",
+              "capacity_bytes": 2 * OBJECT}  # fmt: skip
+    view = allocate_host_buffer(32, BLOCK)
+    tier = create_secondary_tier(config, view, spec())
+    client = redis_server.client()
+    keys = [make_key(i, b"touch") for i in range(3)]
+    try:
+        for key in keys[:2]:
+            block_view(view, 0)[:] = block_payload(key, BLOCK)
+            job = JobMetadata(next(_ids), [key], [0], False, CTX)
+            tier.submit_store(job)
+            assert wait_for_jobs(tier, [job.job_id])[job.job_id]
+            tier.pool.wait_idle(10)
+            time.sleep(0.01)  # distinct scores
+        tier.touch([keys[0]], CTX)  # keys[0] was stored first but is now the most recently used
+        tier.pool.wait_idle(10)
+        block_view(view, 0)[:] = block_payload(keys[2], BLOCK)
+        job = JobMetadata(next(_ids), [keys[2]], [0], False, CTX)
+        tier.submit_store(job)
+        assert wait_for_jobs(tier, [job.job_id])[job.job_id]
+        tier.pool.wait_idle(10)
+        left = {n.rsplit(b":", 1)[1] for n in block_names(client, prefix)}
+        assert left == {keys[0].hex().encode(), keys[2].hex().encode()}  # keys[1] was the least recently used
+    finally:
+        tier.shutdown()
+        client.close()
