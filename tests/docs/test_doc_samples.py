@@ -37,6 +37,14 @@ FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 TRACE = REPO / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
+@pytest.fixture
+def server_memory(monkeypatch):
+    """The samples are sized for a serving host (e.g. a 32 GiB primary tier): check them as on a 2 TiB one."""
+    from tiering.core.primary import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda: memory.MachineMemory(2 << 40, None))
+
+
 def blocks(page, lang):
     return [body for kind, body in FENCE.findall(page.read_text()) if kind == lang]
 
@@ -61,7 +69,7 @@ def installed_types():
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "json")], ids=page_id)
-def test_json_configs_resolve(page, tmp_path, monkeypatch, capsys):
+def test_json_configs_resolve(page, tmp_path, monkeypatch, capsys, server_memory):
     # Configs naming module_path "my_tiers" use the tier class of the out-of-tree guide.
     module = types.ModuleType("my_tiers")
     guide = REPO / "docs" / "content" / "out-of-tree.md"
@@ -157,7 +165,7 @@ def test_vllm_serve_configs_name_installed_tiers_with_valid_keys(page, text):
 
 
 @pytest.mark.parametrize(("page", "text"), list(vllm_configs()))
-def test_tiering_check_accepts_vllm_serve_configs(page, text, tmp_path, capsys):
+def test_tiering_check_accepts_vllm_serve_configs(page, text, tmp_path, capsys, server_memory):
     """``tiering check`` on each ``--kv-transfer-config`` of the docs (binding keys such as model_revision included)."""
     config = json.loads(text)
     names = {t["type"].removeprefix("tiering_") for t in config["kv_connector_extra_config"]["secondary_tiers"]}

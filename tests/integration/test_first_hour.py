@@ -72,7 +72,18 @@ def test_bench_without_a_local_tier_says_so_and_replays_through_the_primary(env,
     assert "pip install tiering-<name> (from a clone of the repository: pip install ./packages/tiering-<name>)" in (
         proc.stderr
     )
+    assert "the tier packages are listed at https://" in proc.stderr
     assert "every loaded byte matched" in proc.stdout
+
+
+def test_bench_root_without_a_local_tier_is_refused_and_creates_nothing(env, tmp_path):
+    if LOCAL is not None:
+        pytest.skip("a local persistent tier is installed")
+    proc = tiering("bench", "--root", tmp_path / "keep", "--requests", "50", env=env)
+    assert proc.returncode == 2
+    assert "no installed tier keeps blocks in a local directory, so nothing would be kept there" in proc.stderr
+    assert "the tier packages are listed at https://" in proc.stderr
+    assert not (tmp_path / "keep").exists()
 
 
 @needs_local
@@ -184,11 +195,28 @@ def test_root_form_of_ls_stat_verify_gc_sees_what_bench_root_wrote(env, tmp_path
 @needs_local
 def test_stat_shows_unbounded_for_a_tier_without_a_cap(env, tmp_path):
     root = tmp_path / "kv"
-    root.mkdir()
+    bench = tiering("bench", "--trace", "mooncake-synthetic", "--requests", "20", "--root", root, env=env)
+    assert bench.returncode == 0, bench.stderr
     proc = tiering("stat", "--tier", LOCAL, "--root", root, env=env)
     assert proc.returncode == 0, proc.stderr
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("capacity_bytes")]
     assert line.split() == ["capacity_bytes", "unbounded"]
+
+
+@needs_local
+def test_stat_creates_nothing_on_a_mistyped_root_or_one_without_the_namespace(env, tmp_path):
+    missing = tmp_path / "bench-blokcs"
+    proc = tiering("stat", "--root", missing, env=env)
+    assert proc.returncode == 2
+    assert f"root '{missing}' does not exist" in proc.stderr
+    assert not missing.exists()
+    other = tmp_path / "other"
+    (other / ("ab" * 16)).mkdir(parents=True)
+    (other / ("ab" * 16) / "namespace.json").write_text("{}")
+    proc = tiering("stat", "--root", other, env=env)
+    assert proc.returncode == 1
+    assert f"namespaces there: {'ab' * 16}" in proc.stderr
+    assert sorted(p.name for p in other.iterdir()) == ["ab" * 16]  # no namespace.json of its own written
 
 
 def test_stack_options_need_a_config_or_a_root(env):

@@ -70,3 +70,67 @@ def test_check_reads_the_binding_spec_for_vllm_without_vllm(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "spec_name 'TieringSpec' with spec_module_path 'tiering.core.vllm.spec' is the vLLM binding's spec" in out
     assert "spec: tiering.core.spec.TieringOffloadingSpec" in out
+
+
+# -- the primary tier against the machine's memory ---------------------------------------------
+def test_check_refuses_a_primary_tier_larger_than_the_memory(tmp_path, capsys, monkeypatch):
+    from tiering.core.primary import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda: memory.MachineMemory(8 << 30, 4 << 30))
+    assert main(["check", _write(tmp_path, {"cpu_bytes_to_use": 6 << 30})]) == 2
+    err = capsys.readouterr().err
+    assert "cpu_bytes_to_use: 6442450944 bytes (6.0 GiB) is more than this machine's memory" in err
+    assert "machine's memory (physical memory 8.0 GiB, cgroup limit 4.0 GiB);" in err
+    assert main(["check", _write(tmp_path, {"cpu_bytes_to_use": 3 << 30})]) == 0
+
+
+def test_machine_memory_reads_physical_memory_and_both_cgroup_versions(tmp_path, monkeypatch):
+    from tiering.core.primary import memory
+
+    assert memory.machine_memory().physical > 1 << 20  # this machine's, from sysconf
+    proc = tmp_path / "cgroup"
+    monkeypatch.setattr(memory, "PROC_CGROUP", proc)
+    monkeypatch.setattr(memory, "CGROUP_ROOT", tmp_path)
+    (tmp_path / "kube" / "pod").mkdir(parents=True)
+    proc.write_text("0::/kube/pod\n")  # cgroup v2
+    (tmp_path / "kube" / "pod" / "memory.max").write_text("4294967296\n")
+    assert memory._cgroup_limit(8 << 30) == 4 << 30
+    (tmp_path / "kube" / "pod" / "memory.max").write_text("max\n")
+    assert memory._cgroup_limit(8 << 30) is None
+    proc.write_text("4:memory:/docker/abc\n0::/\n")  # cgroup v1, mounted at the hierarchy's root in a container
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("2147483648\n")
+    assert memory._cgroup_limit(8 << 30) == 2 << 30
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert memory._cgroup_limit(8 << 30) is None
+
+
+def test_a_failed_primary_allocation_names_cpu_bytes_to_use(monkeypatch):
+    import errno
+    import mmap
+
+    from tiering.core import TieringOffloadingSpec
+    from tiering.core.primary import buffer
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(buffer, "mmap", type("m", (), {"mmap": staticmethod(refuse)}))
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": 1 << 20, "block_bytes": 4096})
+    with pytest.raises(
+        OSError, match=r"cpu_bytes_to_use: cannot allocate the CPU primary tier of 1048576 bytes"
+    ) as info:
+        spec.create_primary()
+    assert info.value.errno == errno.ENOMEM
+    assert "; this machine has physical memory " in str(info.value)
+    assert mmap.mmap is not refuse
+
+
+def test_start_up_refuses_a_primary_tier_larger_than_the_memory_before_allocating(monkeypatch):
+    from tiering.core import TieringOffloadingSpec
+    from tiering.core.primary import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda: memory.MachineMemory(1 << 20, None))
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": 2 << 20, "block_bytes": 4096})
+    with pytest.raises(ValueError, match=r"^cpu_bytes_to_use: 2097152 bytes \(2\.0 MiB\) is more than this machine's"):
+        spec.create_primary()

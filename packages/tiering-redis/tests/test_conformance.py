@@ -41,3 +41,32 @@ class TestRedisConformanceTierEviction(TierConformanceTests):
             "pipeline_blocks": 2,
             "max_connections": 2,
         }
+
+
+class TestRedisConformanceProcessEviction(TierConformanceTests):
+    """The per-process cap (``eviction: "process"``)."""
+
+    @pytest.fixture
+    def tier_config(self, redis_server, prefix):
+        return {
+            "type": "redis",
+            "url": redis_server.url,
+            "prefix": prefix,
+            "eviction": "process",
+            "capacity_bytes": 64 * (16 * 1024 + 128),
+        }
+
+
+class TestRedisClusterConformanceTierEviction(TierConformanceTests):
+    """The fleet-wide cap on a cluster (its LRU set in one slot, the blocks in every slot)."""
+
+    @pytest.fixture
+    def tier_config(self, redis_cluster, prefix):
+        return {
+            "type": "redis",
+            "mode": "cluster",
+            "url": redis_cluster.url,
+            "prefix": prefix,
+            "eviction": "tier",
+            "capacity_bytes": 64 * (16 * 1024 + 128),
+        }

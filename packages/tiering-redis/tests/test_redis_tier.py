@@ -204,7 +204,7 @@ def test_two_processes_racing_on_the_same_keys_store_each_block_once(redis_serve
 
 def test_tier_cap_is_per_process_and_holds_for_two_processes(redis_server, prefix):
     cap = 8 * (BLOCK + 128)
-    config = {"url": redis_server.url, "prefix": prefix, "eviction": "tier", "capacity_bytes": cap}
+    config = {"url": redis_server.url, "prefix": prefix, "eviction": "process", "capacity_bytes": cap}
     reports = run_children([(config, "p1", 24, "A"), (config, "p2", 24, "B")])
     assert all(r["stats"]["resident_bytes"] <= cap and r["stats"]["evictions"] >= 16 for r in reports)
     client = redis_server.client()

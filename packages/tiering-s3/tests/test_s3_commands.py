@@ -327,7 +327,15 @@ def test_commands_fail_clearly_on_a_missing_bucket(tmp_path, s3, capsys):
         # the factory may label it with the entry (secondary_tiers[0] / secondary_tiers[0].bucket)
         label = r"(secondary_tiers\[0\](\.bucket)?: )?"
         assert re.search(rf"tiering {argv[0]}: error: {label}s3 tier: bucket 'no-such-bucket' does not exist", err), err
+        assert "endpoint_url:" not in err  # the key at fault is the bucket, never the endpoint
         assert s3.server.secret_key not in err and s3.server.access_key not in err
+
+
+def test_a_missing_bucket_with_a_short_name_blames_the_bucket_not_the_endpoint(tmp_path, s3, capsys):
+    path = write_config(tmp_path, stack_config(s3, bucket="kv"))
+    assert main(["stat", path]) == 2
+    err = capsys.readouterr().err
+    assert "tiering stat: error: secondary_tiers[0].bucket: s3 tier: bucket 'kv' does not exist" in err, err
 
 
 def test_commands_fail_clearly_on_an_unreachable_endpoint_or_bad_config(tmp_path, s3, capsys):

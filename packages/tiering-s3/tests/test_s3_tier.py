@@ -38,7 +38,7 @@ def test_unknown_key_is_named(s3):
         ({"capacity_bytes": 10}, InvalidValueError, "capacity_bytes: must be >= one object"),
         ({"endpoint_url": "127.0.0.1:9000"}, InvalidValueError, "endpoint_url: must start with http"),
         ({"request_checksum_calculation": "always"}, InvalidValueError, "request_checksum_calculation"),
-        ({"aws_secret_access_key": None}, InvalidValueError, "together"),
+        ({"aws_secret_access_key": None}, InvalidValueError, "aws_secret_access_key: required with aws_access_key_id"),
     ],
 )
 def test_bad_config_values_are_named(s3, override, error, match):

@@ -22,9 +22,11 @@ from importlib.metadata import PackageNotFoundError, distributions, packages_dis
 from typing import Any
 
 from tiering.core.bench.command import add_bench_parser
+from tiering.core.cli_options import check_tier_options, split_tier_options
 from tiering.core.commands import add_commands, option_pairs
 from tiering.core.configfile import install_hint, load_config, redact_text
 from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
+from tiering.core.primary.memory import check_primary_fits
 
 logger = logging.getLogger("tiering.core.cli")
 
@@ -47,18 +49,31 @@ def provider_of(cls: type) -> str:
     return "not from an installed distribution"
 
 
+PLUGIN_GROUPS = ("tiering.tiers", "tiering.cache_policies", "tiering.specs")
+"""Entry-point groups through which installed distributions add tiers, cache policies and specs."""
+
+
 def installed_distributions() -> list[tuple[str, str]]:
-    """``(name, version)`` of every installed distribution whose name starts with ``tiering``, sorted."""
+    """``(name, version)`` of every installed tiering distribution and of every third-party one plugging into it.
+
+    Tiering's own are those whose name starts with ``tiering``; a third-party
+    one declares an entry point in :data:`PLUGIN_GROUPS` and its version is
+    followed by what it provides (``"1.2.0 (tiering.tiers: dict)"``). Sorted by name.
+    """
     found: dict[str, str] = {}
     for dist in distributions():
         name = dist.metadata["Name"] or ""
         if name.lower().replace("_", "-").startswith("tiering"):
             found.setdefault(name, dist.version)
-    return sorted(found.items())
+            continue
+        provided = sorted(f"{ep.group}: {ep.name}" for ep in dist.entry_points if ep.group in PLUGIN_GROUPS)
+        if provided:
+            found.setdefault(name, f"{dist.version} ({', '.join(provided)})")
+    return sorted(found.items(), key=lambda item: item[0].lower())
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: every installed tiering distribution with its version, then the Python."""
+    """``--version``: each installed tiering distribution and third-party tier package, its version; the Python."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
@@ -80,6 +95,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
     print(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
     print(f"primary: {spec.num_primary_blocks} blocks x {spec.block_bytes} bytes")
+    check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
     policy = getattr(spec, "eviction_policy", None)
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
@@ -106,18 +122,38 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _probe(spec: Any, tier_configs: list[Any]) -> None:
-    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it."""
-    from tiering.core.configfile import tier_location
+    """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it.
+
+    Every error names the entry (``secondary_tiers[N]`` and, where it can be told, ``.<key>``), as plain check does.
+    """
     from tiering.core.factory import create_secondary_tier
+    from tiering.core.inspection import inspector_for
     from tiering.core.primary import allocate_host_buffer
+    from tiering.core.primary.memory import format_bytes
+    from tiering.core.tier_factory import tier_error
 
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
         cls, tier_type, _ = resolve_tier(tier_config, index)
-        where = tier_location(tier_config, index)
+        try:
+            inspector = inspector_for(tier_config, index)
+            where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
+            free = None if inspector is None else inspector.free_bytes()
+            found = cls.probe(tier_config)
+        except Exception as exc:
+            labelled = tier_error(exc, tier_config, index)
+            if labelled is exc:
+                raise
+            raise labelled from exc
         head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
         tail = "" if where else " (in memory, nothing kept)"
-        found = cls.probe(tier_config)
+        capacity = tier_config.get("capacity_bytes")
+        if free is not None and isinstance(capacity, int) and capacity > free:
+            print(
+                f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
+                f"more than the {free} bytes ({format_bytes(free)}) free at {where}; stores will fail once the disk "
+                "is full, before the tier evicts"
+            )
         if found is not None:
             print(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
             continue
@@ -134,7 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tiering`` argument parser."""
     parser = argparse.ArgumentParser(prog="tiering", description="KV-cache tiering: replays and config checks.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    parser.add_argument("--version", action=_VersionAction, help="print every installed tiering package's version")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version of every installed tiering package and third-party tier package",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_bench_parser(sub)
     check = sub.add_parser(
@@ -146,45 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
     add_commands(sub)
     return parser
-
-
-def split_tier_options(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """Separate the ``--KEY VALUE`` tier options of ``ls``/``stat``/``gc``/``verify`` from their own arguments.
-
-    Options the sub-command does not declare (with their value) are tier
-    keys; everything else stays, in order, for argparse.
-
-    Returns:
-        ``(arguments for argparse, tier option tokens)``.
-    """
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    index = next((i for i, token in enumerate(argv) if token in subparsers.choices), None)
-    if index is None:
-        return argv, []
-    sub = subparsers.choices[argv[index]]
-    if sub.get_default("accepts_tier_options") is not True:
-        return argv, []
-    known = sub._option_string_actions
-    kept, extra = argv[: index + 1], []
-    tokens = argv[index + 1 :]
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name, eq, _ = token.partition("=")
-        takes_value = token.startswith("--") and not eq and i + 1 < len(tokens)
-        if token.startswith("--") and name not in known:
-            extra.append(token)
-            if takes_value and not tokens[i + 1].startswith("--"):
-                extra.append(tokens[i + 1])
-                i += 1
-        else:
-            kept.append(token)
-            action = known.get(name)
-            if action is not None and action.nargs != 0 and takes_value:
-                kept.append(tokens[i + 1])
-                i += 1
-        i += 1
-    return kept, extra
 
 
 def _secret_context(args: argparse.Namespace) -> Any:
@@ -201,13 +202,13 @@ def _secret_context(args: argparse.Namespace) -> Any:
 
 
 def error_text(exc: BaseException, context: Any = None) -> str:
-    """The one-line message of a failed command: redacted, with the install or PYTHONPATH hint it needs."""
+    """The one-line message of a failed command: redacted, with the install hint it needs.
+
+    The ``PYTHONPATH`` advice for a ``module_path`` that is not found comes with the error itself
+    (:func:`tiering.core.registry.import_module_path`), only when the module itself is missing (not when
+    something it imports, such as vLLM, is).
+    """
     text = redact_text(exc, context)
-    if isinstance(exc, ImportError) and "module_path" in text:
-        text += (
-            " (module_path modules are imported from Python's path: run with PYTHONPATH set to the directory "
-            "holding the module, e.g. PYTHONPATH=. when it is beside the config)"
-        )
     if "./packages/" not in text:
         text = _PIP_INSTALL.sub(lambda m: install_hint(m.group(1)), text)
     return text
@@ -238,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, extra = split_tier_options(parser, argv)
     args = parser.parse_args(argv)
+    check_tier_options(parser, args, extra)
     try:
         args.tier_options = option_pairs(extra)
     except ValueError as exc:

@@ -172,7 +172,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_stat(args: argparse.Namespace) -> int:
-    """Live figures of the configured stack (each tier opened as an engine would open it)."""
+    """Live figures of the configured stack (each tier opened as an engine would open it).
+
+    Creates nothing: a missing root is an error (as for ``ls``), and a persistent
+    tier that does not hold the stack's namespace is reported with the
+    namespaces it holds (exit status 1) instead of being opened.
+    """
     from tiering.core.factory import create_spec
     from tiering.core.primary import allocate_host_buffer
     from tiering.core.spec import TieringOffloadingSpec
@@ -180,6 +185,14 @@ def cmd_stat(args: argparse.Namespace) -> int:
     spec = create_spec(_config(args))
     if not isinstance(spec, TieringOffloadingSpec):
         raise ValueError(f"tiering stat needs a TieringOffloadingSpec, got {type(spec).__name__}")
+    missing = _tiers_without_namespace(spec.secondary_tiers, spec.namespace.digest)
+    if missing:
+        fields = ", ".join(f"{k}={v}" for k, v in sorted(spec.namespace.to_dict().items()))
+        print(f"tiering stat: no namespace {spec.namespace.digest} ({fields}) in:", file=sys.stderr)
+        for line in missing:
+            print(f"  {line}", file=sys.stderr)
+        print("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", file=sys.stderr)
+        return 1
     tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     report: dict[str, Any] = {
         "namespace": spec.namespace.digest,
@@ -214,6 +227,27 @@ def cmd_stat(args: argparse.Namespace) -> int:
             shown = "unbounded" if key == "capacity_bytes" and not value else value
             print(f"  {key:<28} {shown}")
     return 0
+
+
+def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: str) -> list[str]:
+    """One line per persistent tier that does not hold namespace ``digest``, with the namespaces it holds.
+
+    Looks only (opening a tier would create its root and ``namespace.json``).
+
+    Raises:
+        FileNotFoundError: a tier's root does not exist (as ``ls`` / ``gc`` / ``verify`` say it).
+        OSError: a tier's bucket or server cannot be used (its inspector's error).
+    """
+    lines = []
+    for index, tier_config in enumerate(tier_configs):
+        inspector = inspector_for(tier_config, index)
+        if inspector is None:
+            continue
+        present = inspector.namespaces()
+        if digest not in present:
+            where = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+            lines.append(f"{where}: namespaces there: {', '.join(present) or 'none'}")
+    return lines
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -293,6 +327,14 @@ STACK_EPILOG = (
 )
 
 
+def size_argument(text: str) -> int:
+    """:func:`parse_size` for argparse: a bad size is reported with what sizes look like (not ``invalid value``)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
     parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
@@ -325,7 +367,7 @@ def add_commands(sub: Any) -> None:
     )
     what.add_argument(
         "--to-bytes",
-        type=parse_size,
+        type=size_argument,
         metavar="N",
         help="remove the oldest blocks until at most N bytes remain (500M, 64GiB)",
     )

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +45,18 @@ def install_hint(dist: str, extra: str | None = None) -> str:
     return f"pip install {published} (from a clone of the repository: pip install {local})"
 
 
+def documentation_url(page: str = "") -> str:
+    """The ``Documentation`` URL of tiering-core's metadata (``[project.urls]``), with ``page`` appended."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        urls = metadata("tiering-core").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        urls = []
+    base = next((u.split(",", 1)[1].strip() for u in urls if u.lower().startswith("documentation,")), "")
+    return f"{base.rstrip('/')}/{page}" if base else page
+
+
 def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
     """Read a JSON config file; unwrap ``kv_connector_extra_config``; read vLLM-form tier entries as plain ones.
 
@@ -53,9 +66,15 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
             when None, the lines are printed to stderr.
 
     Raises:
-        ValueError: unreadable file, not a JSON object, or a vLLM-form entry
-            naming no installed tier (the message names the file or entry).
+        ValueError: a directory (the message points to ``--root``), an unreadable
+            file, not a JSON object, or a vLLM-form entry naming no installed
+            tier (the message names the file or entry).
     """
+    if os.path.isdir(path):
+        raise ValueError(
+            f"config {path} is a directory, not a JSON config file; a tier's directory (what `tiering bench "
+            f"--root DIR` wrote) is given as --root: tiering ls --root {path}"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)

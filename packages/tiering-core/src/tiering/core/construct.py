@@ -65,9 +65,12 @@ def config_key_of(config: Mapping[str, Any], exc: BaseException) -> str | None:
     """The config key an error is about, where it can be told: ``root`` for an error on ``/kv/ab/c.blk``.
 
     A key is named when an ``OSError``'s ``filename`` is the key's string value
-    or lies under it (the first such key), or else when exactly one key's
+    or lies under it (the first such key); else when the message names exactly
+    one given key quoted (``check 'bucket'``); else when exactly one key's
     string value (3 characters or more) appears quoted in the message (of
-    several, the one whose name the message also gives).
+    several, the one whose name the message also gives). A value quoted in
+    passing (the endpoint a missing bucket was looked for at) is never blamed
+    when the message names the key at fault.
     """
     filename = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
     if isinstance(filename, str) and filename:
@@ -75,6 +78,9 @@ def config_key_of(config: Mapping[str, Any], exc: BaseException) -> str | None:
             if isinstance(value, str) and value and (filename == value or filename.startswith(value.rstrip("/") + "/")):
                 return str(key)
     text = str(exc)
+    named = [str(key) for key in config if f"'{key}'" in text or f'"{key}"' in text]
+    if len(named) == 1:
+        return named[0]
     quoted = [
         str(key)
         for key, value in config.items()

@@ -101,6 +101,13 @@ class TierInspector(abc.ABC):
     def remove_namespace(self, digest: str) -> int:
         """Remove every block and the namespace file of ``digest``; returns the blocks removed."""
 
+    def free_bytes(self) -> int | None:
+        """Bytes free where the tier writes (the disk under a local root), None when unknown or unbounded.
+
+        ``tiering check --probe`` warns when a tier's ``capacity_bytes`` is larger. Creates nothing.
+        """
+        return None
+
     def summary(self, digest: str) -> NamespaceSummary:
         """Block count, bytes, oldest and newest block of a namespace."""
         out = NamespaceSummary(digest, self.namespace_fields(digest))
@@ -173,13 +180,21 @@ def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspect
     Raises:
         ValueError, ImportError, AttributeError, TypeError: see
             :func:`tiering.core.factory.resolve_tier`; the inspector's own
-            errors for an unreachable root or bucket.
+            errors for an unreachable root or bucket, labelled
+            ``secondary_tiers[<index>]`` (and ``.<key>`` where it can be told).
     """
     from tiering.core.factory import resolve_tier
+    from tiering.core.tier_factory import tier_error
 
     cls, _, kwargs = resolve_tier(tier_config, index)
     factory = getattr(cls, "inspector", None)
     if factory is None:
         return None
-    inspector: TierInspector = factory(kwargs)
+    try:
+        inspector: TierInspector = factory(kwargs)
+    except Exception as exc:
+        labelled = tier_error(exc, tier_config, index)
+        if labelled is exc:
+            raise
+        raise labelled from exc
     return inspector

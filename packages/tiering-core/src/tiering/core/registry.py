@@ -19,6 +19,7 @@ import importlib
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, cast
 
@@ -43,6 +44,20 @@ def _warn_out_of_tree(kind: str, name: str, module_path: str) -> None:
     logger.info("loading %s %r from module_path %r", kind, name, module_path)
 
 
+def closest_name(word: str, choices: Iterable[str]) -> str | None:
+    """The choice a misspelled ``word`` most likely meant: same letters in another case first, else ``difflib``'s.
+
+    ``"LRU"`` -> ``"lru"``, ``"secondary_tier"`` -> ``"secondary_tiers"``; None when nothing is close.
+    """
+    names = list(choices)
+    folded = [n for n in names if n.casefold() == word.casefold()]
+    if folded:
+        return folded[0]
+    by_fold = {n.casefold(): n for n in names}
+    match = difflib.get_close_matches(word.casefold(), list(by_fold), 1)
+    return by_fold[match[0]] if match else None
+
+
 def import_module_path(module_path: str, kind: str, key: str = "module_path") -> Any:
     """Import ``module_path``; the error names the config key and the path.
 
@@ -61,7 +76,10 @@ def import_module_path(module_path: str, kind: str, key: str = "module_path") ->
     except ImportError as exc:
         hint = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name and module_path.startswith(exc.name):
-            hint = f"; the directory holding {exc.name!r} must be on the import path (set PYTHONPATH)"
+            hint = (
+                f"; the directory holding {exc.name!r} must be on Python's import path: set PYTHONPATH to it "
+                "(e.g. PYTHONPATH=. when it is in the current directory; the config file's directory is not searched)"
+            )
         raise ImportError(f"cannot import {kind} {key} {module_path!r}: {exc}{hint}") from exc
 
 
@@ -188,9 +206,8 @@ class Registry(Generic[T]):
         return f"{self.path_key} {module_path!r}"
 
     def suggestion(self, name: str) -> str | None:
-        """The known name closest to a misspelled ``name`` (``difflib``), or None."""
-        match = difflib.get_close_matches(name, self.known_names(), 1)
-        return match[0] if match else None
+        """The known name closest to a misspelled ``name`` (:func:`closest_name`), or None."""
+        return closest_name(name, self.known_names())
 
     def _unknown_message(self, name: str) -> str:
         known = ", ".join(map(repr, self.known_names())) or "none"
@@ -215,4 +232,4 @@ class Registry(Generic[T]):
         )
 
 
-__all__ = ["OUT_OF_TREE_WARNING", "Registry", "import_module_path"]
+__all__ = ["OUT_OF_TREE_WARNING", "Registry", "closest_name", "import_module_path"]

@@ -9,7 +9,7 @@ scheduler-side manager (:meth:`TieringOffloadingSpec.get_manager`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import errno
 import hashlib
 import json
 from collections.abc import Mapping
@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.manager import TieringManager
 from tiering.core.primary import CPUPrimaryTier
+from tiering.core.primary.memory import allocation_error, check_primary_fits
 from tiering.core.redact import redact_config
+from tiering.core.registry import closest_name
 from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
 
 if TYPE_CHECKING:
@@ -156,9 +158,7 @@ class OffloadingSpec:
         unknown = sorted(set(extra_config) - SPEC_KEYS - VLLM_KEYS)
         if unknown and strict:
             hints = [
-                f"{key!r} (did you mean {match[0]!r}?)"
-                if (match := difflib.get_close_matches(key, SPEC_KEYS, 1))
-                else repr(key)
+                f"{key!r} (did you mean {match!r}?)" if (match := closest_name(key, SPEC_KEYS)) else repr(key)
                 for key in unknown
             ]
             raise ValueError(f"unknown config key {', '.join(hints)}; known keys: {', '.join(sorted(SPEC_KEYS))}")
@@ -212,10 +212,10 @@ class TieringOffloadingSpec(OffloadingSpec):
         policy = extra_config.get("eviction_policy", "lru")
         self.cache_policy_module_path: str | None = extra_config.get("cache_policy_module_path")
         if not isinstance(policy, str) or (policy not in EVICTION_POLICIES and self.cache_policy_module_path is None):
-            close = difflib.get_close_matches(policy, EVICTION_POLICIES, 1) if isinstance(policy, str) else []
+            close = closest_name(policy, EVICTION_POLICIES) if isinstance(policy, str) else None
             raise ValueError(
                 f"config key 'eviction_policy' is {policy!r}"
-                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + (f" (did you mean {close!r}?)" if close else "")
                 + f"; allowed: {', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "
                 "together with 'cache_policy_module_path'"
             )
@@ -229,9 +229,23 @@ class TieringOffloadingSpec(OffloadingSpec):
                 block_bytes`` bytes (e.g. the pinned
                 :attr:`tiering.core.transfer.HostBuffer.view`); when None an
                 ordinary pre-faulted buffer is allocated.
+
+        Raises:
+            ValueError: (no buffer given) the primary tier is larger than this
+                machine's memory (:func:`~tiering.core.primary.memory.check_primary_fits`),
+                refused before allocating (pre-faulting it could get the process killed).
+            OSError: (``ENOMEM``) the buffer cannot be allocated; the message
+                names ``cpu_bytes_to_use``, its value and the machine's memory.
         """
         policy = create_cache_policy(self.eviction_policy, self.cache_policy_module_path, self.num_primary_blocks)
-        return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
+        if buffer is None:
+            check_primary_fits(self.num_primary_blocks * self.block_bytes)
+        try:
+            return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
+        except (MemoryError, OSError) as exc:
+            if buffer is not None or (isinstance(exc, OSError) and exc.errno != errno.ENOMEM):
+                raise
+            raise allocation_error(exc, self.num_primary_blocks * self.block_bytes) from exc
 
     def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
         """Build every entry of ``secondary_tiers`` over ``primary_kv_view``, in order.

@@ -129,15 +129,40 @@ def create_secondary_tier(
             redact=redact,
             label_raised=False,
         )
-    except TierConfigError as exc:
-        if exc.entry is None:
-            raise exc.with_entry(label) from exc
-        raise
     except Exception as exc:
-        if label in str(exc):
-            raise label_error(exc, label, redact)  # noqa: B904 - only redacted: it names its entry already
-        key = config_key_of(kwargs, exc)
-        raise label_error(exc, f"{label}.{key}" if key else label, redact)  # noqa: B904 - relabelled in place
+        labelled = tier_error(exc, tier_config, index)
+        if labelled is exc:
+            raise
+        raise labelled from exc
+
+
+def tier_error(exc: Exception, tier_config: Mapping[str, Any], index: int) -> Exception:
+    """``exc``, raised while opening entry ``secondary_tiers[index]``, labelled with the entry (and key) and redacted.
+
+    A :class:`~tiering.core.toolkit.config.TierConfigError` without an entry
+    becomes the same error labelled ``secondary_tiers[<index>].<key>`` (a new
+    exception); any other error keeps its type and gets the prefix
+    ``secondary_tiers[<index>]`` (plus ``.<key>`` when its path or a quoted
+    value tells the key, see :func:`~tiering.core.construct.config_key_of`)
+    in place. Used by the factory and by ``tiering check --probe``.
+
+    Returns:
+        The exception to raise (``exc`` itself unless a new one was needed).
+    """
+    label = f"secondary_tiers[{index}]"
+    if isinstance(exc, TierConfigError):
+        return exc.with_entry(label) if exc.entry is None else exc
+    try:
+        cls = resolve_tier(tier_config, index)[0]
+        secrets = _schema_secret_keys(cls)
+    except Exception:  # only the secret key names are wanted here
+        secrets = frozenset()
+    redact = Redactor(tier_config, secret_keys=secrets)
+    if label in str(exc):
+        return label_error(exc, label, redact)  # only redacted: it names its entry already
+    options = {k: v for k, v in tier_config.items() if k not in ("type", "module_path")}
+    key = config_key_of(options, exc)
+    return label_error(exc, f"{label}.{key}" if key else label, redact)
 
 
 def resolve_tier(
@@ -242,4 +267,5 @@ __all__ = [
     "redact_offloading_config",
     "register_tier",
     "resolve_tier",
+    "tier_error",
 ]

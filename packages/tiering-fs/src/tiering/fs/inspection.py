@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -62,6 +63,18 @@ class FsInspector(TierInspector):
 
     def location(self) -> str:
         return self.display_root
+
+    def free_bytes(self) -> int | None:
+        """Free bytes of the disk under a local root (of its nearest existing ancestor if it is not created yet)."""
+        if not self.backend.is_local:
+            return None
+        existing = self.root
+        while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+            existing = os.path.dirname(existing)
+        try:
+            return shutil.disk_usage(existing).free
+        except OSError:
+            return None
 
     def _files(self) -> Iterator[tuple[str, StoredFile]]:
         self._require_root()

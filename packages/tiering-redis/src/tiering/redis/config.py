@@ -39,7 +39,7 @@ from tiering.core.toolkit.config import ConfigKey, ConfigSchema
 from tiering.redis.layout import check_prefix
 
 MODES = ("standalone", "cluster", "sentinel")
-EVICTION = ("server", "tier")
+EVICTION = ("server", "tier", "process")
 CERT_REQS = ("required", "optional", "none")
 URL_SCHEMES = ("redis", "rediss", "unix")
 
@@ -117,9 +117,11 @@ SCHEMA = ConfigSchema(
         ConfigKey("prefix", (str,), default="tiering", check=check_prefix, doc="key prefix (no hash tags)"),
         ConfigKey("ttl_s", (int,), nullable=True, minimum=1, doc="expire blocks after this many seconds (SET EX)"),
         ConfigKey("eviction", (str,), default="server", choices=EVICTION,
-                  doc="eviction authority: server (maxmemory + allkeys-lru) or tier (capacity_bytes)"),
+                  doc="eviction authority: server (maxmemory + allkeys-lru), tier (capacity_bytes for the whole "
+                      "fleet, a shared LRU on the server) or process (capacity_bytes per process)"),
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1,
-                  doc="eviction tier: bytes this process keeps (headers included)"),
+                  doc="eviction tier: bytes the fleet keeps in this namespace; process: bytes this process keeps "
+                      "(headers included)"),
         ConfigKey("startup_scan", (bool,), default=True,
                   doc="at start, SCAN the namespace's keys in the background to learn what is stored"),
         ConfigKey("lookup_negative_ttl_s", (float,), default=2.0, minimum=0, exclusive_minimum=True,
@@ -291,10 +293,15 @@ def _cross_check(v: Mapping[str, Any]) -> tuple[str, str] | None:
                 return key, "is also given inside url; set one of them"
         if mode == "cluster" and parts.scheme == "unix":
             return "url", "Redis Cluster needs a redis:// or rediss:// url"
-    if v["eviction"] == "tier" and v["capacity_bytes"] is None:
-        return "capacity_bytes", 'is required with eviction "tier" (the tier is then the eviction authority)'
+    if v["eviction"] != "server" and v["capacity_bytes"] is None:
+        return (
+            "capacity_bytes",
+            f'is required with eviction "{v["eviction"]}" (the tier is then the eviction authority)',
+        )
     if v["eviction"] == "server" and v["capacity_bytes"] is not None:
-        return "capacity_bytes", 'applies only with eviction "tier"; with "server" set maxmemory on the server'
+        return "capacity_bytes", (
+            'applies only with eviction "tier" or "process"; with "server" set maxmemory on the server'
+        )
     if v["retry_backoff_cap_s"] < v["retry_backoff_base_s"]:
         return "retry_backoff_cap_s", "must be >= retry_backoff_base_s"
     return None

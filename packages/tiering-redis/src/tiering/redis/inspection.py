@@ -1,7 +1,9 @@
 """Offline inspection of a redis tier's keys for ``tiering ls / stat / gc / verify``.
 
 Only keys laid out by :mod:`tiering.redis.layout` are ours: ``<prefix>:<digest>:namespace``,
-``<prefix>:<digest>:<key hex>`` blocks and ``<prefix>:<digest>:probe:<hex>`` probes. Any
+``<prefix>:<digest>:<key hex>`` blocks, ``<prefix>:<digest>:probe:<hex>`` probes and
+``<prefix>:{<digest>}:lru``, the fleet's LRU of ``eviction: "tier"`` (blocks removed by
+``gc`` leave it too; removing a namespace removes it). Any
 other key under ``<prefix>:`` is foreign: reported, never deleted. Nothing outside the
 prefix is read or deleted. Keys are listed with ``SCAN MATCH <prefix>:*`` (on every primary
 of a cluster), never ``KEYS``, so a large server is not blocked.
@@ -162,7 +164,17 @@ class RedisInspector(TierInspector):
         for block in blocks:  # all checked before anything is deleted
             self._check_block(digest, block)
         results = self._pipelined("UNLINK", [b.name for b in blocks])
+        self._uncount(digest, [b.key for b in blocks])
         return sum(1 for r in results if r == 1)
+
+    def _uncount(self, digest: str, keys: list[bytes]) -> None:
+        """Take removed blocks out of the fleet's LRU (``eviction: "tier"``; a no-op when there is none)."""
+        lru = self.layout.lru_key(digest)
+        for start in range(0, len(keys), BATCH):
+            try:
+                self._client.zrem(lru, *(k.hex() for k in keys[start : start + BATCH]))
+            except Exception as exc:
+                raise self._fail(f"ZREM of {len(keys)} removed blocks from {lru!r}", exc) from None
 
     def remove_namespace(self, digest: str) -> int:
         self._check_digest(digest)
@@ -174,5 +186,5 @@ class RedisInspector(TierInspector):
                 continue
             (blocks if parsed[1] == "block" else others).append(name)
         removed = sum(1 for r in self._pipelined("UNLINK", blocks) if r == 1)
-        self._pipelined("UNLINK", others)
+        self._pipelined("UNLINK", [*others, self.layout.lru_key(digest)])
         return removed

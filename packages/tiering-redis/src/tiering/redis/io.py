@@ -11,28 +11,19 @@ job tracker (:func:`~tiering.core.toolkit.record_tasks`), the index
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
 from tiering.core.toolkit import (
-    CapacityIndex,
-    Counters,
-    IOPool,
     JobState,
-    KVEventLog,
-    LookupCache,
     Victim,
     fail_tasks,
     record_tasks,
 )
-from tiering.redis.config import RedisSettings
 from tiering.redis.errors import classify_error
-from tiering.redis.layout import KeyLayout
-from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import run_ids
+from tiering.redis.sync import RedisServerSync
 from tiering.redis.wire import InSlot, get_into, run_on_connection, set_nx_parts
 
 logger = logging.getLogger(__name__)
@@ -45,117 +36,8 @@ class _Shutdown(Exception):
     """Stands for the outcome of blocks whose I/O was skipped because the tier shut down."""
 
 
-class RedisBlockIO:
-    """Pipelined block I/O against the server, shared state kept in the toolkit's structures.
-
-    The attributes below are set by :class:`~tiering.redis.tier.RedisSecondaryTierManager`.
-    """
-
-    settings: RedisSettings
-    layout: KeyLayout
-    digest: str
-    _digest_bytes: bytes
-    object_bytes: int
-    ttl_s: int | None
-    location: str
-    index: CapacityIndex
-    counters: Counters
-    events: KVEventLog
-    lookups: LookupCache
-    pool: IOPool
-    _client: Any
-    _closed: bool
-    _recheck: bool
-    _run_ids: frozenset[str]
-    _presence: PresenceQuery
-    _is_cluster: bool
-    _scan_done: threading.Event
-    _forget_only: bool
-    _known_limit: int
-
-    def _trim_known(self) -> None:
-        """With the server evicting: forget the least recently used known blocks beyond its ``maxmemory``.
-
-        The server cannot hold more, so older entries are likely gone; forgetting
-        them (never deleting) keeps this process's index bounded. Trims to 90 %
-        so that the O(n) snapshot of the index is taken rarely.
-        """
-        limit = self._known_limit
-        if not limit or self.index.resident_bytes <= limit:
-            return
-        surplus = self.index.resident_bytes - int(0.9 * limit)
-        forgotten: list[OffloadKey] = []
-        for key in self.index.keys():  # noqa: SIM118 (a snapshot, LRU first; the index is not iterable)
-            if surplus <= 0:
-                break
-            self.index.remove(key, delete=False)
-            surplus -= self.object_bytes
-            forgotten.append(key)
-        self.lookups.invalidate(forgotten)
-        self.counters.inc("forgotten_blocks", len(forgotten))
-
-    if TYPE_CHECKING:  # provided by SecondaryTierManager
-
-        @property
-        def block_bytes(self) -> int: ...
-
-        def block(self, block_id: int) -> memoryview: ...
-
-    def block_key(self, key: bytes) -> str:
-        """The Redis key of block ``key``."""
-        return self.layout.block_key(self.digest, key)
-
-    def _count_error(self, exc: BaseException, what: str) -> str:
-        cause = classify_error(exc)
-        if cause in ("connection", "timeout", "loading", "readonly"):
-            self._recheck = True
-        self.counters.inc(f"errors_{cause}")
-        text = self.settings.redact(f"{type(exc).__name__}: {exc}")
-        if cause == "other":
-            logger.error("redis tier: %s failed: %s", what, text)
-        else:
-            logger.warning("redis tier: %s failed (%s): %s", what, cause, text)
-        return cause
-
-    def _pipeline(self) -> Any:
-        if self._recheck:
-            self._check_restart()
-        self.counters.inc("pipelines")
-        return self._client.pipeline(transaction=False)
-
-    def _check_restart(self) -> None:
-        """After connection trouble: if the server restarted or failed over, forget what it held.
-
-        A server without persistence comes back empty; this process would
-        otherwise answer lookups True and skip stores of blocks that are gone.
-        Writes in flight are kept (see :meth:`CapacityIndex.reconcile`).
-        """
-        with self.index.reading() as ticket:
-            try:
-                ids = run_ids(self._client)
-            except Exception:
-                return  # still down: the batch fails, and the next one asks again
-            self._recheck = False
-            if not ids or ids == self._run_ids:
-                return
-            self._run_ids = ids
-            report = self.index.reconcile({}, ticket)
-        self.counters.inc("server_restarts")
-        self.lookups.invalidate(report.vanished)
-        self.events.record_removed(report.vanished, "server_restart")
-        logger.warning(
-            "redis tier: %s restarted or failed over (new run_id); forgot %d blocks it may no longer hold",
-            self.location,
-            len(report.vanished),
-        )
-
-    def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
-        """Keys known gone (a load found them missing): out of the index and the lookup cache."""
-        keys = list(keys)
-        for key in keys:
-            self.index.remove(key, delete=False)
-        self.lookups.mark_absent(keys)
-        self.events.record_removed(keys, reason)
+class RedisBlockIO(RedisServerSync):
+    """Pipelined block I/O against the server: stores, loads, lookups and deletes (on the I/O threads)."""
 
     def _delete(self, victims: Sequence[Victim], reason: str, accounted: bool = True) -> None:
         """Queue ``UNLINK`` of ``victims``; ``accounted``: report outcomes to the index (eviction victims)."""
@@ -202,45 +84,6 @@ class RedisBlockIO:
         self._trim_known()
         return dict.fromkeys(found, True)
 
-    def _startup_scan(self) -> None:
-        """Learn which blocks of the namespace the server holds (``SCAN`` + ``STRLEN``), on an I/O thread.
-
-        Blocks of the right size join the index (adopted under a ticket, so a
-        key changed meanwhile keeps its newer state); with ``eviction: "tier"``
-        the least recently used beyond ``capacity_bytes`` are then deleted.
-        A failure is logged and counted: lookups still ask the server.
-        """
-        try:
-            with self.index.reading() as ticket:
-                keys: list[OffloadKey] = []
-                kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
-                if self._is_cluster:
-                    kwargs["target_nodes"] = "primaries"
-                for name in self._client.scan_iter(**kwargs):
-                    parsed = self.layout.parse(name)
-                    if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
-                        keys.append(OffloadKey(parsed[2]))
-                found: dict[OffloadKey, int] = {}
-                for start in range(0, len(keys), 4096):
-                    batch = keys[start : start + 4096]
-                    for key, flag in zip(batch, self._present(batch), strict=True):
-                        if flag:
-                            found[key] = self.object_bytes
-                self.index.adopt_many(found.items(), ticket)
-            self.counters.inc("scanned_blocks", len(found))
-            self._delete(self.index.evict_to_cap(), "eviction")
-            self._trim_known()
-        except Exception as exc:
-            self._count_error(exc, "the start-up scan")
-        finally:
-            self._scan_done.set()
-
-    def _present(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        if self._recheck:
-            self._check_restart()
-        self.counters.inc("pipelines")
-        return self._presence(keys)
-
     def _store_batch(self, tasks: Sequence[Task]) -> None:
         keys = [state.meta.keys[i] for state, i in tasks]
         whole: BaseException | None = None  # what failed the whole pipeline, if anything
@@ -278,6 +121,46 @@ class RedisBlockIO:
         self.lookups.invalidate(k for k, ok in commits if not ok)
         self.events.record_stored(new)
         record_tasks(outcomes)
+        if self.fleet is not None and new:
+            try:
+                victims = self.fleet.added(new)
+            except Exception as exc:
+                self._count_error(exc, f"counting {len(new)} blocks in the fleet's LRU")
+            else:
+                self._fleet_evict(victims)
+
+    def _fleet_evict(self, victims: Sequence[OffloadKey]) -> None:
+        """Eviction "tier": delete the blocks the fleet's LRU handed this process, at once on this thread.
+
+        Taken out of the set atomically, so no other process deletes them; deleting them
+        here rather than queueing keeps the time they exist uncounted short
+        (the bound in :mod:`tiering.redis.fleet`).
+        """
+        if not victims:
+            return
+        for key in victims:
+            self.index.remove(key, delete=False)
+        self.lookups.invalidate(victims)
+        self.counters.inc("fleet_evictions", len(victims))
+        pipe = self._pipeline()
+        for key in victims:
+            pipe.unlink(self.block_key(key))
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            self._count_error(exc, f"UNLINK of {len(victims)} evicted blocks")
+            results = [exc] * len(victims)
+        self.events.record_removed(
+            [k for k, r in zip(victims, results, strict=True) if not isinstance(r, Exception)], "eviction"
+        )
+
+    def flush_touches(self) -> None:
+        """Eviction "tier": send the touches queued by :meth:`touch` to the fleet's LRU (on an I/O thread)."""
+        if self.fleet is not None:
+            try:
+                self.fleet.flush_touches()
+            except Exception as exc:
+                self._count_error(exc, "touching blocks in the fleet's LRU")
 
     def _send_stores(self, tasks: Sequence[Task], keys: Sequence[OffloadKey]) -> list[Any]:
         """``SET NX`` of the blocks in one round trip; one reply (or error) per block, in order.

@@ -5,8 +5,10 @@ Layout (``:`` separated, the Redis convention)::
     <prefix>:<namespace digest>:namespace       the namespace's fields as JSON (clear text)
     <prefix>:<namespace digest>:<key hex>       one block: core header + payload
     <prefix>:<namespace digest>:probe:<32 hex>  a start-up probe (written, read and deleted at once)
+    <prefix>:{<namespace digest>}:lru           eviction "tier": the fleet's shared LRU (a sorted set,
+                                                see :mod:`tiering.redis.fleet`; one hash tag, one slot)
 
-No key carries a hash tag (``{...}``), so in Redis Cluster the blocks of one
+No block key carries a hash tag (``{...}``), so in Redis Cluster the blocks of one
 namespace spread over every slot (and so every primary); the prefix may not
 contain ``{`` or ``}`` for that reason. Block keys hold only lower-case hex
 after the digest, so neither ``namespace`` nor ``probe:...`` can be mistaken
@@ -21,6 +23,7 @@ import re
 
 NAMESPACE_SUFFIX = "namespace"
 PROBE_INFIX = "probe"
+LRU_SUFFIX = "lru"
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _HEX = re.compile(r"^(?:[0-9a-f]{2})+$")
 _PROBE = re.compile(r"^probe:[0-9a-f]{32}$")
@@ -66,6 +69,10 @@ class KeyLayout:
         """The Redis key of block ``key`` (an OffloadKey) in namespace ``digest``."""
         return f"{self.prefix}:{digest}:{key.hex()}"
 
+    def lru_key(self, digest: str) -> str:
+        """The sorted set of the fleet-wide cap (``eviction: "tier"``); hash-tagged, so one cluster slot."""
+        return f"{self.prefix}:{{{digest}}}:{LRU_SUFFIX}"
+
     def namespace_key(self, digest: str) -> str:
         """The Redis key holding the namespace's JSON record."""
         return f"{self.prefix}:{digest}:{NAMESPACE_SUFFIX}"
@@ -87,7 +94,7 @@ class KeyLayout:
 
         Returns:
             ``(digest, kind, key)`` with kind ``"block"`` (``key`` the
-            OffloadKey), ``"namespace"`` or ``"probe"`` (``key`` None); None
+            OffloadKey), ``"namespace"``, ``"probe"`` or ``"lru"`` (``key`` None); None
             for a name that is not ours (another prefix, or foreign under ours).
         """
         text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
@@ -95,6 +102,8 @@ class KeyLayout:
         if not text.startswith(head):
             return None
         digest, sep, rest = text[len(head) :].partition(":")
+        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and rest == LRU_SUFFIX:
+            return digest[1:-1], "lru", None
         if not sep or not is_digest(digest):
             return None
         if rest == NAMESPACE_SUFFIX:

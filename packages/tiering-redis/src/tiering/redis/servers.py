@@ -240,15 +240,17 @@ class LocalCluster:
 
 
 class LocalSentinel:
-    """A primary ``redis-server`` watched by one ``redis-sentinel`` under ``service_name``.
+    """A primary ``redis-server`` (and ``replicas`` replicas of it) watched by one ``redis-sentinel``.
 
     Args:
         service_name: the master name the sentinel monitors.
+        replicas: replica servers (``--replicaof`` the primary); needed for :meth:`failover`.
     """
 
-    def __init__(self, service_name: str = "tiering") -> None:
+    def __init__(self, service_name: str = "tiering", replicas: int = 0) -> None:
         self.service_name = service_name
         self.primary = LocalRedis()
+        self.replicas = [LocalRedis(args=["--replicaof", "127.0.0.1", str(self.primary.port)]) for _ in range(replicas)]
         self.sentinel = LocalRedis(binary="redis-sentinel")
 
     @property
@@ -256,36 +258,86 @@ class LocalSentinel:
         """The ``sentinels`` config value: ``[["127.0.0.1", port]]``."""
         return [["127.0.0.1", self.sentinel.port]]
 
+    def master_port(self) -> int | None:
+        """The port the sentinel names as the current primary (None: it names none)."""
+        with contextlib.closing(self.sentinel.client(socket_timeout=2)) as client:
+            addr: Any = client.sentinel_get_master_addr_by_name(self.service_name)
+        return int(addr[1]) if addr else None
+
+    def _wait(self, done: Any, what: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} within {timeout_s}s")
+            time.sleep(0.1)
+
     def start(self) -> LocalSentinel:
-        """Start the primary, then the sentinel monitoring it; wait until the sentinel names the primary.
+        """Start the primary, its replicas (in sync), then the sentinel; wait until the sentinel names the primary.
 
         Raises:
-            RuntimeError: a server did not start, or the sentinel did not report the primary.
+            RuntimeError: a server did not start, a replica did not sync, or the sentinel did not report the primary.
         """
         try:
             self.primary.start()
+            for replica in self.replicas:
+                replica.start()
+                with contextlib.closing(replica.client(socket_timeout=2)) as client:
+                    self._wait(
+                        lambda c=client: c.info("replication").get("master_link_status") == "up",
+                        "a replica did not sync",
+                    )
             (self.sentinel.directory / "sentinel.conf").write_text(
                 f"sentinel monitor {self.service_name} 127.0.0.1 {self.primary.port} 1\n"
                 f"sentinel down-after-milliseconds {self.service_name} 5000\n"
+                f"sentinel failover-timeout {self.service_name} 10000\n"
             )
             self.sentinel.start()
-            deadline = time.monotonic() + START_TIMEOUT_S
-            with contextlib.closing(self.sentinel.client(socket_timeout=2)) as client:
-                while True:
-                    addr: Any = client.sentinel_get_master_addr_by_name(self.service_name)
-                    if addr and int(addr[1]) == self.primary.port:
-                        break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the sentinel did not report the primary")
-                    time.sleep(0.1)
+            self._wait(lambda: self.master_port() == self.primary.port, "the sentinel did not report the primary")
+            if self.replicas:
+                with contextlib.closing(self.sentinel.client(socket_timeout=2)) as client:
+                    self._wait(
+                        lambda: len(client.sentinel_slaves(self.service_name)) == len(self.replicas),
+                        "the sentinel did not discover the replicas",
+                    )
         except BaseException:
             self.stop()
             raise
         return self
 
+    def failover(self, timeout_s: float = 30.0) -> LocalRedis:
+        """``SENTINEL FAILOVER``: a replica becomes the primary; returns it once the old primary replicates it.
+
+        Writes that reach the old primary before the sentinel demotes it are
+        lost with its data set (Redis replication is asynchronous): a miss.
+
+        Raises:
+            RuntimeError: no replica, or the failover did not finish within ``timeout_s``.
+        """
+        if not self.replicas:
+            raise RuntimeError("a failover needs a replica (LocalSentinel(replicas=1))")
+        old = self.primary
+        with contextlib.closing(self.sentinel.client(socket_timeout=5)) as client:
+            client.sentinel_failover(self.service_name)
+        self._wait(lambda: self.master_port() not in (None, old.port), "the failover did not finish", timeout_s)
+        port = self.master_port()
+        new = next(r for r in self.replicas if r.port == port)
+        with contextlib.closing(new.client(socket_timeout=2)) as c:
+            self._wait(lambda: c.info("replication").get("role") == "master", "the new primary is not a master")
+        with contextlib.closing(old.client(socket_timeout=2)) as c:  # demoted (its clients killed): the end
+            self._wait(
+                lambda: c.info("replication").get("master_port") == new.port,
+                "the old primary was not demoted",
+                timeout_s,
+            )
+        self.replicas = [r for r in self.replicas if r is not new] + [old]
+        self.primary = new
+        return new
+
     def stop(self) -> None:
-        """Stop the sentinel and the primary; idempotent."""
+        """Stop the sentinel, the replicas and the primary; idempotent."""
         self.sentinel.stop()
+        for replica in self.replicas:
+            replica.stop()
         self.primary.stop()
 
     def __enter__(self) -> LocalSentinel:

@@ -8,9 +8,10 @@ not verify is a miss, is deleted and counted by cause.
 The machinery is the toolkit's (:mod:`tiering.core.toolkit`): job tracking
 (:class:`~tiering.core.toolkit.JobTracker`), the index of blocks this process
 knows (:class:`~tiering.core.toolkit.CapacityIndex`, capped only with
-``eviction: "tier"``), lookups resolved in batches in the background
-(:class:`~tiering.core.toolkit.LookupCache`: one Lua call or pipeline per
-batch, see :mod:`tiering.redis.presence`; None while in flight) and the I/O threads
+``eviction: "process"``; ``eviction: "tier"`` is the fleet's shared LRU,
+:mod:`tiering.redis.fleet`), lookups resolved in batches in the background
+(:class:`~tiering.core.toolkit.LookupCache`: one packed ``STRLEN`` request
+per node and batch, :mod:`tiering.redis.presence`; None while in flight) and the I/O threads
 (:class:`~tiering.core.toolkit.IOPool`, one per connection). What is Redis's
 own is here: a job's blocks go out as pipelines of ``pipeline_blocks`` blocks
 (redis-py's cluster pipeline splits each per node), stores are ``SET NX`` (the
@@ -54,6 +55,7 @@ from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.stats import failure_totals
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
+from tiering.redis.fleet import FleetCap
 from tiering.redis.io import RedisBlockIO, Task
 from tiering.redis.layout import KeyLayout
 from tiering.redis.presence import PresenceQuery
@@ -75,6 +77,8 @@ _COUNTERS = (
     "server_restarts",
     "scanned_blocks",
     "forgotten_blocks",
+    "fleet_evictions",
+    "fleet_repaired_blocks",
     *(f"errors_{c}" for c in ERROR_CLASSES),
 )
 
@@ -112,9 +116,13 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self.object_bytes = HEADER_SIZE + self.block_bytes
         self.ttl_s: int | None = settings["ttl_s"]
         self.location = settings.location()
-        capacity = settings["capacity_bytes"] if settings["eviction"] == "tier" else None
-        if capacity is not None and capacity < self.object_bytes:
-            raise ValueError(f"redis tier: capacity_bytes {capacity} is below one block ({self.object_bytes} bytes)")
+        eviction = settings["eviction"]
+        fleet_cap = settings["capacity_bytes"] if eviction == "tier" else None
+        capacity = settings["capacity_bytes"] if eviction == "process" else None
+        if (capacity or fleet_cap or self.object_bytes) < self.object_bytes:
+            raise ValueError(
+                f"redis tier: capacity_bytes {capacity or fleet_cap} is below one block ({self.object_bytes} bytes)"
+            )
         try:
             self._client: Any = settings.make_client()
         except Exception as exc:
@@ -127,7 +135,12 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         except BaseException:
             self._client.close()
             raise
-        self._warn_eviction_authority(capacity)
+        self._warn_eviction_authority(capacity or fleet_cap)
+        self.fleet = (
+            FleetCap(self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap)
+            if fleet_cap
+            else None
+        )
 
         self._closed = False
         self._close_lock = threading.Lock()
@@ -140,8 +153,11 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         self._scan_done = threading.Event()
         # With the server as eviction authority the index only remembers what is stored, bounded by what the
         # server can hold (its maxmemory): beyond that the least recently used entries are forgotten, not deleted.
+        # With eviction "tier" the fleet's LRU evicts; the index forgets beyond the fleet's cap the same way.
         self._forget_only = capacity is None
-        self._known_limit = self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
+        self._known_limit = fleet_cap or (
+            self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
+        )
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
@@ -173,7 +189,11 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             self.server.maxmemory,
             self.server.policy,
             self.layout.base(self.digest),
-            f"this tier ({capacity} bytes per process)" if capacity else "the server",
+            f"this tier ({capacity} bytes per process)"
+            if capacity
+            else f"the fleet's shared LRU ({fleet_cap} bytes)"
+            if fleet_cap
+            else "the server",
         )
 
     def _warn_eviction_authority(self, capacity: int | None) -> None:
@@ -195,8 +215,8 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             )
         elif capacity is not None and info.server_evicts:
             logger.warning(
-                "redis tier: eviction 'tier' is set but %s also evicts (maxmemory %d, %s): blocks it evicts "
-                "become misses",
+                "redis tier: the tier caps the blocks (eviction 'tier' or 'process') but %s also evicts "
+                "(maxmemory %d, %s): blocks it evicts become misses",
                 self.location,
                 info.maxmemory,
                 info.policy,
@@ -240,8 +260,10 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         return verdict
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        """Mark ``keys`` most recently used (the order of ``eviction: "tier"``)."""
+        """Mark ``keys`` most recently used (the eviction order; with ``eviction: "tier"`` the fleet's, sent later)."""
         self.index.touch(keys)
+        if self.fleet is not None and self.fleet.touch(keys):
+            self.pool.submit_call("write", self.flush_touches)
 
     # -- stores -------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
@@ -249,9 +271,11 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
 
         A block this process knows is stored counts as stored without I/O; a
         ``SET NX`` refused because another writer stored the key first counts as
-        stored (``stores_already_present``). With ``eviction: "tier"``, least
+        stored (``stores_already_present``). With ``eviction: "process"``, least
         recently used blocks are deleted to make room; a block that cannot fit
-        fails with cause ``no_space``.
+        fails with cause ``no_space``. With ``eviction: "tier"`` the blocks
+        stored first here join the fleet's LRU after their ``SET NX``, and the
+        victims beyond the fleet's cap it hands this process are deleted.
         """
         state = self.jobs.start(job)
         now: list[tuple[int, bool, str]] = []
@@ -328,6 +352,9 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         out.update(self.jobs.stats())
         out.update(self.lookups.stats())
         out.update(failure_totals(out))
+        if self.fleet is not None:
+            out["fleet_capacity_bytes"] = self.fleet.capacity_bytes
+            out["fleet_used_bytes"] = self.fleet.used_bytes
         out["server_maxmemory_bytes"] = self.server.maxmemory
         out["server_evicts"] = int(self.server.server_evicts)
         return out

@@ -15,7 +15,9 @@ Everything runs on a connection taken from the client's own pool, so
 authentication, TLS, ``socket_timeout`` and the pool's size are redis-py's;
 :func:`run_on_connection` retries with the client's :class:`redis.retry.Retry`
 (``SET NX`` is safe to resend: a block the first attempt stored answers nil,
-"already present"). Used for a single server and a Sentinel-managed primary;
+"already present"). A ``READONLY`` reply drops the connection and is retried
+(:class:`NowReplicaError`: after a Sentinel failover the next connection
+goes to the new primary). Used for a single server and a Sentinel-managed primary;
 a cluster goes through redis-py's cluster pipeline, which routes per slot.
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 try:
@@ -34,6 +36,25 @@ except ImportError:  # the hiredis extra is not installed: replies are read thro
     hiredis = None  # type: ignore[assignment]
 
 T = TypeVar("T")
+
+
+class NowReplicaError(RedisConnectionError, ReadOnlyError):
+    """A write answered ``READONLY``: the server was a primary and is now a replica (a failover).
+
+    The connection is dropped, so its next use connects again (asking the
+    sentinels for the new primary, as redis-py's own Sentinel connections do);
+    as a connection error the client's ``Retry`` retries the request, and
+    :func:`tiering.redis.errors.classify_error` still names it ``readonly``.
+    """
+
+
+def _raise_if_replica(conn: Any, replies: Sequence[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, ResponseError) and str(reply).startswith("READONLY"):
+            conn.disconnect()
+            raise NowReplicaError(str(reply))
+
+
 Chunk = bytes | memoryview
 
 
@@ -113,7 +134,9 @@ def run_on_connection(client: Any, parts: Sequence[Chunk], n: int) -> list[Any]:
 
         def attempt() -> list[Any]:
             conn.send_packed_command(list(parts))
-            return read_replies(conn, n)
+            replies = read_replies(conn, n)
+            _raise_if_replica(conn, replies)
+            return replies
 
         def failed(_error: BaseException) -> None:
             conn.disconnect()
@@ -254,6 +277,7 @@ def get_into(client: Any, names: Sequence[bytes], slots: Sequence[memoryview], h
                 replies.append(bytes(value))
             if stream.line() != b"":
                 raise RedisConnectionError("a GET reply did not end where its length said")
+        _raise_if_replica(conn, replies)
         return replies
 
     def failed(_error: BaseException) -> None:

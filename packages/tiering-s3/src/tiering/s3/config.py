@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core.redact import Redactor
-from tiering.core.toolkit import ConfigKey, ConfigSchema, InvalidValueError, MissingKeyError
+from tiering.core.toolkit import ConfigKey, ConfigSchema, MissingKeyError
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -31,6 +31,25 @@ def _url_problem(value: str) -> str | None:
 
 def _opt_str(name: str, doc: str, secret: bool = False) -> ConfigKey:
     return ConfigKey(name, (str,), nullable=True, non_empty=True, secret=secret, doc=doc)
+
+
+def _credentials_paired(entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    if (entry["aws_access_key_id"] is None) == (entry["aws_secret_access_key"] is None):
+        return None
+    missing = "aws_secret_access_key" if entry["aws_secret_access_key"] is None else "aws_access_key_id"
+    other = "aws_access_key_id" if missing == "aws_secret_access_key" else "aws_secret_access_key"
+    return missing, f"required with {other}; give both, or neither for boto3's default credential chain"
+
+
+def _ca_bundle_usable(entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    path = entry["ca_bundle"]
+    if path is None:
+        return None
+    if not entry["verify"]:
+        return "ca_bundle", "is set but 'verify' is false; set one or the other"
+    if not os.path.isfile(path):
+        return "ca_bundle", f"names {path!r}, which is not a file"
+    return None
 
 
 SCHEMA = ConfigSchema(
@@ -57,6 +76,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, doc="cap on object bytes; null: none"),
         ConfigKey("head_fallback", (bool,), default=True, doc="on an index miss, ask the server with HEAD"),
     ],
+    checks=[_credentials_paired, _ca_bundle_usable],
 )
 """Every key of an ``s3`` tier entry (``S3SecondaryTierManager.config_schema``)."""
 
@@ -124,15 +144,6 @@ class ConnectionSettings:
         """
         given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None or SCHEMA.keys[k].nullable}
         SCHEMA.validate(given)
-        if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
-            raise InvalidValueError(
-                "s3", "aws_secret_access_key", "aws_access_key_id and aws_secret_access_key must be given together"
-            )
-        if self.ca_bundle is not None:
-            if not self.verify:
-                raise InvalidValueError("s3", "ca_bundle", "is set but 'verify' is false; set one or the other")
-            if not os.path.isfile(self.ca_bundle):
-                raise InvalidValueError("s3", "ca_bundle", f"names {self.ca_bundle!r}, which is not a file")
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> ConnectionSettings:

@@ -29,8 +29,14 @@ from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
 from tiering.core.bench.report import format_report
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
-from tiering.core.bench.workload import DEFAULT_TRACE, SHIPPED_TRACES, load_mooncake_trace, resolve_trace
-from tiering.core.configfile import install_hint, load_config, redact_text, tier_location
+from tiering.core.bench.workload import (
+    DEFAULT_TRACE,
+    SHIPPED_TRACES,
+    TRACE_FORMAT,
+    load_mooncake_trace,
+    resolve_trace,
+)
+from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
 from tiering.core.factory import redact_offloading_config
 
 DEFAULT_REQUESTS = 2000
@@ -63,12 +69,15 @@ def add_bench_parser(sub: Any) -> None:
             "arguments: the first 2,000 requests of the shipped conversation trace through a CPU primary tier "
             "and a capped persistent tier in a temporary directory (removed afterwards)."
         ),
+        epilog=TRACE_FORMAT,
     )
     bench.add_argument(
         "--config", help="JSON config (kv_connector_extra_config shape); default: primary + a persistent tier"
     )
     bench.add_argument(
-        "--trace", default=DEFAULT_TRACE, help=f"a shipped trace ({names}; default {DEFAULT_TRACE}) or a JSONL path"
+        "--trace",
+        default=DEFAULT_TRACE,
+        help=f"a shipped trace ({names}; default {DEFAULT_TRACE}) or a Mooncake JSONL file (format below)",
     )
     bench.add_argument(
         "--requests", type=positive_int, default=DEFAULT_REQUESTS, help="requests to replay (default 2000)"
@@ -151,7 +160,8 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
     if tier is None:
         print(
             f"{LABEL}: no installed tier keeps blocks on a local disk; replaying through the CPU primary tier "
-            f"only. Install a persistent tier's distribution ({install_hint('tiering-<name>')}) or pass --config",
+            f"only. Install a persistent tier's distribution ({install_hint('tiering-<name>')}; the tier packages "
+            f"are listed at {documentation_url('index.md')}) or pass --config",
             file=sys.stderr,
         )
     return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES)
@@ -164,6 +174,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.config and args.root:
         raise ValueError("--root places the default stack's tier; with --config the config's tiers say where")
+    if args.root is not None and default_local_tier(args.root) is None:
+        raise ValueError(
+            f"--root {args.root}: no installed tier keeps blocks in a local directory, so nothing would be kept "
+            "there; install a tier package whose tier does (the filesystem tier's; the tier packages are listed "
+            f"at {documentation_url('index.md')}), or replay without --root (CPU primary tier only), or with --config"
+        )
     if args.plot:
         _check_plot_available()
     trace = resolve_trace(args.trace)

@@ -71,8 +71,23 @@ class Request:
     timestamp_ms: float = 0.0
 
 
+TRACE_FORMAT = (
+    "Trace files (--trace FILE.jsonl) use Mooncake's format: one JSON object per line, one request each, "
+    'e.g. {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]}. Required: '
+    '"hash_ids", a list of integers, one per 512-token block of the prompt, in order; an id names a block '
+    "with everything before it (Mooncake's ids are prefix hashes), so an id seen before is a cache hit. "
+    'Optional: "timestamp" (ms since the trace start, kept in the report\'s series; requests are replayed '
+    'in file order, not paced); "input_length" and "output_length" are read by Mooncake\'s tools and '
+    "ignored here. Other keys are ignored."
+)
+"""What a trace file holds (``tiering bench --help`` and the docs say the same)."""
+
+
 def load_mooncake_trace(path: str | Path | Traversable, limit: int | None = None) -> Iterator[Request]:
     """Read a Mooncake-format JSONL trace (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``).
+
+    See :data:`TRACE_FORMAT`: ``hash_ids`` (a list of integers) is required,
+    ``timestamp`` (milliseconds) optional, every other key ignored.
 
     Args:
         path: the ``.jsonl`` file (a path, or a shipped trace from :func:`resolve_trace`).
@@ -80,8 +95,9 @@ def load_mooncake_trace(path: str | Path | Traversable, limit: int | None = None
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: a line is not JSON or lacks ``hash_ids``; the message
-            names the file and line number.
+        ValueError: a line is not a JSON object, lacks ``hash_ids``, or its
+            ``hash_ids`` is not a list of integers; the message names the
+            file and line number and what a record looks like.
     """
     source = Path(path) if isinstance(path, (str, os.PathLike)) else path
     with source.open("r", encoding="utf-8") as f:
@@ -92,14 +108,22 @@ def load_mooncake_trace(path: str | Path | Traversable, limit: int | None = None
                 continue
             try:
                 record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise TypeError(f"a line must hold a JSON object, got {type(record).__name__}")
+                if "hash_ids" not in record:
+                    raise ValueError("no 'hash_ids'")
                 hash_ids = record["hash_ids"]
+                if not isinstance(hash_ids, list) or not all(
+                    isinstance(h, int) and not isinstance(h, bool) for h in hash_ids
+                ):
+                    raise TypeError(f"'hash_ids' must be a list of integers, got {hash_ids!r:.60}")
+                timestamp = float(record.get("timestamp", 0))
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from exc
-            yield Request(
-                f"trace-{lineno}",
-                tuple(trace_block_key(int(h)) for h in hash_ids),
-                float(record.get("timestamp", 0)),
-            )
+                raise ValueError(
+                    f"{path}:{lineno}: not a Mooncake trace record ({exc}); a record looks like "
+                    '{"timestamp": 0, "hash_ids": [0, 1, 2]} (see tiering bench --help)'
+                ) from exc
+            yield Request(f"trace-{lineno}", tuple(trace_block_key(h) for h in hash_ids), timestamp)
 
 
 def synthetic_chat(

@@ -7,7 +7,8 @@
   ``wait_for_jobs``, ``wait_until``...), re-exported from the runtime module
   :mod:`tiering.core.harness` so that benchmarks need no pytest.
 
-Requires pytest (a test dependency, not a runtime one)::
+Requires pytest, installed by the ``testing`` extra (``pip install 'tiering-core[testing]'``);
+without it, importing this package raises an ``ImportError`` naming the extra::
 
     from tiering.core.testing import TierConformanceTests
 
@@ -19,7 +20,16 @@ Requires pytest (a test dependency, not a runtime one)::
 
 from __future__ import annotations
 
-import pytest
+try:
+    import pytest
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without pytest
+    from tiering.core.configfile import install_hint
+
+    raise ImportError(
+        f"tiering.core.testing (the conformance suites) runs under pytest, which is not installed: "
+        f"{install_hint('tiering-core', 'testing')}",
+        name="pytest",
+    ) from exc
 
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.harness import (

@@ -19,6 +19,7 @@ Nothing here imports torch, vLLM or any backend.
 from tiering.core.toolkit.config import (
     ConfigKey,
     ConfigSchema,
+    EntryCheck,
     InvalidTypeError,
     InvalidValueError,
     MissingKeyError,
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigKey",
     "ConfigSchema",
     "Counters",
+    "EntryCheck",
     "IOPool",
     "InvalidTypeError",
     "InvalidValueError",

@@ -157,18 +157,27 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+EntryCheck = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
+"""A check of keys that go together: given the normalized entry (every key, defaults filled in), returns
+``(key at fault, problem)`` or None. Must be side-effect free (it may look at files, never create one)."""
+
+
 class ConfigSchema:
     """The declared keys of one tier type.
 
     Args:
         tier: the tier type name used in messages (``"fs"``).
         keys: every accepted key.
+        checks: checks of keys that go together (``aws_access_key_id`` needs
+            ``aws_secret_access_key``), run by :meth:`validate` after every
+            value passed its own key's checks, in order; the first problem is
+            raised as :class:`InvalidValueError` naming the key it returns.
 
     Raises:
         ValueError: two keys share a name, or a key uses a reserved name (``type``, ``module_path``).
     """
 
-    def __init__(self, tier: str, keys: Sequence[ConfigKey]) -> None:
+    def __init__(self, tier: str, keys: Sequence[ConfigKey], checks: Sequence[EntryCheck] = ()) -> None:
         names = [k.name for k in keys]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -178,6 +187,7 @@ class ConfigSchema:
             raise ValueError(f"tier {tier!r}: config keys use reserved names: {', '.join(reserved)}")
         self.tier = tier
         self.keys: dict[str, ConfigKey] = {k.name: k for k in keys}
+        self.checks: tuple[EntryCheck, ...] = tuple(checks)
 
     @property
     def secret_keys(self) -> frozenset[str]:
@@ -204,7 +214,8 @@ class ConfigSchema:
             MissingKeyError: a required key is absent.
             InvalidTypeError: a value has the wrong type.
             InvalidValueError: a value is out of range or not a choice
-                (keys are checked in declaration order; the first mistake is raised).
+                (keys are checked in declaration order; the first mistake is raised),
+                or keys that go together do not (the schema's ``checks``).
         """
         if not isinstance(config, Mapping):
             raise InvalidTypeError(self.tier, "", f"the entry must be an object, got {config!r}", entry)
@@ -220,6 +231,11 @@ class ConfigSchema:
                 out[spec.name] = spec.default
                 continue
             out[spec.name] = self.check_value(spec.name, config[spec.name], entry)
+        for check in self.checks:
+            found = check(out)
+            if found is not None:
+                key, problem = found
+                raise InvalidValueError(self.tier, key, problem, entry)
         return out
 
     def check_value(self, name: str, value: Any, entry: str | None = None) -> Any:

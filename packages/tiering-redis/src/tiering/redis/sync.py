@@ -1,0 +1,190 @@
+"""What this process knows, kept in line with the server: restarts, forgotten and vanished blocks, the start-up scan.
+
+:class:`RedisServerSync` is the base of :class:`~tiering.redis.io.RedisBlockIO`: it holds
+the shared state (set by :class:`~tiering.redis.tier.RedisSecondaryTierManager`) and the
+bookkeeping every I/O path uses; with ``eviction: "tier"`` it also reports to the
+fleet-wide LRU (:class:`~tiering.redis.fleet.FleetCap`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tiering.core.base import OffloadKey
+from tiering.core.toolkit import CapacityIndex, Counters, IOPool, KVEventLog, LookupCache, Victim
+from tiering.redis.config import RedisSettings
+from tiering.redis.errors import classify_error
+from tiering.redis.fleet import FleetCap
+from tiering.redis.layout import KeyLayout
+from tiering.redis.presence import PresenceQuery
+from tiering.redis.probe import run_ids
+
+logger = logging.getLogger(__name__)
+
+
+class RedisServerSync:
+    """Shared state and bookkeeping of the redis tier; the attributes are set by the tier's constructor."""
+
+    settings: RedisSettings
+    layout: KeyLayout
+    digest: str
+    _digest_bytes: bytes
+    object_bytes: int
+    ttl_s: int | None
+    location: str
+    index: CapacityIndex
+    counters: Counters
+    events: KVEventLog
+    lookups: LookupCache
+    pool: IOPool
+    _client: Any
+    _closed: bool
+    _recheck: bool
+    _run_ids: frozenset[str]
+    _presence: PresenceQuery
+    _is_cluster: bool
+    _scan_done: threading.Event
+    _forget_only: bool
+    _known_limit: int
+    fleet: FleetCap | None
+
+    def _trim_known(self) -> None:
+        """With the server evicting: forget the least recently used known blocks beyond its ``maxmemory``.
+
+        The server cannot hold more, so older entries are likely gone; forgetting
+        them (never deleting) keeps this process's index bounded. Trims to 90 %
+        so that the O(n) snapshot of the index is taken rarely.
+        """
+        limit = self._known_limit
+        if not limit or self.index.resident_bytes <= limit:
+            return
+        surplus = self.index.resident_bytes - int(0.9 * limit)
+        forgotten: list[OffloadKey] = []
+        for key in self.index.keys():  # noqa: SIM118 (a snapshot, LRU first; the index is not iterable)
+            if surplus <= 0:
+                break
+            self.index.remove(key, delete=False)
+            surplus -= self.object_bytes
+            forgotten.append(key)
+        self.lookups.invalidate(forgotten)
+        self.counters.inc("forgotten_blocks", len(forgotten))
+
+    if TYPE_CHECKING:  # provided by SecondaryTierManager
+
+        @property
+        def block_bytes(self) -> int: ...
+
+        def block(self, block_id: int) -> memoryview: ...
+
+        def _fleet_evict(self, victims: Sequence[OffloadKey]) -> None: ...
+
+        def _delete(self, victims: Sequence[Victim], reason: str, accounted: bool = True) -> None: ...
+
+    def block_key(self, key: bytes) -> str:
+        """The Redis key of block ``key``."""
+        return self.layout.block_key(self.digest, key)
+
+    def _count_error(self, exc: BaseException, what: str) -> str:
+        cause = classify_error(exc)
+        if cause in ("connection", "timeout", "loading", "readonly"):
+            self._recheck = True
+        self.counters.inc(f"errors_{cause}")
+        text = self.settings.redact(f"{type(exc).__name__}: {exc}")
+        if cause == "other":
+            logger.error("redis tier: %s failed: %s", what, text)
+        else:
+            logger.warning("redis tier: %s failed (%s): %s", what, cause, text)
+        return cause
+
+    def _pipeline(self) -> Any:
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        return self._client.pipeline(transaction=False)
+
+    def _check_restart(self) -> None:
+        """After connection trouble: if the server restarted or failed over, forget what it held.
+
+        A server without persistence comes back empty; this process would
+        otherwise answer lookups True and skip stores of blocks that are gone.
+        Writes in flight are kept (see :meth:`CapacityIndex.reconcile`).
+        """
+        with self.index.reading() as ticket:
+            try:
+                ids = run_ids(self._client)
+            except Exception:
+                return  # still down: the batch fails, and the next one asks again
+            self._recheck = False
+            if not ids or ids == self._run_ids:
+                return
+            self._run_ids = ids
+            report = self.index.reconcile({}, ticket)
+        self.counters.inc("server_restarts")
+        self.lookups.invalidate(report.vanished)
+        self.events.record_removed(report.vanished, "server_restart")
+        logger.warning(
+            "redis tier: %s restarted or failed over (new run_id); forgot %d blocks it may no longer hold",
+            self.location,
+            len(report.vanished),
+        )
+
+    def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
+        """Keys known gone (a load found them missing): out of the index and the lookup cache."""
+        keys = list(keys)
+        for key in keys:
+            self.index.remove(key, delete=False)
+        self.lookups.mark_absent(keys)
+        self.events.record_removed(keys, reason)
+        if self.fleet is not None and keys:
+            try:
+                self.fleet.removed(keys)
+            except Exception as exc:
+                self._count_error(exc, f"removing {len(keys)} gone blocks from the fleet's LRU")
+
+    def _startup_scan(self) -> None:
+        """Learn which blocks of the namespace the server holds (``SCAN`` + ``STRLEN``), on an I/O thread.
+
+        Blocks of the right size join the index (adopted under a ticket, so a
+        key changed meanwhile keeps its newer state); with ``eviction:
+        "process"`` the least recently used beyond ``capacity_bytes`` are then
+        deleted; with ``eviction: "tier"`` the fleet's LRU is repaired from the
+        scan (:meth:`~tiering.redis.fleet.FleetCap.reconcile`) and its surplus
+        deleted. A failure is logged and counted: lookups still ask the server.
+        """
+        try:
+            with self.index.reading() as ticket:
+                keys: list[OffloadKey] = []
+                kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
+                if self._is_cluster:
+                    kwargs["target_nodes"] = "primaries"
+                for name in self._client.scan_iter(**kwargs):
+                    parsed = self.layout.parse(name)
+                    if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
+                        keys.append(OffloadKey(parsed[2]))
+                found: dict[OffloadKey, int] = {}
+                for start in range(0, len(keys), 4096):
+                    batch = keys[start : start + 4096]
+                    for key, flag in zip(batch, self._present(batch), strict=True):
+                        if flag:
+                            found[key] = self.object_bytes
+                self.index.adopt_many(found.items(), ticket)
+            self.counters.inc("scanned_blocks", len(found))
+            self._delete(self.index.evict_to_cap(), "eviction")
+            if self.fleet is not None:
+                added, removed = self.fleet.reconcile(found, self._present)
+                self.counters.inc("fleet_repaired_blocks", added + removed)
+                self._fleet_evict(self.fleet.evict_surplus())
+            self._trim_known()
+        except Exception as exc:
+            self._count_error(exc, "the start-up scan")
+        finally:
+            self._scan_done.set()
+
+    def _present(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        if self._recheck:
+            self._check_restart()
+        self.counters.inc("pipelines")
+        return self._presence(keys)

@@ -1,0 +1,110 @@
+"""A Sentinel failover under load: bounded jobs, then the new primary serves without an engine restart."""
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from tiering.core import create_secondary_tier
+from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.primary import allocate_host_buffer
+from tiering.core.spec import OffloadingSpec
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.redis.servers import LocalSentinel, have_redis_server
+
+pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
+
+BLOCK = 32 * 1024
+SLOTS = 32
+CTX = ReqContext("failover")
+_ids = itertools.count(1)
+JOB_BOUND_S = 15.0
+"""Longest a job may take while the primary changes: timeouts x (retries + 1) + backoff, with margin."""
+
+
+def store(tier, view, keys, timeout_s=60.0):
+    for i, key in enumerate(keys):
+        block_view(view, i)[:] = block_payload(key, BLOCK)
+    job = JobMetadata(next(_ids), keys, list(range(len(keys))), False, CTX)
+    tier.submit_store(job)
+    return wait_for_jobs(tier, [job.job_id], timeout_s)[job.job_id]
+
+
+def load(tier, view, keys, timeout_s=60.0):
+    block_ids = list(range(SLOTS - len(keys), SLOTS))
+    for i in block_ids:
+        block_view(view, i)[:] = bytes(BLOCK)
+    job = JobMetadata(next(_ids), keys, block_ids, True, CTX)
+    tier.submit_load(job)
+    ok = wait_for_jobs(tier, [job.job_id], timeout_s)[job.job_id]
+    return ok, [block_view(view, i).tobytes() for i in block_ids]
+
+
+def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_primary_serves(prefix):
+    with LocalSentinel(service_name="fo", replicas=1) as sentinel:
+        old_primary = sentinel.primary
+        config = {
+            "type": "redis", "mode": "sentinel", "sentinels": sentinel.sentinels, "service_name": "fo",
+            "prefix": prefix, "socket_timeout_s": 2, "socket_connect_timeout_s": 1, "retries": 3,
+        }  # fmt: skip
+        view = allocate_host_buffer(SLOTS, BLOCK)
+        spec = OffloadingSpec({"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": "redis/failover"})
+        tier = create_secondary_tier(config, view, spec)
+        try:
+            before = [make_key(i, b"before") for i in range(16)]
+            assert store(tier, view, before[:8]) and store(tier, view, before[8:])
+            with old_primary.client() as client:
+                assert client.wait(1, 5000) == 1  # the replica has every block before the failover
+
+            durations, wrong, outcomes = [], [], []
+            stop = threading.Event()
+
+            def traffic():
+                for n in itertools.count():
+                    if stop.is_set():
+                        return
+                    keys = [make_key(n * 4 + j, b"during") for j in range(4)]
+                    started = time.monotonic()
+                    outcomes.append(("store", store(tier, view, keys)))
+                    durations.append(time.monotonic() - started)
+                    started = time.monotonic()
+                    ok, slots = load(tier, view, before[:4])
+                    durations.append(time.monotonic() - started)
+                    outcomes.append(("load", ok))
+                    if ok and slots != [block_payload(k, BLOCK) for k in before[:4]]:
+                        wrong.append(n)
+
+            thread = threading.Thread(target=traffic)
+            thread.start()
+            try:
+                time.sleep(0.3)
+                new_primary = sentinel.failover()
+                time.sleep(1.0)
+            finally:
+                stop.set()
+                thread.join(120)
+            assert not thread.is_alive(), "a job hung through the failover"
+            assert new_primary.port != old_primary.port
+            assert not wrong, "a load returned other bytes"
+            assert outcomes and max(durations) < JOB_BOUND_S, max(durations)
+
+            # No engine restart: the same tier stores and loads through the new primary.
+            after = [make_key(i, b"after") for i in range(8)]
+            deadline = time.monotonic() + 30
+            while not store(tier, view, after):
+                assert time.monotonic() < deadline, "no store succeeded after the failover"
+                time.sleep(0.2)
+            ok, slots = load(tier, view, after)
+            assert ok and slots == [block_payload(k, BLOCK) for k in after], {
+                k: v for k, v in tier.stats().items() if v and ("fail" in k or "error" in k)
+            }
+            with new_primary.client() as client:
+                assert client.exists(*(tier.block_key(k) for k in after)) == len(after)  # written to the new primary
+                assert client.info("replication")["role"] == "master"
+            ok, slots = load(tier, view, before[8:])  # replicated before the failover: still there, same bytes
+            assert ok and slots == [block_payload(k, BLOCK) for k in before[8:]]
+            stats = tier.stats()
+            assert stats["verify_failures"] == 0
+        finally:
+            tier.shutdown()
