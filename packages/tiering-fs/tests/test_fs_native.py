@@ -41,10 +41,12 @@ def test_status_follows_the_environment_variable(monkeypatch, tmp_path, open_tie
     assert native.status() == "pure-Python block I/O (TIERING_FS_NATIVE=0)" and native.library() is None
     tier, _ = open_tier(tmp_path / "off")
     assert tier.stats()["native_io"] == 0 and tier.files.native is None and "TIERING_FS_NATIVE=0" in tier.block_io
+    assert tier.pool.min_batch == 1  # per block in Python: an idle pool spreads a job one block per thread
     assert "pure-Python block I/O" in FsspecSecondaryTierManager.probe({"type": "fs", "root": str(tmp_path)})
     monkeypatch.delenv(native.ENV_VAR)
     tier, _ = open_tier(tmp_path / "on")
     assert tier.stats()["native_io"] == int(LIB is not None)
+    assert tier.pool.min_batch == (native.NATIVE_MIN_SHARE if LIB is not None else 1)
     assert tier.block_io == native.status()
 
 

@@ -159,3 +159,15 @@ def test_submit_call_and_bad_sizes():
     pool.shutdown()  # idempotent
     with pytest.raises(ValueError):
         IOPool(0, 1)
+
+
+@pytest.mark.parametrize(("min_batch", "sizes"), [(1, [2] * 8), (4, [4] * 4), (16, [16]), (32, [16])])
+def test_min_batch_bounds_how_thin_an_idle_pool_spreads_a_job(min_batch, sizes):
+    pool = IOPool(8, 8, max_batch=16, min_batch=min_batch)
+    fn, on_error, done, errors = collect()
+    wait_for(lambda: pool._waiting[True] + pool._waiting[False] == 16)
+    pool.submit("write", fn, list(range(16)), on_error)  # 16 idle threads, 8 of them writers
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert sorted(len(s) for s in done) == sizes and not errors
+    assert sorted(i for share in done for i in share) == list(range(16))

@@ -42,7 +42,7 @@ from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
 from tiering.fs.io import open_backend
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
-from tiering.fs.native import open_native
+from tiering.fs.native import NATIVE_MIN_SHARE, open_native
 from tiering.fs.root import direct_obstacle, prepare_namespace_dir
 from tiering.fs.scanner import Rescanner, scan_namespace
 from tiering.fs.transfer import Transfers
@@ -166,7 +166,8 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         self._stopping = False
         self._temp_bytes = 0
         self._last_scan_s = 0.0
-        self.pool = IOPool(cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", max_batch=16)
+        min_batch = NATIVE_MIN_SHARE if self.files.native is not None else 1  # a native call costs per share
+        self.pool = IOPool(cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", min_batch=min_batch)
         self.transfers = Transfers(
             self.index, self.files, self.counters, self.events, self.pool, self.block, self._is_stopping
         )

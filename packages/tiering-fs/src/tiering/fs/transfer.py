@@ -124,54 +124,67 @@ class Transfers:
         undeleted = bool(mine) and not self.delete(mine, "eviction")
         outcomes: list[tuple[int, bool, str]] = []
         commits: list[tuple[OffloadKey, bool]] = []
-        stored: list[OffloadKey] = []
         state = items[0][0]
-        keys, block_ids, indexes = [], [], []
+        ready, waiting = [], []
         for _, i, reserved in items:
             key = state.meta.keys[i]
             if self._stopping:
                 if reserved:
                     commits.append((key, False))
                 outcomes.append((i, False, SHUTDOWN))
-                continue
-            if reserved and undeleted and self._over_cap():
+            elif not reserved:
+                waiting.append(i)
+            elif undeleted and self._over_cap():
                 self.index.commit(key, False)
                 outcomes.append((i, False, "no_space"))
-                continue
-            if not reserved:
-                admit = self._reserve_now(key)
-                if admit is not Admit.RESERVED:
-                    ok = admit is Admit.PRESENT
-                    if ok:
-                        self.counters.inc("stores_already_present")
-                    cause = "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]
-                    outcomes.append((i, ok, cause))
+            else:
+                ready.append(i)
+        # The blocks reserved at submit are written and committed before a block without room waits for it:
+        # the room it waits for may be what this very share's writes free (a tight cap, one share per job).
+        self._write_and_commit(state, ready, commits, outcomes)
+        if waiting:
+            now = []
+            for i in waiting:
+                admit = self._reserve_now(state.meta.keys[i])
+                if admit is Admit.RESERVED:
+                    now.append(i)
                     continue
-            keys.append(key)
-            block_ids.append(state.meta.block_ids[i])
-            indexes.append(i)
+                ok = admit is Admit.PRESENT
+                if ok:
+                    self.counters.inc("stores_already_present")
+                outcomes.append((i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
+            self._write_and_commit(state, now, [], outcomes)
+        state.record(outcomes)
+
+    def _write_and_commit(
+        self,
+        state: JobState,
+        indexes: list[int],
+        commits: list[tuple[OffloadKey, bool]],
+        outcomes: list[tuple[int, bool, str]],
+    ) -> None:
+        """Write the reserved blocks ``indexes`` of ``state`` in one call; commit them and ``commits`` together."""
+        keys = [state.meta.keys[i] for i in indexes]
+        block_ids = [state.meta.block_ids[i] for i in indexes]
+        stored: list[OffloadKey] = []
         # One call for the share (native path: no Python work per block; see BlockFiles.write_many).
-        for key, i, exc in zip(
-            keys, indexes, self.files.write_many(keys, block_ids, self.slot, self._is_stopping), strict=False
-        ):
-            if isinstance(exc, NotStartedError):
-                commits.append((key, False))
-                outcomes.append((i, False, SHUTDOWN))
+        results = self.files.write_many(keys, block_ids, self.slot, self._is_stopping) if keys else []
+        for key, i, exc in zip(keys, indexes, results, strict=True):
+            if exc is None:
+                commits.append((key, True))
+                stored.append(key)
+                outcomes.append((i, True, ""))
                 continue
-            if exc is not None:
-                cause = failure_cause(exc, load=False)
+            cause = SHUTDOWN if isinstance(exc, NotStartedError) else failure_cause(exc, load=False)
+            if cause != SHUTDOWN:
                 _log_failure("store", key, cause, exc)
-                commits.append((key, False))
-                outcomes.append((i, False, cause))
-                continue
-            commits.append((key, True))
-            stored.append(key)
-            outcomes.append((i, True, ""))
-        self.index.commit_many(commits)
+            commits.append((key, False))
+            outcomes.append((i, False, cause))
+        if commits:
+            self.index.commit_many(commits)
         if stored:
             self.counters.add({"blocks_stored": len(stored), "bytes_stored": len(stored) * self.block_bytes})
             self.events.record_stored(stored)
-        state.record(outcomes)
 
     def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
         """The pool's ``on_error`` for stores: release reservations, fail the blocks (once)."""

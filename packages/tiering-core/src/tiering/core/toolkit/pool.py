@@ -69,6 +69,9 @@ class IOPool:
         n_write_threads: writer threads, >= 0 (0: readers do the writes too).
         name: thread name prefix (``<name>-read-<i>``, ``<name>-write-<i>``).
         max_batch: most items in one share.
+        min_batch: fewest items a submission is split into shares of, when idle threads would take
+            smaller ones (default 1: one per idle thread). A tier whose batch function has a fixed
+            cost per share and little per item (a native batch call) sets more.
         reader_help_batch: most write items a reader takes at once when helping.
         writers_prefer_writes: writers take queued writes before reads
             (vLLM's store-priority threads); default False (reads first everywhere).
@@ -84,6 +87,7 @@ class IOPool:
         *,
         name: str = "tiering-io",
         max_batch: int = 16,
+        min_batch: int = 1,
         reader_help_batch: int = 1,
         writers_prefer_writes: bool = False,
     ) -> None:
@@ -94,6 +98,7 @@ class IOPool:
         self.n_read_threads = n_read_threads
         self.n_write_threads = n_write_threads
         self.max_batch = max_batch
+        self.min_batch = max(1, min(min_batch, max_batch))
         self.reader_help_batch = reader_help_batch
         self.writers_prefer_writes = writers_prefer_writes
         self._lock = threading.Lock()
@@ -140,7 +145,8 @@ class IOPool:
         if n == 1 or (idle <= 1 and n <= self.max_batch):
             units = [_Unit(fn, list(items), on_error)]  # one share: no splitting to do
         else:
-            parts = max(1, min(idle, self.n_read_threads if is_read else max(1, self.n_write_threads)))
+            threads = self.n_read_threads if is_read else max(1, self.n_write_threads)
+            parts = max(1, min(idle, threads, -(-n // self.min_batch)))
             units = [
                 _Unit(fn, [items[i] for i in share], on_error)
                 for share in split_batches(range(n), parts, self.max_batch)

@@ -49,6 +49,11 @@ ENV_VAR = "TIERING_FS_NATIVE"
 TRUNCATED, CHECKSUM, FOREIGN, BAD_SLOT, SKIPPED = -1, -2, -3, -4, -5
 """Negative per-block result codes of the library (positive ones are errnos)."""
 
+NATIVE_MIN_SHARE = 4
+"""Fewest blocks per worker share on the native path (the I/O pool's ``min_batch``): a call's fixed cost
+(the pool's hand-off, index and job settling in Python) is paid per share, so a job is not cut into
+one-block shares just because threads are idle."""
+
 _DIRECT, _FSYNC, _STOP_ON_ERROR = 1, 2, 4
 _SHARDS = 256
 _OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
