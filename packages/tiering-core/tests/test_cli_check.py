@@ -80,7 +80,7 @@ def test_check_refuses_a_primary_tier_larger_than_the_memory(tmp_path, capsys, m
     assert main(["check", _write(tmp_path, {"cpu_bytes_to_use": 6 << 30})]) == 2
     err = capsys.readouterr().err
     assert "cpu_bytes_to_use: 6442450944 bytes (6.0 GiB) is more than this machine's memory" in err
-    assert "physical memory 8.0 GiB, cgroup limit 4.0 GiB" in err
+    assert "machine's memory (physical memory 8.0 GiB, cgroup limit 4.0 GiB);" in err
     assert main(["check", _write(tmp_path, {"cpu_bytes_to_use": 3 << 30})]) == 0
 
 
@@ -122,5 +122,15 @@ def test_a_failed_primary_allocation_names_cpu_bytes_to_use(monkeypatch):
     ) as info:
         spec.create_primary()
     assert info.value.errno == errno.ENOMEM
-    assert "physical memory" in str(info.value)
+    assert "; this machine has physical memory " in str(info.value)
     assert mmap.mmap is not refuse
+
+
+def test_start_up_refuses_a_primary_tier_larger_than_the_memory_before_allocating(monkeypatch):
+    from tiering.core import TieringOffloadingSpec
+    from tiering.core.primary import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda: memory.MachineMemory(1 << 20, None))
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": 2 << 20, "block_bytes": 4096})
+    with pytest.raises(ValueError, match=r"^cpu_bytes_to_use: 2097152 bytes \(2\.0 MiB\) is more than this machine's"):
+        spec.create_primary()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.manager import TieringManager
 from tiering.core.primary import CPUPrimaryTier
-from tiering.core.primary.memory import allocation_error
+from tiering.core.primary.memory import allocation_error, check_primary_fits
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
 from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
@@ -231,10 +231,15 @@ class TieringOffloadingSpec(OffloadingSpec):
                 ordinary pre-faulted buffer is allocated.
 
         Raises:
+            ValueError: (no buffer given) the primary tier is larger than this
+                machine's memory (:func:`~tiering.core.primary.memory.check_primary_fits`),
+                refused before allocating (pre-faulting it could get the process killed).
             OSError: (``ENOMEM``) the buffer cannot be allocated; the message
                 names ``cpu_bytes_to_use``, its value and the machine's memory.
         """
         policy = create_cache_policy(self.eviction_policy, self.cache_policy_module_path, self.num_primary_blocks)
+        if buffer is None:
+            check_primary_fits(self.num_primary_blocks * self.block_bytes)
         try:
             return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
         except (MemoryError, OSError) as exc:

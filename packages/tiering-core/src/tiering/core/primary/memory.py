@@ -51,9 +51,7 @@ class MachineMemory:
 
     def describe(self) -> str:
         """``"physical memory 23.5 GiB, cgroup limit 8.0 GiB"`` (or ``"no cgroup limit"``)."""
-        physical = (
-            "physical memory unknown" if self.physical is None else f"physical memory {format_bytes(self.physical)}"
-        )
+        physical = "unknown" if self.physical is None else format_bytes(self.physical)
         limit = "no cgroup limit" if self.cgroup_limit is None else f"cgroup limit {format_bytes(self.cgroup_limit)}"
         return f"physical memory {physical}, {limit}"
 
