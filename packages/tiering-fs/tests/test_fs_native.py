@@ -227,3 +227,14 @@ def test_out_of_range_block_id_fails_that_block_only(tmp_path):
         assert codes == [0, errno.ENOENT]
     finally:
         io.close()
+
+
+@needs_lib
+def test_native_store_with_fsync_publishes_every_block(tmp_path, open_tier):
+    tier, view = open_tier(tmp_path, fsync=True)
+    assert tier.files.native is not None
+    keys = [make_key(i, b"fsync") for i in range(6)]
+    assert store(tier, view, keys)
+    assert load(tier, view, keys, list(range(8, 14)))
+    assert all(block_view(view, 8 + i).tobytes() == block_payload(k, BB) for i, k in enumerate(keys))
+    assert temp_files(tmp_path) == []
