@@ -70,3 +70,19 @@ class TestRedisClusterConformanceTierEviction(TierConformanceTests):
             "eviction": "tier",
             "capacity_bytes": 64 * (16 * 1024 + 128),
         }
+
+
+class TestRedisSentinelConformanceTierEviction(TierConformanceTests):
+    """The fleet-wide cap through a Sentinel-managed primary."""
+
+    @pytest.fixture
+    def tier_config(self, redis_sentinel, prefix):
+        return {
+            "type": "redis",
+            "mode": "sentinel",
+            "sentinels": redis_sentinel.sentinels,
+            "service_name": redis_sentinel.service_name,
+            "prefix": prefix,
+            "eviction": "tier",
+            "capacity_bytes": 64 * (16 * 1024 + 128),
+        }

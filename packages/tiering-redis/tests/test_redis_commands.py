@@ -1,6 +1,7 @@
 """``tiering check --probe / ls / stat / verify / gc`` on a redis tier, through the real command and server."""
 
 import json
+import time
 
 import pytest
 import redis
@@ -43,7 +44,7 @@ def test_check_probe(stocked, capsys):
     path, entry, _ = stocked
     assert main(["check", str(path), "--probe"]) == 0
     out = capsys.readouterr().out
-    assert f"probe 'redis' ({entry['url']} prefix {entry['prefix']}:): ok" in out
+    assert f"probe 'redis' ({entry['url']}, keys {entry['prefix']}:*): ok" in out
 
 
 def test_ls_verify_and_gc(stocked, capsys, redis_server):
@@ -61,6 +62,29 @@ def test_ls_verify_and_gc(stocked, capsys, redis_server):
     assert inspector.namespaces() == []
     client = redis_server.client()
     assert client.exists(f"{entry['prefix']}:not-ours")  # foreign keys are never deleted
+    client.close()
+
+
+def test_inspection_is_not_an_access(stocked, capsys, redis_server):
+    """ls / stat / gc --dry-run report the blocks' real ages and leave them as they are (allkeys-lru keeps working)."""
+    path, entry, digest = stocked
+    client = redis_server.client()
+    names = sorted(n.decode() for n in client.scan_iter(match=f"{entry['prefix']}:{digest}:*") if b"namespace" not in n)
+    assert len(names) == 6
+    deadline = time.monotonic() + 10
+    while min(client.object("idletime", n) for n in names) < 2:  # Redis counts idle time in whole seconds
+        assert time.monotonic() < deadline
+        time.sleep(0.25)
+    for command in (["ls", str(path)], ["stat", str(path)], ["gc", str(path), "--older-than", "1s", "--dry-run"]):
+        assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "would remove 6 blocks" in out
+    assert min(client.object("idletime", n) for n in names) >= 2  # not reset by the inspection above
+    blocks = list(inspector_for(entry).blocks(digest))
+    assert len(blocks) == 6 and all(b.mtime <= time.time() - 2 for b in blocks)
+    assert all(b.size == 128 + BLOCK for b in blocks)
+    assert main(["gc", str(path), "--older-than", "1s"]) == 0
+    assert not any(client.exists(n) for n in names)
     client.close()
 
 
@@ -84,3 +108,20 @@ class TestRedisInspector(InspectorConformanceTests):
         client.set(name, b"not a block")
         client.close()
         return name
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [({"url": "redis://:s3cr3t-url@127.0.0.1:1/0", "password": "s3cr3t-key"}, "password"),
+     ({"url": "redis://127.0.0.1:1/3", "db": 4}, "db")],
+)  # fmt: skip
+def test_plain_check_refuses_keys_given_twice(tmp_path, capsys, extra, key):
+    """Keys given both inside url and as keys fail `tiering check` without --probe (no server is asked)."""
+    config = {"cpu_bytes_to_use": 8 * BLOCK, "block_bytes": BLOCK, "secondary_tiers": [{"type": "redis", **extra}]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["check", str(path)]) != 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert f"secondary_tiers[0].{key}" in text and "also given inside url" in text
+    assert "s3cr3t" not in text

@@ -229,3 +229,30 @@ def test_touch_reorders_the_fleet_lru_so_the_least_recently_used_goes_first(redi
     finally:
         tier.shutdown()
         client.close()
+
+
+def test_with_ttl_expired_blocks_stop_counting_against_the_cap(redis_server, prefix):
+    config = {"type": "redis", "url": redis_server.url, "prefix": prefix, "eviction": "tier", "ttl_s": 1,
+              "capacity_bytes": 2 * OBJECT}  # fmt: skip
+    view = allocate_host_buffer(32, BLOCK)
+    tier = create_secondary_tier(config, view, spec())
+    client = redis_server.client()
+    keys = [make_key(i, b"ttl") for i in range(3)]
+    try:
+        block_view(view, 0)[:] = block_payload(keys[0], BLOCK)
+        block_view(view, 1)[:] = block_payload(keys[1], BLOCK)
+        job = JobMetadata(next(_ids), keys[:2], [0, 1], False, CTX)
+        tier.submit_store(job)
+        assert wait_for_jobs(tier, [job.job_id])[job.job_id]
+        tier.pool.wait_idle(10)
+        time.sleep(1.3)  # both expired on the server
+        block_view(view, 0)[:] = block_payload(keys[2], BLOCK)
+        job = JobMetadata(next(_ids), [keys[2]], [0], False, CTX)
+        tier.submit_store(job)
+        assert wait_for_jobs(tier, [job.job_id])[job.job_id]
+        tier.pool.wait_idle(10)
+        assert {m for m, _ in client.zscan_iter(tier.layout.lru_key(tier.digest))} == {keys[2].hex().encode()}
+        assert tier.stats()["fleet_evictions"] == 0 and tier.stats()["fleet_used_bytes"] == OBJECT
+    finally:
+        tier.shutdown()
+        client.close()

@@ -99,18 +99,24 @@ def test_cluster_lookups_group_keys_per_node_and_resolve_by_the_second_round(red
         writer.shutdown()
 
 
-def test_acl_user_without_scripting_gets_lookups_and_key_patterns_hold(redis_server, prefix, caplog):
+def test_acl_user_without_scripting_gets_lookups_and_the_fleet_cap_and_key_patterns_hold(redis_server, prefix, caplog):
     client = redis_server.client()
     client.acl_setuser(
         "noscript", enabled=True, passwords=["+noscript-pw-1"], keys=[f"{prefix}:*"],
         commands=["+@all", "-@scripting"],
     )  # fmt: skip
     client.close()
-    config = {"url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1"}
+    config = {
+        "url": redis_server.url, "prefix": prefix, "username": "noscript", "password": "noscript-pw-1",
+        "eviction": "tier", "capacity_bytes": 4 * (BLOCK + 128),  # the fleet cap needs no scripting either
+    }  # fmt: skip
     tier, view = make_tier(config)
     try:
         key = make_key(1, b"acl")
         assert store(tier, view, [key])
+        tier.pool.wait_idle(10)
+        assert tier.stats()["fleet_used_bytes"] == BLOCK + 128
+        assert sum(v for k, v in tier.stats().items() if k.startswith("errors_")) == 0
         other, _ = make_tier(config)
         assert wait_for_lookup(other, key, CTX) is True
         assert wait_for_lookup(other, make_key(2, b"acl"), CTX) is False

@@ -69,6 +69,53 @@ def _check_file(path: str) -> str | None:
     return None if os.path.isfile(path) else "names no file"
 
 
+def _cross_check(v: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first combination of keys that cannot work, as ``(key, problem)``."""
+    mode = v["mode"]
+    if mode == "sentinel":
+        if not v["sentinels"]:
+            return "sentinels", 'is required with mode "sentinel"'
+        if not v["service_name"]:
+            return "service_name", 'is required with mode "sentinel"'
+        if v["url"] or v["host"] or v["port"]:
+            return "url", 'mode "sentinel" finds the master through "sentinels"; drop url / host / port'
+    else:
+        for key in ("sentinels", "service_name", "sentinel_username", "sentinel_password"):
+            if v[key] is not None:
+                return key, 'applies only with mode "sentinel"'
+    if mode == "cluster" and v["db"] not in (None, 0):
+        return "db", "Redis Cluster has only database 0"
+    url = v["url"]
+    if url:
+        parts = urllib.parse.urlsplit(url)
+        given = {
+            "host": parts.hostname,
+            "port": parts.port if parts.scheme != "unix" else None,
+            "username": parts.username,
+            "password": parts.password,
+            "db": parts.path.strip("/") or urllib.parse.parse_qs(parts.query).get("db"),
+        }
+        for key, in_url in given.items():
+            if key in ("host", "port") and v[key] is not None:
+                return key, "is given by url; set one of them"
+            if in_url and v[key] is not None:
+                return key, "is also given inside url; set one of them"
+        if mode == "cluster" and parts.scheme == "unix":
+            return "url", "Redis Cluster needs a redis:// or rediss:// url"
+    if v["eviction"] != "server" and v["capacity_bytes"] is None:
+        return (
+            "capacity_bytes",
+            f'is required with eviction "{v["eviction"]}" (the tier is then the eviction authority)',
+        )
+    if v["eviction"] == "server" and v["capacity_bytes"] is not None:
+        return "capacity_bytes", (
+            'applies only with eviction "tier" or "process"; with "server" set maxmemory on the server'
+        )
+    if v["retry_backoff_cap_s"] < v["retry_backoff_base_s"]:
+        return "retry_backoff_cap_s", "must be >= retry_backoff_base_s"
+    return None
+
+
 SCHEMA = ConfigSchema(
     "redis",
     [
@@ -127,6 +174,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("lookup_negative_ttl_s", (float,), default=2.0, minimum=0, exclusive_minimum=True,
                   doc="seconds a 'not there' lookup answer is trusted (another replica may store it)"),
     ],
+    checks=[_cross_check],
 )  # fmt: skip
 """Every key of a ``redis`` tier entry."""
 
@@ -148,14 +196,7 @@ class RedisSettings:
             tiering.core.toolkit.config.TierConfigError: a wrong, missing or unknown key; the
                 message names it (never a secret's value).
         """
-        values = SCHEMA.validate(config, entry)
-        problem = _cross_check(values)
-        if problem:
-            from tiering.core.toolkit.config import InvalidValueError
-
-            key, text = problem
-            raise InvalidValueError("redis", key, text, entry)
-        return cls(values)
+        return cls(SCHEMA.validate(config, entry))
 
     def __getitem__(self, name: str) -> Any:
         """The value of key ``name``."""
@@ -258,50 +299,3 @@ class RedisSettings:
         if v["url"]:
             return redis.Redis.from_url(v["url"], **kwargs)
         return redis.Redis(host=v["host"] or "127.0.0.1", port=v["port"] or 6379, **kwargs)
-
-
-def _cross_check(v: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first combination of keys that cannot work, as ``(key, problem)``."""
-    mode = v["mode"]
-    if mode == "sentinel":
-        if not v["sentinels"]:
-            return "sentinels", 'is required with mode "sentinel"'
-        if not v["service_name"]:
-            return "service_name", 'is required with mode "sentinel"'
-        if v["url"] or v["host"] or v["port"]:
-            return "url", 'mode "sentinel" finds the master through "sentinels"; drop url / host / port'
-    else:
-        for key in ("sentinels", "service_name", "sentinel_username", "sentinel_password"):
-            if v[key] is not None:
-                return key, 'applies only with mode "sentinel"'
-    if mode == "cluster" and v["db"] not in (None, 0):
-        return "db", "Redis Cluster has only database 0"
-    url = v["url"]
-    if url:
-        parts = urllib.parse.urlsplit(url)
-        given = {
-            "host": parts.hostname,
-            "port": parts.port if parts.scheme != "unix" else None,
-            "username": parts.username,
-            "password": parts.password,
-            "db": parts.path.strip("/") or urllib.parse.parse_qs(parts.query).get("db"),
-        }
-        for key, in_url in given.items():
-            if key in ("host", "port") and v[key] is not None:
-                return key, "is given by url; set one of them"
-            if in_url and v[key] is not None:
-                return key, "is also given inside url; set one of them"
-        if mode == "cluster" and parts.scheme == "unix":
-            return "url", "Redis Cluster needs a redis:// or rediss:// url"
-    if v["eviction"] != "server" and v["capacity_bytes"] is None:
-        return (
-            "capacity_bytes",
-            f'is required with eviction "{v["eviction"]}" (the tier is then the eviction authority)',
-        )
-    if v["eviction"] == "server" and v["capacity_bytes"] is not None:
-        return "capacity_bytes", (
-            'applies only with eviction "tier" or "process"; with "server" set maxmemory on the server'
-        )
-    if v["retry_backoff_cap_s"] < v["retry_backoff_base_s"]:
-        return "retry_backoff_cap_s", "must be >= retry_backoff_base_s"
-    return None

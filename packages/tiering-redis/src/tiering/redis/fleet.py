@@ -63,12 +63,18 @@ class FleetCap:
         lru_key: the sorted set's name (``KeyLayout.lru_key``).
         object_bytes: bytes of one stored block (header + payload).
         capacity_bytes: the fleet's cap for this namespace, bytes (>= one block).
+        ttl_s: the blocks' ``EX`` (None: none). Members scored more than
+            ``ttl_s`` seconds ago were stored (and last touched) before that,
+            so their blocks have expired: each trim removes them first
+            (``ZREMRANGEBYSCORE``), so expired blocks do not hold the cap.
 
     Raises:
         ValueError: ``capacity_bytes`` is below one block.
     """
 
-    def __init__(self, client: Any, lru_key: str, object_bytes: int, capacity_bytes: int) -> None:
+    def __init__(
+        self, client: Any, lru_key: str, object_bytes: int, capacity_bytes: int, ttl_s: int | None = None
+    ) -> None:
         if capacity_bytes < object_bytes:
             raise ValueError(f"redis tier: capacity_bytes {capacity_bytes} is below one block ({object_bytes} bytes)")
         self._client = client
@@ -76,6 +82,7 @@ class FleetCap:
         self.object_bytes = object_bytes
         self.capacity_bytes = capacity_bytes
         self.cap_blocks = capacity_bytes // object_bytes
+        self.ttl_s = ttl_s
         self.last_count = 0  # the set's size at the last round trip (blocks the fleet stored and counts)
         self._lock = threading.Lock()
         self._touched: dict[OffloadKey, None] = {}
@@ -106,6 +113,8 @@ class FleetCap:
     def _trim(self, mapping: dict[bytes, float] | None) -> list[OffloadKey]:
         stop = -(self.cap_blocks + 1)
         pipe = self._client.pipeline(transaction=True)
+        if self.ttl_s is not None:  # expired for sure (a block's expiry <= its score + ttl_s): not counted
+            pipe.zremrangebyscore(self.lru_key, "-inf", f"({time.time() - self.ttl_s}")
         if mapping:
             pipe.zadd(self.lru_key, mapping, nx=True)
         pipe.zrange(self.lru_key, 0, stop)

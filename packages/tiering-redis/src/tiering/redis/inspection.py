@@ -11,6 +11,14 @@ of a cluster), never ``KEYS``, so a large server is not blocked.
 Redis keeps no modification time: a block's ``mtime`` is the time of its last access
 (now minus ``OBJECT IDLETIME``), which is what ``tiering gc --older-than`` should prune by
 for a cache; under an LFU policy, where IDLETIME is not kept, it is the time of the listing.
+
+Inspecting is not an access: a listing must neither reset the ages it reports nor make every
+block look recently used to the server's ``allkeys-lru`` eviction. ``OBJECT IDLETIME`` and
+``EXISTS`` never touch a key; ``STRLEN`` does, so sizes are read with ``STRLEN`` only under
+``CLIENT NO-TOUCH ON`` (Redis 7.2 and later). An older server does not know that command: a
+block's size is then the size every block of the namespace has (its header plus the
+namespace record's ``block_bytes``), and a value of another length is found by
+``tiering verify``, which reads every block it checks.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from redis.cluster import RedisCluster
+from tiering.core.format import HEADER_SIZE
 from tiering.core.inspection import BlockInfo, TierInspector
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import RedisStartupError, classify_error
@@ -43,6 +52,7 @@ class RedisInspector(TierInspector):
         self._client = client
         self._settings = settings
         self.layout = KeyLayout(settings["prefix"])
+        self._no_touch: bool | None = None  # CLIENT NO-TOUCH known to work (None: not tried yet)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RedisInspector:
@@ -82,20 +92,48 @@ class RedisInspector(TierInspector):
         except Exception as exc:
             raise self._fail(f"SCAN of {pattern!r}", exc) from None
 
-    def _pipelined(self, command: str, names: list[str]) -> list[Any]:
+    def _pipelined(self, command: str, names: list[str], no_touch: bool = False) -> list[Any]:
+        """``command`` (``STRLEN``, ``IDLETIME`` or ``UNLINK``) of every name, :data:`BATCH` per round trip.
+
+        With ``no_touch``, each batch runs between ``CLIENT NO-TOUCH ON`` and ``OFF`` on its connection
+        (a pipeline is one connection), so reads do not count as accesses.
+        """
         out: list[Any] = []
         for start in range(0, len(names), BATCH):
             pipe = self._client.pipeline(transaction=False)
+            if no_touch:
+                pipe.execute_command("CLIENT", "NO-TOUCH", "ON")
             for name in names[start : start + BATCH]:
                 if command == "IDLETIME":
                     pipe.object("idletime", name)
                 else:
                     getattr(pipe, command.lower())(name)
+            if no_touch:
+                pipe.execute_command("CLIENT", "NO-TOUCH", "OFF")
             try:
-                out.extend(pipe.execute(raise_on_error=False))
+                replies = pipe.execute(raise_on_error=False)
             except Exception as exc:
                 raise self._fail(f"{command} of {len(names)} keys", exc) from None
+            out.extend(replies[1:-1] if no_touch else replies)
         return out
+
+    def _supports_no_touch(self) -> bool:
+        """Whether ``CLIENT NO-TOUCH`` works here (Redis 7.2+; never on a cluster, whose pipelines span connections)."""
+        if self._no_touch is None and isinstance(self._client, RedisCluster):
+            self._no_touch = False
+        if self._no_touch is None:
+            try:
+                self._client.execute_command("CLIENT", "NO-TOUCH", "OFF")
+                self._no_touch = True
+            except Exception:  # an unknown subcommand (older server) or a denied one (ACL)
+                self._no_touch = False
+        return self._no_touch
+
+    def _block_size(self, digest: str) -> int | None:
+        """Stored bytes of every block of the namespace (header + ``block_bytes``), None without a record."""
+        fields = self.namespace_fields(digest)
+        block_bytes = fields.get("block_bytes") if fields else None
+        return HEADER_SIZE + block_bytes if isinstance(block_bytes, int) and block_bytes > 0 else None
 
     def _check_digest(self, digest: str) -> None:
         if not isinstance(digest, str) or not is_digest(digest):
@@ -110,7 +148,7 @@ class RedisInspector(TierInspector):
 
     # -- TierInspector -------------------------------------------------------------
     def location(self) -> str:
-        return f"{self._settings.location()} prefix {self.layout.prefix}:"
+        return f"{self._settings.location()}, keys {self.layout.prefix}:*"
 
     def namespaces(self) -> list[str]:
         found = set()
@@ -135,15 +173,19 @@ class RedisInspector(TierInspector):
             parsed = self.layout.parse(name)
             if parsed is not None and parsed[1] == "block" and parsed[0] == digest and parsed[2] is not None:
                 names.append((name, parsed[2]))
+        exact = self._supports_no_touch()
+        nominal = None if exact else self._block_size(digest)
+        read_sizes = exact or nominal is None  # no record to size blocks by: STRLEN, even if it touches
         for start in range(0, len(names), BATCH):
-            chunk = names[start : start + BATCH]
+            chunk = [n for n, _ in names[start : start + BATCH]]
             now = time.time()
-            sizes = self._pipelined("STRLEN", [n for n, _ in chunk])
-            idle = self._pipelined("IDLETIME", [n for n, _ in chunk])
-            for (name, key), size, idle_s in zip(chunk, sizes, idle, strict=True):
-                if isinstance(size, int) and size > 0:  # 0: deleted since the scan
-                    mtime = now - idle_s if isinstance(idle_s, int) else now
-                    yield BlockInfo(name, key, size, mtime)
+            idle = self._pipelined("IDLETIME", chunk)  # first: it never touches a key
+            sizes = self._pipelined("STRLEN", chunk, no_touch=exact) if read_sizes else [nominal] * len(chunk)
+            for (name, key), size, idle_s in zip(names[start : start + BATCH], sizes, idle, strict=True):
+                if idle_s is None or not isinstance(size, int) or size <= 0:  # deleted since the scan
+                    continue
+                mtime = now - idle_s if isinstance(idle_s, int) else now
+                yield BlockInfo(name, key, size, mtime)
 
     def foreign(self) -> Iterator[str]:
         for name in self._scan(self.layout.pattern()):

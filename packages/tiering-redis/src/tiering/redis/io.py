@@ -68,9 +68,8 @@ class RedisBlockIO(RedisServerSync):
     def _resolve(self, keys: Sequence[OffloadKey]) -> Mapping[OffloadKey, bool]:
         """Which of a batch of keys the server holds, in one round trip (on an I/O thread).
 
-        See :class:`~tiering.redis.presence.PresenceQuery`: one Lua call on a
-        single server, one packed ``STRLEN`` pipeline when an ACL refuses
-        scripts, redis-py's cluster pipeline on a cluster.
+        See :class:`~tiering.redis.presence.PresenceQuery`: one packed ``STRLEN``
+        request per node (a cluster's nodes asked at the same time).
         """
         with self.index.reading() as ticket:
             try:

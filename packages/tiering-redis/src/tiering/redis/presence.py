@@ -19,6 +19,12 @@ is sent before any reply is read, so the nodes work at the same time. A
 per-key error reply (``MOVED`` during resharding, an ACL key pattern)
 reads as absent: a lookup may only under-report, never claim a block that
 is not there.
+
+``STRLEN`` counts as an access of the key for the server's LRU (a lookup is
+one). The start-up scan and the fleet's repair are not: they ask with
+``EXISTS`` (``touch=False``), which leaves the key's idle time alone; a value
+of the wrong size then reads as present and is refused by the load's
+verification (never served).
 """
 
 from __future__ import annotations
@@ -49,8 +55,13 @@ class PresenceQuery:
         self._object_bytes = object_bytes
         self._is_cluster = is_cluster
 
-    def __call__(self, keys: Sequence[bytes]) -> list[bool]:
+    def __call__(self, keys: Sequence[bytes], touch: bool = True) -> list[bool]:
         """Whether each of ``keys`` (OffloadKeys) is stored, in order.
+
+        Args:
+            keys: the blocks asked about.
+            touch: ask with ``STRLEN`` (exact size; an access for the server's LRU); False: with ``EXISTS``
+                (no access).
 
         Raises:
             redis.exceptions.RedisError: a node could not be asked (connection, timeout, ...).
@@ -65,13 +76,14 @@ class PresenceQuery:
                 groups.setdefault(self._client.get_node_from_key(name).redis_connection.connection_pool, []).append(i)
         else:
             groups[self._client.connection_pool] = list(range(len(names)))
+        verb = b"STRLEN" if touch else b"EXISTS"
         sizes: list[Any] = [None] * len(names)
         taken: list[tuple[Any, Any, list[int]]] = []
         try:
             for pool, idx in groups.items():
                 conn = pool.get_connection()
                 taken.append((pool, conn, idx))
-                conn.send_packed_command([_strlen_request([names[i] for i in idx])])
+                conn.send_packed_command([_request(verb, [names[i] for i in idx])])
             for _pool, conn, idx in taken:
                 for i, reply in zip(idx, read_replies(conn, len(idx)), strict=True):
                     sizes[i] = reply
@@ -82,13 +94,14 @@ class PresenceQuery:
         finally:
             for pool, conn, _idx in taken:
                 pool.release(conn)
-        return [size == self._object_bytes for size in sizes]
+        expected = self._object_bytes if touch else 1
+        return [size == expected for size in sizes]
 
 
-def _strlen_request(names: list[bytes]) -> bytes:
-    """One RESP buffer of ``STRLEN`` per name; names of one length (the usual case) are framed by one join."""
+def _request(verb: bytes, names: list[bytes]) -> bytes:
+    """One RESP buffer of ``verb <name>`` per name; names of one length (the usual case) are framed by one join."""
     size = len(names[0])
     if all(len(n) == size for n in names):
-        head = b"*2\r\n$6\r\nSTRLEN\r\n$%d\r\n" % size
+        head = b"*2\r\n$%d\r\n%s\r\n$%d\r\n" % (len(verb), verb, size)
         return head + (b"\r\n" + head).join(names) + b"\r\n"
-    return b"".join(command(b"STRLEN", name) for name in names)
+    return b"".join(command(verb, name) for name in names)

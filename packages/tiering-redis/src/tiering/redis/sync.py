@@ -145,7 +145,7 @@ class RedisServerSync:
                 self._count_error(exc, f"removing {len(keys)} gone blocks from the fleet's LRU")
 
     def _startup_scan(self) -> None:
-        """Learn which blocks of the namespace the server holds (``SCAN`` + ``STRLEN``), on an I/O thread.
+        """Learn which blocks of the namespace the server holds (``SCAN`` + ``EXISTS``: no access), on an I/O thread.
 
         Blocks of the right size join the index (adopted under a ticket, so a
         key changed meanwhile keeps its newer state); with ``eviction:
@@ -167,14 +167,14 @@ class RedisServerSync:
                 found: dict[OffloadKey, int] = {}
                 for start in range(0, len(keys), 4096):
                     batch = keys[start : start + 4096]
-                    for key, flag in zip(batch, self._present(batch), strict=True):
+                    for key, flag in zip(batch, self._present(batch, touch=False), strict=True):
                         if flag:
                             found[key] = self.object_bytes
                 self.index.adopt_many(found.items(), ticket)
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
             if self.fleet is not None:
-                added, removed = self.fleet.reconcile(found, self._present)
+                added, removed = self.fleet.reconcile(found, lambda keys: self._present(keys, touch=False))
                 self.counters.inc("fleet_repaired_blocks", added + removed)
                 self._fleet_evict(self.fleet.evict_surplus())
             self._trim_known()
@@ -183,8 +183,8 @@ class RedisServerSync:
         finally:
             self._scan_done.set()
 
-    def _present(self, keys: Sequence[OffloadKey]) -> list[bool]:
+    def _present(self, keys: Sequence[OffloadKey], touch: bool = True) -> list[bool]:
         if self._recheck:
             self._check_restart()
         self.counters.inc("pipelines")
-        return self._presence(keys)
+        return self._presence(keys, touch)

@@ -137,7 +137,7 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
             raise
         self._warn_eviction_authority(capacity or fleet_cap)
         self.fleet = (
-            FleetCap(self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap)
+            FleetCap(self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap, self.ttl_s)
             if fleet_cap
             else None
         )

@@ -222,41 +222,38 @@ class LookupCache:
             seen = now
 
     def _record(self, batch: Sequence[OffloadKey], answer: Mapping[OffloadKey, bool] | None) -> None:
+        # Set operations and comprehensions rather than a Python loop per key: a batch is up to thousands of
+        # keys, recorded while the scheduler thread may be asking (both need the GIL).
         now = self._clock()
         with self._lock:
             self._counters["lookup_probes"] += len(batch)
             self._counters["lookup_batches"] += 1
             if answer is None:
                 self._counters["lookup_errors"] += 1
-            present: list[OffloadKey] = []
-            absent: list[OffloadKey] = []
-            for key in batch:
-                self._resolving.discard(key)
-                if key in self._stale:
-                    self._stale.discard(key)
-                    continue
-                if answer is not None and answer.get(key, False):
-                    present.append(key)
-                else:
-                    absent.append(key)
+            self._resolving.difference_update(batch)
+            keys: Sequence[OffloadKey] = batch
+            if self._stale:  # invalidated while resolving: no answer is recorded for them
+                stale = self._stale.intersection(batch)
+                if stale:
+                    self._stale -= stale
+                    keys = [k for k in batch if k not in stale]
+            if answer:
+                present = [k for k in keys if answer.get(k, False)]
+                absent = [k for k in keys if not answer.get(k, False)] if present else list(keys)
+            else:
+                present, absent = [], list(keys)
             self._add_positive(present, now)
             ttl = self.negative_ttl_s if answer is not None else self.error_ttl_s
             self._add_negative(absent, now + ttl)
 
     def _add_positive(self, keys: Iterable[OffloadKey], now: float) -> None:
         expiry = now + self.positive_ttl_s if self.positive_ttl_s is not None else float("inf")
-        for key in keys:
-            self._negative.pop(key, None)
-            self._positive[key] = expiry
-            self._positive.move_to_end(key)
+        _insert_last(self._positive, self._negative, keys, expiry)
         while len(self._positive) > self.max_positive:
             self._positive.popitem(last=False)
 
     def _add_negative(self, keys: Iterable[OffloadKey], expiry: float) -> None:
-        for key in keys:
-            self._positive.pop(key, None)
-            self._negative[key] = expiry
-            self._negative.move_to_end(key)
+        _insert_last(self._negative, self._positive, keys, expiry)
         while len(self._negative) > self.max_negative:
             self._negative.popitem(last=False)
 
@@ -305,3 +302,22 @@ class LookupCache:
             self._queued.clear()
         if self._own_executor is not None:
             self._own_executor.shutdown(wait=True)
+
+
+def _insert_last(
+    into: collections.OrderedDict[OffloadKey, float],
+    other: collections.OrderedDict[OffloadKey, float],
+    keys: Iterable[OffloadKey],
+    expiry: float,
+) -> None:
+    """Give ``keys`` ``expiry`` in ``into`` as its most recent entries (in order), and drop them from ``other``."""
+    keys = list(keys)
+    if not keys:
+        return
+    if other:
+        for key in other.keys() & keys:
+            del other[key]
+    if into:
+        for key in into.keys() & keys:  # present already: moved to the end by deleting and inserting again
+            del into[key]
+    into.update(dict.fromkeys(keys, expiry))
