@@ -148,6 +148,19 @@ static int verify(const uint8_t *h, const uint8_t *payload, uint64_t payload_len
     return 0;
 }
 
+/* Advance the iovec list *iov (*cnt entries) past n bytes done. */
+static void consume(struct iovec **iov, int *cnt, size_t n) {
+    while (*cnt > 0 && n >= (*iov)->iov_len) {
+        n -= (*iov)->iov_len;
+        (*iov)++;
+        (*cnt)--;
+    }
+    if (*cnt > 0 && n > 0) {
+        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + n;
+        (*iov)->iov_len -= n;
+    }
+}
+
 /* pwritev every byte of iov (2 entries) at offset 0; 0 or errno. */
 static int pwritev_all(int fd, struct iovec *iov, int cnt) {
     off_t off = 0;
@@ -159,15 +172,7 @@ static int pwritev_all(int fd, struct iovec *iov, int cnt) {
         }
         if (n == 0) return EIO;
         off += n;
-        while (cnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0 && n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
+        consume(&iov, &cnt, (size_t)n);
     }
     return 0;
 }
@@ -184,15 +189,7 @@ static ssize_t preadv_all(int fd, struct iovec *iov, int cnt, int direct) {
         if (n == 0) break;
         off += n;
         if (direct && off % DIRECT_ALIGN) break; /* a short, unaligned read: the end of a truncated file */
-        while (cnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0 && n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
+        consume(&iov, &cnt, (size_t)n);
     }
     return off;
 }
