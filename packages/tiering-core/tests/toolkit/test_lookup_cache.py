@@ -166,7 +166,7 @@ def test_gather_waits_for_the_round_to_end_so_a_step_is_one_batch():
         done.set()
         return {}
 
-    cache = LookupCache(resolve, gather_s=0.02, max_gather_s=5.0, max_batch=1000)
+    cache = LookupCache(resolve, gather_s=0.5, max_gather_s=5.0, max_batch=1000)  # gaps below: 5 ms, far under 0.5 s
     try:
         for key in K[:10]:  # a "round" slower than an immediate pickup: without gathering, K[0] goes alone
             assert cache.lookup(key) is None

@@ -12,11 +12,10 @@ vLLM's seed 000 fixed) while keeping the blocks it did copy
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import ClassVar
 
-from tiering.core import JobMetadata, JobResult, OffloadingSpec, OffloadKey, ReqContext, SecondaryTierManager
-from tiering.core.toolkit import ConfigKey, ConfigSchema, JobTracker, KVEvent, KVEventLog
+from tiering.core import JobMetadata, OffloadingSpec, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.toolkit import ConfigKey, ConfigSchema, JobReporting, JobTracker, KVEventLog
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ EXAMPLE_SCHEMA = ConfigSchema(
 """Every key of an ``example`` entry."""
 
 
-class ExampleSecondaryTierManager(SecondaryTierManager):
+class ExampleSecondaryTierManager(JobReporting, SecondaryTierManager):
     """An in-process, unbounded dict of block bytes.
 
     Config: ``{"type": "example", "custom_param": 0}``. The blocks live as
@@ -57,23 +56,23 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         self.custom_param: int = EXAMPLE_SCHEMA.check_value("custom_param", custom_param)
         self._blocks: dict[OffloadKey, bytes] = {}
-        self._jobs = JobTracker()
-        self._events = KVEventLog(self.medium)
+        self.jobs = JobTracker()
+        self.events = KVEventLog(self.medium)
         logger.info("example tier %r ready (custom_param=%d)", tier_type, custom_param)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool:
         return key in self._blocks
 
     def submit_store(self, job: JobMetadata) -> None:
-        state = self._jobs.start(job)
+        state = self.jobs.start(job)
         new = [key for key in job.keys if key not in self._blocks]
         for key, block_id in zip(job.keys, job.block_ids, strict=True):
             self._blocks.setdefault(key, self.block(block_id).tobytes())
-        self._events.record_stored(new)
+        self.events.record_stored(new)
         state.record((i, True, "") for i in range(len(job.keys)))
 
     def submit_load(self, job: JobMetadata) -> None:
-        state = self._jobs.start(job)
+        state = self.jobs.start(job)
         outcomes = []
         for i, (key, block_id) in enumerate(zip(job.keys, job.block_ids, strict=True)):
             data = self._blocks.get(key)
@@ -82,15 +81,9 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
             outcomes.append((i, data is not None, "" if data is not None else "missing"))
         state.record(outcomes)
 
-    def get_finished(self) -> Iterable[JobResult]:
-        return self._jobs.take_finished()
-
-    def take_events(self) -> list[KVEvent]:
-        return self._events.take_events()
-
     def stats(self) -> dict[str, int | float]:
         return {
             "resident_blocks": len(self._blocks),
             "resident_bytes": len(self._blocks) * self.block_bytes,
-            **self._jobs.stats(),
+            **self.jobs.stats(),
         }

@@ -24,15 +24,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
-from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobTracker, KeyState, KVEventLog
+from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
-from tiering.core.toolkit.events import KVEvent
 from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.stats import failure_totals
@@ -72,7 +71,7 @@ StoreItem = tuple[JobState, int, bool]  # (job, block index, bytes already reser
 LoadItem = tuple[JobState, int]
 
 
-class FsspecSecondaryTierManager(SecondaryTierManager):
+class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
     """A secondary tier storing one file per block on a local disk or any fsspec filesystem.
 
     Config (``secondary_tiers`` entry)::
@@ -347,17 +346,6 @@ class FsspecSecondaryTierManager(SecondaryTierManager):
         return self._rescanner.first_done.wait(timeout_s)
 
     # -- the rest of the contract -----------------------------------------------------------------------
-    def get_finished(self) -> Iterable[JobResult]:
-        """The jobs finished since the last call, each exactly once (thread-safe)."""
-        return self.jobs.take_finished()
-
-    def has_pending_work(self) -> bool:
-        """Whether a job is queued or running."""
-        return self.jobs.in_flight() > 0
-
-    def take_events(self) -> list[KVEvent]:
-        """``BlockStored`` for blocks this tier wrote; ``BlockRemoved`` for evictions, bad and vanished blocks."""
-        return self.events.take_events()
 
     def stats(self) -> dict[str, int | float]:
         """Figures of this tier instance under the toolkit's stats names; see the package README for every key."""

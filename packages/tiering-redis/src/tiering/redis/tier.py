@@ -32,10 +32,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.format import HEADER_SIZE
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
@@ -44,9 +44,9 @@ from tiering.core.toolkit import (
     CapacityIndex,
     Counters,
     IOPool,
+    JobReporting,
     JobTracker,
     KeyState,
-    KVEvent,
     KVEventLog,
     LookupCache,
     Victim,
@@ -83,7 +83,7 @@ _COUNTERS = (
 )
 
 
-class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
+class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager):
     """A secondary tier keeping blocks as keys of a Redis server, Cluster or Sentinel-managed primary.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "redis", "url":
@@ -317,17 +317,6 @@ class RedisSecondaryTierManager(RedisBlockIO, SecondaryTierManager):
         return self._scan_done.wait(timeout_s)
 
     # -- reporting ----------------------------------------------------------------
-    def get_finished(self) -> Iterable[JobResult]:
-        """The jobs finished since the last call; each job appears exactly once."""
-        return self.jobs.take_finished()
-
-    def has_pending_work(self) -> bool:
-        """Whether any job is in flight."""
-        return self.jobs.in_flight() > 0
-
-    def take_events(self) -> list[KVEvent]:
-        """Blocks stored by this process and blocks it removed (evicted, bad, found vanished), oldest first."""
-        return self.events.take_events()
 
     def stats(self) -> dict[str, int | float]:
         """The toolkit's stats vocabulary plus Redis figures.

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.format import HEADER_SIZE
 from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
@@ -34,9 +34,9 @@ from tiering.core.toolkit import (
     Counters,
     InvalidValueError,
     IOPool,
+    JobReporting,
     JobTracker,
     KeyState,
-    KVEvent,
     KVEventLog,
     LookupCache,
 )
@@ -71,7 +71,7 @@ _COUNTERS = (
 )
 
 
-class S3SecondaryTierManager(SecondaryTierManager):
+class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
     """A secondary tier that keeps blocks as objects in an S3 (or S3-compatible) bucket.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b",
@@ -170,8 +170,8 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._closed = False
         self._counters = Counters(_COUNTERS)
         self._index = CapacityIndex(capacity_bytes)
-        self._jobs = JobTracker()
-        self._events = KVEventLog(self.medium)
+        self.jobs = JobTracker()
+        self.events = KVEventLog(self.medium)
         self._pool = IOPool(max_concurrency, 0, name="tiering-s3")
         self._io = io = BlockIO(
             self._client,
@@ -181,7 +181,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
             self.block,
             self._index,
             self._counters,
-            self._events,
+            self.events,
             self._pool,
             self._redact,
         )
@@ -305,7 +305,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         least recently used blocks are evicted to make room; a block that cannot
         fit fails the job (``store_failed_no_space``).
         """
-        state = self._jobs.start(job)
+        state = self.jobs.start(job)
         tasks: list[Task] = []
         outcomes: list[tuple[int, bool, str]] = []
         for i, (key, slot) in enumerate(zip(job.keys, job.block_ids, strict=True)):
@@ -333,7 +333,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         A missing or short object is a miss (not deleted); an object read whole
         that fails verification is deleted and counted. Either fails the job.
         """
-        state = self._jobs.start(job)
+        state = self.jobs.start(job)
         if self._closed:
             state.fail_rest("shutdown")
             return
@@ -343,17 +343,6 @@ class S3SecondaryTierManager(SecondaryTierManager):
         self._pool.submit("read", self._io.load_batch, tasks, self._io.tasks_failed)
 
     # -- results, stats, shutdown ----------------------------------------------------------------
-    def get_finished(self) -> Iterable[JobResult]:
-        """The jobs finished since the last call; each job appears exactly once."""
-        return self._jobs.take_finished()
-
-    def has_pending_work(self) -> bool:
-        """Whether any job is still in flight."""
-        return self._jobs.in_flight() > 0
-
-    def take_events(self) -> list[KVEvent]:
-        """``BlockStored`` for blocks this process wrote; ``BlockRemoved`` for evicted, bad and vanished ones."""
-        return self._events.take_events()
 
     def stats(self) -> dict[str, int | float]:
         """Counters under the core vocabulary (:mod:`tiering.core.toolkit.stats`) plus the S3 ones.
@@ -370,7 +359,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
         """
         out: dict[str, int | float] = dict(self._counters.snapshot())
         out.update(self._index.stats())
-        out.update(self._jobs.stats())
+        out.update(self.jobs.stats())
         lookups = self._lookups.stats()
         out["lookup_probes"] = lookups["lookup_probes"]
         out["lookup_probes_skipped"] = lookups["lookup_probes_skipped"]
@@ -388,7 +377,7 @@ class S3SecondaryTierManager(SecondaryTierManager):
             return
         self._closed = True
         self._stop()
-        self._jobs.fail_all()
+        self.jobs.fail_all()
         logger.info("s3 tier %r shut down: %s", self.tier_type, self.stats())
 
     def _stop(self) -> None:

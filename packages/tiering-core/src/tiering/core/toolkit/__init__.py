@@ -11,7 +11,8 @@ One module per concern (see ``docs/content/toolkit.md``):
 - :mod:`~tiering.core.toolkit.pool`: an I/O worker pool with read and write queues;
 - :mod:`~tiering.core.toolkit.config`: config schemas and one exception type per mistake;
 - :mod:`~tiering.core.toolkit.stats`: the stats vocabulary;
-- :mod:`~tiering.core.toolkit.events`: a bounded KV event log.
+- :mod:`~tiering.core.toolkit.events`: a bounded KV event log;
+- :mod:`~tiering.core.toolkit.reporting`: the tier methods answered from the two above.
 
 Nothing here imports torch, vLLM or any backend.
 """
@@ -31,6 +32,7 @@ from tiering.core.toolkit.index import Admit, CapacityIndex, KeyState, Reconcile
 from tiering.core.toolkit.jobs import JobState, JobTracker, fail_tasks, record_tasks, split_batches
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.pool import IOPool, PoolShutdownError
+from tiering.core.toolkit.reporting import JobReporting
 from tiering.core.toolkit.stats import STATS, Counters, Stat
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "IOPool",
     "InvalidTypeError",
     "InvalidValueError",
+    "JobReporting",
     "JobState",
     "JobTracker",
     "KVEvent",
