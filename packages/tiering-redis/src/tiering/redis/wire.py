@@ -36,6 +36,7 @@ except ImportError:  # the hiredis extra is not installed: replies are read thro
     hiredis = None  # type: ignore[assignment]
 
 T = TypeVar("T")
+R = TypeVar("R", bytes, int)
 
 
 class NowReplicaError(RedisConnectionError, ReadOnlyError):
@@ -82,6 +83,24 @@ def command(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
+def _received(receive: Callable[[Any], R], arg: Any, what: str) -> R:
+    """``receive(arg)``, one socket receive (``recv(size)`` / ``recv_into(view)``), its failures as redis-py's.
+
+    Raises:
+        redis.exceptions.TimeoutError: no data within the socket's timeout.
+        redis.exceptions.ConnectionError: the receive failed, or returned nothing (the server closed the connection).
+    """
+    try:
+        got = receive(arg)
+    except TimeoutError as exc:
+        raise RedisTimeoutError(f"timeout reading {what}") from exc
+    except OSError as exc:
+        raise RedisConnectionError(f"error reading {what}: {exc}") from exc
+    if not got:
+        raise RedisConnectionError("the server closed the connection")
+    return got
+
+
 def read_replies(conn: Any, n: int) -> list[Any]:
     """The next ``n`` replies of ``conn``; an error reply is returned (a :class:`ResponseError`), not raised.
 
@@ -104,15 +123,7 @@ def read_replies(conn: Any, n: int) -> list[Any]:
     reader = hiredis.Reader(replyError=ResponseError)
     out = []
     while len(out) < n:
-        try:
-            data = sock.recv(1 << 20)
-        except TimeoutError as exc:
-            raise RedisTimeoutError(f"timeout reading {n} replies") from exc
-        except OSError as exc:
-            raise RedisConnectionError(f"error reading {n} replies: {exc}") from exc
-        if not data:
-            raise RedisConnectionError("the server closed the connection")
-        reader.feed(data)
+        reader.feed(_received(sock.recv, 1 << 20, f"{n} replies"))
         while (reply := reader.gets()) is not False:
             out.append(reply)
     return out
@@ -178,14 +189,7 @@ class _Stream:
         self.pos = 0
 
     def _fill(self) -> None:
-        try:
-            data = self.sock.recv(1 << 16)
-        except TimeoutError as exc:
-            raise RedisTimeoutError("timeout reading a reply") from exc
-        except OSError as exc:
-            raise RedisConnectionError(f"error reading a reply: {exc}") from exc
-        if not data:
-            raise RedisConnectionError("the server closed the connection")
+        data = _received(self.sock.recv, 1 << 16, "a reply")
         if self.pos:
             del self.buf[: self.pos]
             self.pos = 0
@@ -205,15 +209,7 @@ class _Stream:
         view[:k] = self.buf[self.pos : self.pos + k]
         self.pos += k
         while k < want:
-            try:
-                got = self.sock.recv_into(view[k:])
-            except TimeoutError as exc:
-                raise RedisTimeoutError("timeout reading a reply") from exc
-            except OSError as exc:
-                raise RedisConnectionError(f"error reading a reply: {exc}") from exc
-            if not got:
-                raise RedisConnectionError("the server closed the connection")
-            k += got
+            k += _received(self.sock.recv_into, view[k:], "a reply")
 
 
 def get_into(client: Any, names: Sequence[bytes], slots: Sequence[memoryview], header_size: int) -> list[Any]:
