@@ -123,6 +123,7 @@ def test_start_up_scan_repairs_the_fleet_lru(redis_server, prefix):
               "capacity_bytes": 4 * OBJECT}  # fmt: skip
     view = allocate_host_buffer(32, BLOCK)
     tier = create_secondary_tier(config, view, spec())
+    assert tier.wait_for_scan(30)
     keys = [make_key(i, b"repair") for i in range(3)]
     for i, key in enumerate(keys):
         block_view(view, i)[:] = block_payload(key, BLOCK)
@@ -256,3 +257,41 @@ def test_with_ttl_expired_blocks_stop_counting_against_the_cap(redis_server, pre
     finally:
         tier.shutdown()
         client.close()
+
+
+class _Pipe:
+    """A pipeline whose ``execute`` answers ``size`` once ``release`` is set (replies out of order)."""
+
+    def __init__(self, size, release):
+        self.size, self.release = size, release
+
+    def __getattr__(self, _name):
+        return lambda *a, **k: None
+
+    def execute(self):
+        assert self.release.wait(10)
+        return [[], 0, self.size]
+
+
+def test_a_late_reply_does_not_roll_the_fleet_usage_back():
+    """Two I/O threads read the set's size; the one sent first answers last and must not overwrite the newer size."""
+    from tiering.redis.fleet import FleetCap
+
+    early, late = threading.Event(), threading.Event()
+    pipes = iter([_Pipe(0, late), _Pipe(3, early)])  # sent first: the older size 0; sent second: 3
+
+    class Client:
+        def pipeline(self, transaction):
+            return next(pipes)
+
+    cap = FleetCap(Client(), "lru", OBJECT, 4 * OBJECT)
+    first = threading.Thread(target=cap.evict_surplus)
+    first.start()
+    while cap._sent < 1:
+        time.sleep(0.001)
+    early.set()
+    cap.evict_surplus()  # the newer reply lands first
+    assert cap.used_bytes == 3 * OBJECT
+    late.set()
+    first.join(10)
+    assert cap.used_bytes == 3 * OBJECT

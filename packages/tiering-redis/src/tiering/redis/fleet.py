@@ -83,8 +83,10 @@ class FleetCap:
         self.capacity_bytes = capacity_bytes
         self.cap_blocks = capacity_bytes // object_bytes
         self.ttl_s = ttl_s
-        self.last_count = 0  # the set's size at the last round trip (blocks the fleet stored and counts)
+        self.last_count = 0  # the set's size at the latest round trip (blocks the fleet stored and counts)
         self._lock = threading.Lock()
+        self._sent = 0  # round trips that read the set's size, numbered as sent ...
+        self._applied = 0  # ... and the number of the one whose size ``last_count`` holds
         self._touched: dict[OffloadKey, None] = {}
 
     @property
@@ -120,9 +122,7 @@ class FleetCap:
         pipe.zrange(self.lru_key, 0, stop)
         pipe.zremrangebyrank(self.lru_key, 0, stop)
         pipe.zcard(self.lru_key)
-        replies = pipe.execute()
-        surplus, count = replies[-3], replies[-1]
-        self.last_count = int(count)
+        surplus = self._counted(pipe)[-3]
         return [OffloadKey(unhexlify(member)) for member in surplus]
 
     def touch(self, keys: Iterable[OffloadKey]) -> bool:
@@ -175,8 +175,24 @@ class FleetCap:
         if stale:
             pipe.zrem(self.lru_key, *(hexlify(k) for k in stale))
         pipe.zcard(self.lru_key)
-        self.last_count = int(pipe.execute()[-1])
+        self._counted(pipe)
         return len(missing), len(stale)
+
+    def _counted(self, pipe: Any) -> list[Any]:
+        """Run ``pipe`` (ending in ``ZCARD``) and keep its size unless a round trip sent later already answered.
+
+        I/O threads (stores, the start-up scan) read the size concurrently; a
+        reply that arrives after a newer one is stale (it was counted before
+        that one's ``ZADD``) and must not roll ``last_count`` back.
+        """
+        with self._lock:
+            self._sent += 1
+            ticket = self._sent
+        replies = pipe.execute()
+        with self._lock:
+            if ticket > self._applied:
+                self._applied, self.last_count = ticket, int(replies[-1])
+        return replies
 
     def _still(
         self, keys: list[OffloadKey], exists: Callable[[Sequence[OffloadKey]], list[bool]], counted: bool, there: bool
