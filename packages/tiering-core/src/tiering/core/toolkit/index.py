@@ -24,6 +24,8 @@ keeps that account true under concurrency:
 - **Reconciliation.** :meth:`CapacityIndex.reconcile` replaces the contents
   with what a rescan found, keeping in-flight reservations and every change
   made since the scan's ticket.
+- **Cheap on the scheduler thread.** :meth:`CapacityIndex.touch` takes no lock
+  (:mod:`~tiering.core.toolkit.touches`); answers without victims are shared.
 
 A fleet-wide cap is a backend's own business (e.g. a server-side limit);
 this index only bounds what this process accounts for.
@@ -31,25 +33,26 @@ this index only bounds what this process accounts for.
 
 from __future__ import annotations
 
-import collections
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit.deletes import DeleteLedger
-from tiering.core.toolkit.epochs import RemovalEpochs
+from tiering.core.toolkit.index_state import IndexState
 from tiering.core.toolkit.index_types import Admit, KeyState, ReconcileReport, Reservation, Victim
 
 __all__ = ["Admit", "CapacityIndex", "KeyState", "ReconcileReport", "Reservation", "Victim"]
 
+_RESERVED, _PRESENT = Reservation(Admit.RESERVED), Reservation(Admit.PRESENT)  # shared: a Reservation is immutable
 
-class CapacityIndex:
+
+class CapacityIndex(IndexState):
     """The blocks of one tier instance: sizes, LRU order, reservations, deletes in flight.
 
     Thread safe; every method takes the index's own lock once (batch methods
-    take it once for the whole batch). Sizes are bytes as the tier accounts
-    them (e.g. the block file size including its header/trailer).
+    take it once for the whole batch), except :meth:`touch`, which takes none.
+    Sizes are bytes as the tier accounts them (e.g. the block file size
+    including its header/trailer). The queries and figures are
+    :class:`~tiering.core.toolkit.index_state.IndexState`'s.
 
     Args:
         capacity_bytes: cap on :attr:`used_bytes`; None: unbounded.
@@ -57,83 +60,6 @@ class CapacityIndex:
     Raises:
         ValueError: ``capacity_bytes`` is negative.
     """
-
-    def __init__(self, capacity_bytes: int | None = None) -> None:
-        if capacity_bytes is not None and capacity_bytes < 0:
-            raise ValueError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes}")
-        self.capacity_bytes = capacity_bytes
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        # key -> (size, clock value when it was added); LRU first.
-        self._resident: collections.OrderedDict[OffloadKey, tuple[int, int]] = collections.OrderedDict()
-        self._resident_bytes = 0
-        # key -> [size, writers in flight, any writer succeeded]
-        self._writing: dict[OffloadKey, list[int]] = {}
-        self._writing_bytes = 0
-        self._deletes = DeleteLedger()
-        self._epochs = RemovalEpochs()
-        self._evictions = 0
-        self._evicted_bytes = 0
-
-    # -- queries ----------------------------------------------------------------
-    def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
-        """The state of ``key``; a resident key becomes most recently used when ``touch``."""
-        with self._lock:
-            return self._state(key, touch)
-
-    def _state(self, key: OffloadKey, touch: bool) -> KeyState:
-        if key in self._writing:
-            return KeyState.WRITING
-        if key in self._resident:
-            if touch:
-                self._resident.move_to_end(key)
-            return KeyState.RESIDENT
-        if key in self._deletes:
-            return KeyState.DELETING
-        return KeyState.ABSENT
-
-    def __contains__(self, key: object) -> bool:
-        """Whether ``key`` is resident (no LRU update)."""
-        with self._lock:
-            return key in self._resident
-
-    def __len__(self) -> int:
-        """Number of resident blocks."""
-        with self._lock:
-            return len(self._resident)
-
-    def touch(self, keys: Iterable[OffloadKey]) -> None:
-        """Make the resident ones of ``keys`` most recently used (one lock round)."""
-        with self._lock:
-            for key in keys:
-                if key in self._resident:
-                    self._resident.move_to_end(key)
-
-    def keys(self) -> list[OffloadKey]:
-        """Resident keys, least recently used first (a snapshot)."""
-        with self._lock:
-            return list(self._resident)
-
-    @property
-    def used_bytes(self) -> int:
-        """Bytes counted against the cap: resident + reserved for writes + deletes pending or failed."""
-        with self._lock:
-            return self._used()
-
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes of resident blocks."""
-        with self._lock:
-            return self._resident_bytes
-
-    def _used(self) -> int:
-        return self._resident_bytes + self._writing_bytes + self._deletes.bytes
-
-    def _committed(self) -> int:
-        # What the cap is checked against: a victim handed out is being deleted by its caller right now, so
-        # its bytes are not in the way of new reservations; if the delete fails they come back (undeleted)
-        # and the next reservation evicts to make up for them.
-        return self._resident_bytes + self._writing_bytes + self._deletes.failed_bytes
 
     # -- stores -------------------------------------------------------------------
     def reserve(self, key: OffloadKey, size: int) -> Reservation:
@@ -159,25 +85,31 @@ class CapacityIndex:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         with self._lock:
-            return [self._reserve(key, size) for key in keys]
+            self._touched.apply(self._resident)
+            reserve = self._reserve
+            return [reserve(key, size) for key in keys]
 
     def _reserve(self, key: OffloadKey, size: int) -> Reservation:
-        if key in self._resident and key not in self._writing:
+        writing = self._writing
+        entry = writing.get(key)
+        if entry is not None:  # joins the write in flight
+            entry[1] += 1
+            return _RESERVED
+        if key in self._resident:
             self._resident.move_to_end(key)
-            return Reservation(Admit.PRESENT)
+            return _PRESENT
         if key in self._deletes:
             return Reservation(Admit.DELETING, can_wait=self._deletes.is_pending(key))
-        entry = self._writing.get(key)
-        if entry is not None:
-            entry[1] += 1
-            return Reservation(Admit.RESERVED)
-        victims = self._make_room(size)
         cap = self.capacity_bytes
-        if cap is not None and self._committed() + size > cap:
-            return Reservation(Admit.NO_SPACE, victims, bool(self._writing_bytes))
-        self._writing[key] = [size, 1, 0]
+        if cap is None:
+            victims: tuple[Victim, ...] = ()
+        else:
+            victims = self._make_room(size)
+            if self._committed() + size > cap:
+                return Reservation(Admit.NO_SPACE, victims, bool(self._writing_bytes))
+        writing[key] = [size, 1, 0]
         self._writing_bytes += size
-        return Reservation(Admit.RESERVED, victims)
+        return Reservation(Admit.RESERVED, victims) if victims else _RESERVED
 
     def commit(self, key: OffloadKey, ok: bool) -> None:
         """End one reserved write of ``key``: resident when ``ok`` (after the last writer), else released."""
@@ -190,6 +122,7 @@ class CapacityIndex:
             KeyError: a key has no reservation.
         """
         with self._lock:
+            self._touched.apply(self._resident)
             for key, ok in outcomes:
                 entry = self._writing[key]
                 entry[1] -= 1
@@ -249,6 +182,7 @@ class CapacityIndex:
         """:meth:`adopt` for a batch, one lock round; returns how many keys are resident afterwards."""
         n = 0
         with self._lock:
+            self._touched.apply(self._resident)
             for key, size in found:
                 if key in self._resident:
                     self._resident.move_to_end(key)
@@ -286,6 +220,7 @@ class CapacityIndex:
             The victim to delete (``delete`` True and the key was resident), else None.
         """
         with self._lock:
+            self._touched.apply(self._resident)
             entry = self._resident.pop(key, None)
             if entry is None:
                 return None
@@ -313,6 +248,7 @@ class CapacityIndex:
     def evict_to_cap(self) -> tuple[Victim, ...]:
         """Evict LRU blocks until :attr:`used_bytes` fits the cap (after a rescan or adoption)."""
         with self._lock:
+            self._touched.apply(self._resident)
             return self._make_room(0)
 
     def deleted(self, key: OffloadKey, ok: bool) -> None:
@@ -354,6 +290,7 @@ class CapacityIndex:
         the scan did not find has its bytes freed.
         """
         with self._lock:
+            self._touched.apply(self._resident)
             added = [k for k in found if k not in self._resident and self._may_adopt(k, ticket)]
             for key in reversed(added):
                 size = found[key]
@@ -368,24 +305,3 @@ class CapacityIndex:
             confirmed = self._deletes.settle_absent(found)
             self._space.notify_all()
             return ReconcileReport(tuple(added), tuple(vanished), confirmed)
-
-    # -- figures --------------------------------------------------------------------------
-    def stats(self) -> dict[str, int]:
-        """The index's figures, each named and described once in :data:`tiering.core.toolkit.stats.STATS`.
-
-        ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
-        ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``.
-        """
-        with self._lock:
-            return {
-                "resident_blocks": len(self._resident),
-                "resident_bytes": self._resident_bytes,
-                "used_bytes": self._used(),
-                "reserved_bytes": self._writing_bytes,
-                "pending_delete_bytes": self._deletes.bytes,
-                "in_flight_stores": len(self._writing),
-                "capacity_bytes": self.capacity_bytes or 0,
-                "evictions": self._evictions,
-                "evicted_bytes": self._evicted_bytes,
-                "failed_deletes": self._deletes.failed_deletes,
-            }

@@ -9,7 +9,13 @@ jobs with :meth:`JobTracker.take_finished` (the tier's ``get_finished``).
 Locking: a worker records the outcomes of all blocks it moved for one job in
 one call (:meth:`JobState.record`), which takes that job's own lock once;
 the tracker's lock is taken once per job, when it finishes. So a job of 16
-blocks moved by one worker costs two lock rounds, not 16 or more.
+blocks moved by one worker costs two lock rounds, not 16 or more. The
+scheduler thread's calls take no lock at all: :meth:`JobTracker.start`
+registers a job with one atomic ``dict.setdefault`` and
+:meth:`JobTracker.take_finished` pops a deque that workers append to, so the
+scheduler never waits for a worker that holds the tracker's lock (on a
+machine with few cores such a wait costs a GIL hand-off and a context
+switch, tens of microseconds of scheduler CPU).
 
 The per-job state beside a dual-queue worker pool follows vLLM's fs tier
 (``vllm/v1/kv_offload/tiering/fs/thread_pool.py``, ``JobState.task_done``),
@@ -33,6 +39,9 @@ logger = logging.getLogger(__name__)
 SHUTDOWN = "shutdown"
 """The failure cause of blocks that never ran because the tier shut down (not counted as a failure cause)."""
 
+_UNRECORDED, _MOVED, _FAILED = 0, 1, 2
+"""A block's entry in :class:`JobState`'s outcome book."""
+
 
 class JobState:
     """The outcome book of one job; created by :meth:`JobTracker.start`.
@@ -42,6 +51,10 @@ class JobState:
     A block recorded twice, or after the job was reported, is ignored (and
     logged): the job is reported exactly once.
 
+    Built on the scheduler thread for every submitted job, so it allocates
+    only what every job needs (its lock and one list slot per block); the
+    failure causes are kept only once a block failed.
+
     Attributes:
         meta: the job as submitted.
         context: anything the owner attached at :meth:`JobTracker.start`
@@ -49,6 +62,7 @@ class JobState:
     """
 
     __slots__ = (
+        "_causes",
         "_done",
         "_failed_at",
         "_lock",
@@ -56,23 +70,30 @@ class JobState:
         "_remaining",
         "_reported",
         "_tracker",
-        "causes",
         "context",
         "meta",
     )
 
     def __init__(self, tracker: JobTracker, meta: JobMetadata, context: Any = None) -> None:
+        n = len(meta.keys)
         self._tracker = tracker
         self.meta = meta
         self.context = context
         self._lock = threading.Lock()
-        self._remaining = len(meta.keys)
-        # Per block: None (not yet recorded), True (moved; verified for a load), False (failed).
-        self._done: list[bool | None] = [None] * len(meta.keys)
+        self._remaining = n
+        # Per block: _UNRECORDED, _MOVED (verified for a load) or _FAILED; a bytearray is one allocation that
+        # the garbage collector does not track (a list of n slots is a container it walks).
+        self._done = bytearray(n)
         self._ok = True
         self._reported = False
         self._failed_at: int | None = None
-        self.causes: collections.Counter[str] = collections.Counter()
+        self._causes: dict[str, int] | None = None  # cause -> failed blocks, from the first failure on
+
+    @property
+    def causes(self) -> collections.Counter[str]:
+        """Failed blocks recorded so far per cause (``"checksum"``, ``"io_error"``, ...; a copy)."""
+        with self._lock:
+            return collections.Counter(self._causes or {})
 
     @property
     def job_id(self) -> int:
@@ -125,17 +146,17 @@ class JobState:
                 logger.error("job %d: outcome recorded after the job was reported; ignored", self.meta.job_id)
                 return None
             for index, ok, cause in outcomes:
-                if self._done[index] is not None:
+                if self._done[index] != _UNRECORDED:
                     logger.error("job %d: block %d recorded twice; ignored", self.meta.job_id, index)
                     continue
-                self._done[index] = ok
+                self._done[index] = _MOVED if ok else _FAILED
                 self._remaining -= 1
                 if not ok:
                     self._ok = False
                     if self._failed_at is None or index < self._failed_at:
                         self._failed_at = index
                     if cause:
-                        self.causes[cause] += 1
+                        self._count_cause(cause, 1)
             if self._remaining > 0:
                 return None
             self._reported = True
@@ -152,7 +173,7 @@ class JobState:
         with self._lock:
             if self._reported:
                 return None
-            todo = [(i, False, cause) for i in indices if self._done[i] is None]
+            todo = [(i, False, cause) for i in indices if self._done[i] == _UNRECORDED]
         return self.record(todo) if todo else None
 
     def fail_rest(self, cause: str = SHUTDOWN) -> JobResult | None:
@@ -165,25 +186,31 @@ class JobState:
             if self._reported:
                 return None
             for index, done in enumerate(self._done):
-                if done is None:
-                    self._done[index] = False
+                if done == _UNRECORDED:
+                    self._done[index] = _FAILED
                     if self._failed_at is None or index < self._failed_at:
                         self._failed_at = index
                     if cause:
-                        self.causes[cause] += 1
+                        self._count_cause(cause, 1)
             self._remaining = 0
-            self._ok = self._ok and all(self._done)
+            self._ok = self._ok and _FAILED not in self._done
             self._reported = True
             result = self._result()
         self._tracker._finish(self, result)
         return result
+
+    def _count_cause(self, cause: str, n: int) -> None:
+        """Count ``n`` failed blocks under ``cause`` (lock held)."""
+        if self._causes is None:
+            self._causes = {}
+        self._causes[cause] = self._causes.get(cause, 0) + n
 
     def _result(self) -> JobResult:
         if self._ok:
             return JobResult(self.meta.job_id, True)
         successful: list[OffloadKey] | None = None
         if self.meta.is_promotion:
-            successful = [key for key, ok in zip(self.meta.keys, self._done, strict=True) if ok] or None
+            successful = [key for key, d in zip(self.meta.keys, self._done, strict=True) if d == _MOVED] or None
         return JobResult(self.meta.job_id, False, successful)
 
 
@@ -223,22 +250,22 @@ class JobTracker:
             job: the job as submitted to the tier.
             context: stored as :attr:`JobState.context`.
 
+        Takes no lock: one ``dict.setdefault`` (atomic) registers the job, so
+        the scheduler thread never waits here for a worker finishing a job.
+
         Raises:
             ValueError: a job with the same id is still in flight.
         """
         state = JobState(self, job, context)
-        with self._lock:
-            if job.job_id in self._jobs:
-                raise ValueError(f"job {job.job_id} is already in flight")
-            self._jobs[job.job_id] = state
+        if self._jobs.setdefault(job.job_id, state) is not state:
+            raise ValueError(f"job {job.job_id} is already in flight")
         if not job.keys:
             state.record(())
         return state
 
     def get(self, job_id: int) -> JobState | None:
-        """The in-flight job ``job_id``, None when unknown or already finished."""
-        with self._lock:
-            return self._jobs.get(job_id)
+        """The in-flight job ``job_id``, None when unknown or already finished (no lock: one atomic ``dict.get``)."""
+        return self._jobs.get(job_id)
 
     def report(self, result: JobResult) -> JobState | None:
         """Finish a job from a result produced elsewhere (e.g. a tier's ``get_finished`` seen by the manager).
@@ -274,20 +301,27 @@ class JobTracker:
                 return
             if not result.success:
                 self._counters[f"{kind}_jobs_failed"] += 1
-            for cause, n in state.causes.items():
+            for cause, n in (state._causes or {}).items():  # final: the job is reported, nothing records more
                 if cause != SHUTDOWN:
                     self._counters[f"{kind}_failed_{cause}"] += n
             if self._queue_results:
                 self._finished.append(result)
 
     def take_finished(self) -> list[JobResult]:
-        """The results of the jobs finished since the last call, each exactly once (oldest first)."""
+        """The results of the jobs finished since the last call, each exactly once (oldest first).
+
+        Takes no lock (workers append to a deque, this pops it); thread safe, also with several callers.
+        """
+        finished = self._finished
+        if not finished:
+            return []
         out: list[JobResult] = []
-        while True:
-            try:
-                out.append(self._finished.popleft())
-            except IndexError:
-                return out
+        try:
+            for _ in range(len(finished)):
+                out.append(finished.popleft())
+        except IndexError:  # another caller took the rest
+            pass
+        return out
 
     def fail_all(self, cause: str = SHUTDOWN) -> list[JobResult]:
         """Finish every in-flight job as failed (at shutdown); outcomes recorded later are ignored.
@@ -301,9 +335,8 @@ class JobTracker:
         return [r for r in results if r is not None]
 
     def in_flight(self) -> int:
-        """Number of jobs accepted and not yet finished."""
-        with self._lock:
-            return len(self._jobs)
+        """Number of jobs accepted and not yet finished (no lock: ``len`` of a dict is atomic)."""
+        return len(self._jobs)
 
     def in_flight_states(self) -> list[JobState]:
         """A snapshot of the in-flight jobs' states."""

@@ -1,0 +1,136 @@
+"""The account a :class:`~tiering.core.toolkit.index.CapacityIndex` keeps, and its answers that change nothing.
+
+:class:`IndexState` holds the index's lock and its account (resident blocks in
+LRU order, writes in flight, deletes, epochs, queued touches) and answers
+lookups, sizes and figures; :class:`~tiering.core.toolkit.index.CapacityIndex`
+adds what changes the account (reservations, commits, adoption, removal,
+eviction, reconciliation). Split in two modules only to keep each small.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable
+
+from tiering.core.base import OffloadKey
+from tiering.core.toolkit.deletes import DeleteLedger
+from tiering.core.toolkit.epochs import RemovalEpochs
+from tiering.core.toolkit.index_types import KeyState
+from tiering.core.toolkit.touches import TouchQueue
+
+__all__ = ["IndexState"]
+
+
+class IndexState:
+    """The state and queries of a :class:`~tiering.core.toolkit.index.CapacityIndex` (see there).
+
+    Args:
+        capacity_bytes: cap on :attr:`used_bytes`; None: unbounded.
+
+    Raises:
+        ValueError: ``capacity_bytes`` is negative.
+    """
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        # key -> (size, clock value when it was added); LRU first.
+        self._resident: collections.OrderedDict[OffloadKey, tuple[int, int]] = collections.OrderedDict()
+        self._resident_bytes = 0
+        # key -> [size, writers in flight, any writer succeeded]
+        self._writing: dict[OffloadKey, list[int]] = {}
+        self._writing_bytes = 0
+        self._deletes = DeleteLedger()
+        self._epochs = RemovalEpochs()
+        self._evictions = 0
+        self._evicted_bytes = 0
+        self._touched = TouchQueue()  # touched without the lock; applied before the LRU order is read
+
+    # -- queries ----------------------------------------------------------------
+    def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
+        """The state of ``key``; a resident key becomes most recently used when ``touch``."""
+        with self._lock:
+            self._touched.apply(self._resident)
+            return self._state(key, touch)
+
+    def _state(self, key: OffloadKey, touch: bool) -> KeyState:
+        if key in self._writing:
+            return KeyState.WRITING
+        if key in self._resident:
+            if touch:
+                self._resident.move_to_end(key)
+            return KeyState.RESIDENT
+        if key in self._deletes:
+            return KeyState.DELETING
+        return KeyState.ABSENT
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is resident (no LRU update)."""
+        with self._lock:
+            return key in self._resident
+
+    def __len__(self) -> int:
+        """Number of resident blocks."""
+        with self._lock:
+            return len(self._resident)
+
+    def touch(self, keys: Iterable[OffloadKey]) -> None:
+        """Make the resident ones of ``keys`` most recently used, in order, before the LRU order is next read.
+
+        No lock: the keys are queued (:class:`~tiering.core.toolkit.touches.TouchQueue`).
+        """
+        if self._touched.add(keys):
+            with self._lock:
+                self._touched.apply(self._resident)
+
+    def keys(self) -> list[OffloadKey]:
+        """Resident keys, least recently used first (a snapshot)."""
+        with self._lock:
+            self._touched.apply(self._resident)
+            return list(self._resident)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes counted against the cap: resident + reserved for writes + deletes pending or failed."""
+        with self._lock:
+            return self._used()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of resident blocks."""
+        with self._lock:
+            return self._resident_bytes
+
+    def _used(self) -> int:
+        return self._resident_bytes + self._writing_bytes + self._deletes.bytes
+
+    def _committed(self) -> int:
+        # What the cap is checked against: a victim handed out is being deleted by its caller right now, so
+        # its bytes are not in the way of new reservations; if the delete fails they come back (undeleted)
+        # and the next reservation evicts to make up for them.
+        return self._resident_bytes + self._writing_bytes + self._deletes.failed_bytes
+
+    # -- figures --------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """The index's figures, each named and described once in :data:`tiering.core.toolkit.stats.STATS`.
+
+        ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
+        ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``.
+        """
+        with self._lock:
+            return {
+                "resident_blocks": len(self._resident),
+                "resident_bytes": self._resident_bytes,
+                "used_bytes": self._used(),
+                "reserved_bytes": self._writing_bytes,
+                "pending_delete_bytes": self._deletes.bytes,
+                "in_flight_stores": len(self._writing),
+                "capacity_bytes": self.capacity_bytes or 0,
+                "evictions": self._evictions,
+                "evicted_bytes": self._evicted_bytes,
+                "failed_deletes": self._deletes.failed_deletes,
+            }
