@@ -272,3 +272,39 @@ def test_concurrent_stores_loads_evictions_keep_usage_true(seed):
     # ... and usage counts exactly the resident blocks once nothing is in flight
     stats = index.stats()
     assert stats["used_bytes"] == stats["resident_bytes"] == len(resident) * size <= cap
+
+
+def test_touches_without_the_lock_are_applied_in_order_before_an_eviction():
+    index = CapacityIndex(40)
+    for i in range(4):
+        store(index, k(i))
+    with index._lock:  # an I/O thread holds the lock: touch must not wait for it
+        index.touch([k(2), k(0)])
+        index.touch([k(1), k(5)])  # k(5) is not resident: ignored
+    assert index.keys() == [k(3), k(2), k(0), k(1)]
+    index.touch([k(3)])
+    res = index.reserve_many([k(6), k(7)], 10)  # evicts the two least recently used, after the touch
+    assert [v.key for r in res for v in r.victims] == [k(2), k(0)]
+
+
+def test_touch_queue_is_bounded():
+    index = CapacityIndex(None)
+    store(index, k(1))
+    store(index, k(2))
+    index._touched.limit = 3
+    index.touch([k(1), k(1), k(1)])
+    assert index._touched  # at the limit: still queued
+    index.touch([k(1)])  # past it: applied by the call itself
+    assert not index._touched
+    assert list(index._resident) == [k(2), k(1)]
+
+
+def test_reservations_without_victims_are_shared_and_immutable():
+    index = CapacityIndex(None)
+    a, b = index.reserve_many([k(1), k(2)], 10)
+    assert a is b and a.admit is Admit.RESERVED and a.victims == ()
+    index.commit_many([(k(1), True), (k(2), True)])
+    p, q = index.reserve_many([k(1), k(2)], 10)
+    assert p is q and p.admit is Admit.PRESENT
+    with pytest.raises(AttributeError):
+        p.admit = Admit.RESERVED  # type: ignore[misc]

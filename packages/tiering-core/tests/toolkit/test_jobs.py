@@ -149,3 +149,30 @@ def test_concurrent_workers_report_every_job_exactly_once(seed):
     collected.extend(tracker.take_finished())
     assert sorted(r.job_id for r in collected) == list(range(200))
     assert tracker.in_flight() == 0
+
+
+def test_scheduler_calls_do_not_wait_for_the_tracker_lock():
+    tracker = JobTracker()
+    done = tracker.start(job(20, 1))
+    done.block_done(0, True)
+    with tracker._lock:  # a worker finishing a job holds it
+        state = tracker.start(job(21, 2, load=False))
+        assert tracker.in_flight() == 1 and tracker.get(21) is state
+        assert tracker.take_finished() == [JobResult(20, True)]
+        with pytest.raises(ValueError, match="job 21"):
+            tracker.start(job(21, 1))
+
+
+def test_causes_are_counted_per_cause_and_read_as_a_copy():
+    tracker = JobTracker()
+    state = tracker.start(job(22, 4))
+    assert state.causes == {}
+    state.record([(0, False, "checksum"), (1, False, "checksum"), (2, False, "missing")])
+    causes = state.causes
+    assert causes == {"checksum": 2, "missing": 1}
+    causes["checksum"] = 99  # a copy: the job's book is unchanged
+    state.fail_rest("io_error")
+    assert state.causes == {"checksum": 2, "missing": 1, "io_error": 1}
+    stats = tracker.stats()
+    assert (stats["load_failed_checksum"], stats["load_failed_missing"], stats["load_failed_io_error"]) == (2, 1, 1)
+    assert tracker.take_finished() == [JobResult(22, False, None)]

@@ -5,7 +5,9 @@ One module per concern (see ``docs/content/toolkit.md``):
 - :mod:`~tiering.core.toolkit.jobs`: per-job block outcomes, each job reported exactly once;
 - :mod:`~tiering.core.toolkit.index`: a capacity-bounded LRU index with reservations,
   delete-confirmed eviction (:mod:`~tiering.core.toolkit.deletes`), epochs
-  (:mod:`~tiering.core.toolkit.epochs`) and reconciliation;
+  (:mod:`~tiering.core.toolkit.epochs`) and reconciliation; its account and queries are
+  :mod:`~tiering.core.toolkit.index_state`'s, touches queued without its lock
+  (:mod:`~tiering.core.toolkit.touches`);
 - :mod:`~tiering.core.toolkit.lookup_cache`: positive/negative lookup cache with batched
   background resolution for remote tiers;
 - :mod:`~tiering.core.toolkit.pool`: an I/O worker pool with read and write queues;
