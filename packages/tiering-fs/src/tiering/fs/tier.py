@@ -32,7 +32,7 @@ from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState
+from tiering.core.toolkit.jobs import SHUTDOWN
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.stats import failure_totals
 from tiering.fs.blocks import BlockFiles
@@ -66,9 +66,6 @@ _COUNTERS = (
     *(f"store_failed_{c}" for c in STORE_CAUSES),
     *(f"load_failed_{c}" for c in LOAD_CAUSES),
 )
-
-StoreItem = tuple[JobState, int, bool]  # (job, block index, bytes already reserved)
-LoadItem = tuple[JobState, int]
 
 
 class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
