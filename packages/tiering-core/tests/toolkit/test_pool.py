@@ -196,3 +196,23 @@ def test_a_busy_pool_joins_queued_one_block_submissions_into_shares():
     assert pool.wait_idle(5)
     pool.shutdown()
     assert done == [[0, 1, 2, 3], [4, 5], [6], [7]] and other_done == [["x"]] and not errors
+
+
+def test_a_reader_helping_with_writes_joins_up_to_its_help_batch():
+    pool = IOPool(1, 0, max_batch=16, reader_help_batch=2)
+    fn, on_error, done, errors = collect()
+    gate, running = threading.Event(), []
+
+    def hold(items):
+        running.append(items)
+        gate.wait(5)
+
+    wait_for(lambda: pool._waiting[True] == 1)
+    pool.submit("read", hold, [None], on_error)
+    wait_for(lambda: len(running) == 1)
+    for i in range(5):
+        pool.submit("write", fn, [i], on_error, merge=True)
+    gate.set()
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert done == [[0, 1], [2, 3], [4]] and not errors

@@ -162,8 +162,11 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         self._stopping = False
         self._temp_bytes = 0
         self._last_scan_s = 0.0
-        min_batch = NATIVE_MIN_SHARE if self.files.native is not None else 1  # a native call costs per share
-        self.pool = IOPool(cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", min_batch=min_batch)
+        # A native call costs per share: shares of at least NATIVE_MIN_SHARE blocks, readers help writers with as many.
+        share = NATIVE_MIN_SHARE if self.files.native is not None else 1
+        self.pool = IOPool(
+            cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", min_batch=share, reader_help_batch=share
+        )
         self.transfers = Transfers(
             self.index, self.files, self.counters, self.events, self.pool, self.block, self._is_stopping
         )

@@ -7,8 +7,8 @@ queues and two groups of threads:
 - every idle thread takes queued reads first (writers too, unless
   ``writers_prefer_writes``), so a burst of loads gets every thread;
 - readers with no read queued help with writes, ``reader_help_batch`` items
-  at a time (default 1), so a load arriving waits for at most that much
-  write work;
+  at a time (default 1; joined across submissions as below), so a load
+  arriving waits for at most that much write work;
 - a submission is split into shares (:func:`~tiering.core.toolkit.jobs.split_batches`)
   and each worker takes one share at once, calling the batch function with
   the whole share: a job's blocks cost one queue lock round per share, and
@@ -210,15 +210,19 @@ class IOPool:
             if not is_reader:
                 return self._pop(writes)
             if len(writes[0].items) <= self.reader_help_batch:
-                return writes.popleft()
+                return self._pop(writes, self.reader_help_batch)
             head = writes[0]
             part = _Unit(head.fn, head.items[: self.reader_help_batch], head.on_error)
             del head.items[: self.reader_help_batch]
             return part
         return None
 
-    def _pop(self, queue: collections.deque[_Unit]) -> _Unit:
-        """The unit at the head of ``queue``, joined with mergeable ones behind it while no thread waits (lock held)."""
+    def _pop(self, queue: collections.deque[_Unit], limit: int | None = None) -> _Unit:
+        """The unit at the head of ``queue``, joined with mergeable ones behind it while no thread waits (lock held).
+
+        A joined unit holds at most ``limit`` items (default ``max_batch``).
+        """
+        limit = self.max_batch if limit is None else limit
         unit = queue.popleft()
         if not unit.merge or self._waiting[True] or self._waiting[False]:
             return unit
@@ -226,7 +230,7 @@ class IOPool:
             head = queue[0]
             if not (head.merge and head.fn == unit.fn and head.on_error == unit.on_error):
                 break
-            if len(unit.items) + len(head.items) > self.max_batch:
+            if len(unit.items) + len(head.items) > limit:
                 break
             unit.items.extend(queue.popleft().items)
         return unit
