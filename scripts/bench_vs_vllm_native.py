@@ -111,6 +111,34 @@ def zero(view: memoryview) -> None:
     flat.release()
 
 
+def checksum_floor_us(view: memoryview) -> float:
+    """Thread CPU (us) per block of XXH3-64 over every block of ``view``: what ours adds per store and per load.
+
+    Uses tiering-fs's native library (the function its store and load call);
+    NaN when it is not built. The blocks are read from memory, not cache
+    (the primary buffer is larger than the CPU's caches), as in a transfer.
+    """
+    import ctypes
+
+    from tiering.fs import native
+
+    lib = native.library()
+    if lib is None:
+        return float("nan")
+    xxh3 = ctypes.CDLL(lib._name).tkvb_xxh3_64  # own handle: argtypes for raw addresses
+    xxh3.argtypes, xxh3.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint64
+    flat = view.cast("B", (view.nbytes,))
+    anchor = ctypes.c_char.from_buffer(flat)
+    base, block_bytes = ctypes.addressof(anchor), view.nbytes // len(view)
+    t0 = time.thread_time()
+    for i in range(len(view)):
+        xxh3(base + i * block_bytes, block_bytes)
+    spent = time.thread_time() - t0
+    del anchor
+    flat.release()
+    return spent / len(view) * 1e6
+
+
 def one_config(args: argparse.Namespace, base: str, view: memoryview, job_blocks: int, busy: bool, lookup: bool):
     """Every pass of one (geometry, job size, scheduler loop); records per path per pass."""
     num_blocks = len(view)
@@ -154,7 +182,7 @@ def med(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(title: str, block_bytes: int, records: dict[str, list[dict[str, Any]]]) -> list[str]:
+def report(title: str, block_bytes: int, records: dict[str, list[dict[str, Any]]], floor_us: float) -> list[str]:
     """The config's table, ratios (median and pairs meeting the target) and CPU figures, as printed lines."""
     out = [f"## {title}"]
     head = f"{'path':<5} {'store GB/s':>10} {'load GB/s':>10} {'user us/blk st/ld':>18} {'all CPU us/blk st/ld':>21}"
@@ -187,6 +215,20 @@ def report(title: str, block_bytes: int, records: dict[str, list[dict[str, Any]]
             f"user CPU per block ours/vllm: store {pairs('ours', 'vllm', 'store', 'user_us', 1.5, False)}, "
             f"load {pairs('ours', 'vllm', 'load', 'user_us', 1.5, False)}"
         )
+        if floor_us == floor_us:  # not NaN
+
+            def net(phase: str) -> str:
+                n = min(len(records["ours"]), len(records["vllm"]))
+                ratios = [
+                    (records["ours"][i][phase]["user_us"] - floor_us) / max(records["vllm"][i][phase]["user_us"], 1e-12)
+                    for i in range(n)
+                ]
+                return f"{med(ratios):.2f}x ({sum(r <= 1.5 for r in ratios)}/{n} pairs <= 1.5)"
+
+            out.append(
+                f"checksum floor (XXH3-64 of one block from memory; ours once per store and per load, vLLM none): "
+                f"{floor_us:.1f} us; user CPU per block ours minus it / vllm: store {net('store')}, load {net('load')}"
+            )
         out.append(
             f"all CPU per block ours/vllm: store {pairs('ours', 'vllm', 'store', 'cpu_us', 1.5, False)}, "
             f"load {pairs('ours', 'vllm', 'load', 'cpu_us', 1.5, False)}"
@@ -250,13 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             size_text, count_text = geometry.split(":")
             block_bytes, count = parse_size(size_text), int(count_text)
             with shm_primary(count, block_bytes) as view:
+                floor_us = checksum_floor_us(view) if "ours" in args.backends else float("nan")
                 for job_blocks in job_sizes:
                     for sched in args.sched.split(","):
                         title = f"{size_text} x {count}, jobs of {job_blocks}, {sched} scheduler"
                         lookup = sched == "idle" and job_blocks == max(job_sizes)
                         records = one_config(args, base, view, job_blocks, sched == "busy", lookup)
                         dump[title] = records
-                        block = report(title, block_bytes, records)
+                        block = report(title, block_bytes, records, floor_us)
                         print("\n".join(block), flush=True)
                         lines += block
                         if args.json:  # after every configuration, so a long run interrupted keeps what it measured

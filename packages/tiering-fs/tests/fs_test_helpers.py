@@ -4,6 +4,8 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from tiering.core import (
@@ -72,3 +74,36 @@ def temp_files(root):
 
 def run_worker(cfg, **popen):
     return subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=subprocess.PIPE, text=True, **popen)
+
+
+def hold_every_thread(tier):
+    """Occupy each I/O thread of ``tier`` with a call that waits on a gate; returns (readers' gates, writers' gates)."""
+    gates = {True: [], False: []}
+    threads = tier.pool.n_read_threads + tier.pool.n_write_threads
+    lock = threading.Lock()
+
+    def hold():
+        gate = threading.Event()
+        with lock:
+            gates["-read-" in threading.current_thread().name].append(gate)
+        gate.wait(10)
+
+    for _ in range(threads):
+        tier.pool.submit_call("read", hold)
+    deadline = time.monotonic() + 10
+    while len(gates[True]) + len(gates[False]) < threads:
+        assert time.monotonic() < deadline, "the I/O threads did not all start"
+        time.sleep(0.001)
+    return gates[True], gates[False]
+
+
+def count_calls(monkeypatch, obj, name):
+    """Wrap ``obj.name(keys, ...)``; returns the list that gets ``len(keys)`` of every call."""
+    calls, real = [], getattr(obj, name)
+
+    def counted(keys, *args, **kwargs):
+        calls.append(len(keys))
+        return real(keys, *args, **kwargs)
+
+    monkeypatch.setattr(obj, name, counted)
+    return calls

@@ -6,9 +6,22 @@ import time
 
 import fsspec
 import pytest
-from fs_test_helpers import BB, CTX, block_files, loads_exact, make_spec, run_worker, store, store_many
+from fs_test_helpers import (
+    BB,
+    CTX,
+    block_files,
+    count_calls,
+    hold_every_thread,
+    loads_exact,
+    make_spec,
+    run_worker,
+    store,
+    store_many,
+)
 
-from tiering.core.testing import make_key
+from tiering.core import JobMetadata
+from tiering.core.base import block_view
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.layout import TRAILER_BYTES
 
 # -- restart, capacity -------------------------------------------------------------------
@@ -90,3 +103,26 @@ def test_cap_is_enforced_per_directory_by_rescans(tmp_path, open_tier):
         time.sleep(0.05)
     assert len(block_files(tmp_path)) <= 10
     assert a.stats()["scans"] >= 2  # rescans ran (either process may have done the evicting)
+
+
+def test_store_jobs_joined_in_one_share_keep_the_cap(tmp_path, open_tier, monkeypatch):
+    """Queued one-block store jobs of a busy tier are written in one share, each job's victim deleted once."""
+    stored = BB + TRAILER_BYTES
+    tier, view = open_tier(tmp_path, capacity_bytes=4 * stored, n_read_threads=1, n_write_threads=1)
+    old = [make_key(i, b"old") for i in range(4)]
+    assert store(tier, view, old)
+    calls = count_calls(monkeypatch, tier.files, "write_many")
+    new = [make_key(i, b"new") for i in range(3)]
+    for slot, key in enumerate(new):
+        block_view(view, slot)[:] = block_payload(key, BB)
+    (reader,), (writer,) = hold_every_thread(tier)
+    jobs = [JobMetadata(100 + n, [key], [n], False, CTX) for n, key in enumerate(new)]
+    for job in jobs:
+        tier.submit_store(job)  # each reserves its block and takes one of the oldest as its victim
+    writer.set()  # the writer frees up while the reader is still busy: it takes the three jobs as one share
+    ok = wait_for_jobs(tier, [j.job_id for j in jobs], 30)
+    reader.set()
+    assert calls == [3] and all(ok.values())
+    assert len(block_files(tmp_path)) == 4
+    assert [tier.lookup(k, CTX) for k in old + new] == [False] * 3 + [True] * 4
+    assert tier.stats()["resident_bytes"] == 4 * stored and loads_exact(tier, view, old[3:] + new)

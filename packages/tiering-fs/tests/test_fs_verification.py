@@ -1,5 +1,6 @@
 """Every load is verified: damaged, truncated and foreign blocks are misses."""
 
+import itertools
 import json
 import os
 import shutil
@@ -7,17 +8,18 @@ import time
 from pathlib import Path
 
 import pytest
-from fs_test_helpers import BB, CTX, load, make_spec, store
+from fs_test_helpers import BB, CTX, count_calls, hold_every_thread, load, make_spec, store
 
 from tiering.core import (
     ReqContext,
     TieringOffloadingSpec,
 )
-from tiering.core.base import block_view
+from tiering.core.base import JobMetadata, block_view
 from tiering.core.spec import Namespace
-from tiering.core.testing import block_payload, make_key
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
 
 pytestmark = pytest.mark.usefixtures("io_path")
+_ids = itertools.count(10_000)
 
 # -- verification on load ------------------------------------------------------------------
 
@@ -196,3 +198,34 @@ def test_same_length_block_of_another_namespace_is_foreign(tmp_path, open_tier):
     assert t2.stats()["load_failed_foreign"] == 1
     assert t2.lookup(key, CTX) is False and not os.path.exists(t2.block_path(key))
     assert t1.lookup(key, CTX) is True and load(t1, v1, [key], [3])
+
+
+def test_load_jobs_joined_in_one_share_fail_alone(tmp_path, open_tier, monkeypatch):
+    """Queued load jobs of a busy tier are read in one share; a damaged block fails its own job, not its neighbours."""
+    tier, view = open_tier(tmp_path, n_read_threads=1, n_write_threads=1)
+    keys = [make_key(i, b"joined") for i in range(5)]
+    assert store(tier, view, keys)
+    path = Path(tier.block_path(keys[2]))
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x01
+    path.write_bytes(bytes(data))
+    calls = count_calls(monkeypatch, tier.files, "read_many")
+    for slot in range(5):
+        block_view(view, slot)[:] = bytes(BB)
+    (reader,), (writer,) = hold_every_thread(tier)
+    jobs = [
+        JobMetadata(next(_ids), keys[0:2], [0, 1], True, CTX),
+        JobMetadata(next(_ids), keys[2:4], [2, 3], True, CTX),  # its first block is damaged
+        JobMetadata(next(_ids), keys[4:5], [4], True, CTX),
+    ]
+    for job in jobs:
+        tier.submit_load(job)
+    reader.set()  # one thread frees up while the other is still busy: it takes the three jobs as one share
+    ok = wait_for_jobs(tier, [j.job_id for j in jobs], 30)
+    writer.set()
+    assert calls == [5]
+    assert [ok[j.job_id] for j in jobs] == [True, False, True]
+    for slot in (0, 1, 4):
+        assert block_view(view, slot).tobytes() == block_payload(keys[slot], BB)
+    s = tier.stats()
+    assert s["load_failed_checksum"] == 1 and s["blocks_loaded"] == 3 and not path.exists()

@@ -171,3 +171,48 @@ def test_min_batch_bounds_how_thin_an_idle_pool_spreads_a_job(min_batch, sizes):
     pool.shutdown()
     assert sorted(len(s) for s in done) == sizes and not errors
     assert sorted(i for share in done for i in share) == list(range(16))
+
+
+def test_a_busy_pool_joins_queued_one_block_submissions_into_shares():
+    """Cross-job shares: with every thread busy, queued ``merge=True`` units of one fn join, up to ``max_batch``."""
+    pool = IOPool(1, 0, max_batch=4)
+    fn, on_error, done, errors = collect()
+    other, _, other_done, _ = collect()
+    gate, running = threading.Event(), []
+
+    def hold(items):
+        running.append(items)
+        gate.wait(5)
+
+    wait_for(lambda: pool._waiting[True] == 1)
+    pool.submit("read", hold, [None], on_error)
+    wait_for(lambda: len(running) == 1)  # the only thread is busy: nothing waits for work
+    for i in range(6):
+        pool.submit("read", fn, [i], on_error, merge=True)
+    pool.submit("read", other, ["x"], on_error, merge=True)  # another batch function: never joined with fn's
+    pool.submit("read", fn, [6], on_error, merge=True)
+    pool.submit("read", fn, [7], on_error)  # not mergeable
+    gate.set()
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert done == [[0, 1, 2, 3], [4, 5], [6], [7]] and other_done == [["x"]] and not errors
+
+
+def test_a_reader_helping_with_writes_joins_up_to_its_help_batch():
+    pool = IOPool(1, 0, max_batch=16, reader_help_batch=2)
+    fn, on_error, done, errors = collect()
+    gate, running = threading.Event(), []
+
+    def hold(items):
+        running.append(items)
+        gate.wait(5)
+
+    wait_for(lambda: pool._waiting[True] == 1)
+    pool.submit("read", hold, [None], on_error)
+    wait_for(lambda: len(running) == 1)
+    for i in range(5):
+        pool.submit("write", fn, [i], on_error, merge=True)
+    gate.set()
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert done == [[0, 1], [2, 3], [4]] and not errors

@@ -173,23 +173,34 @@ class BlockFiles:
         return out
 
     def read_many(
-        self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
+        self,
+        keys: Sequence[OffloadKey],
+        block_ids: Sequence[int],
+        slot: Callable[[int], memoryview],
+        stop_on_error: bool = True,
     ) -> list[Exception | None]:
-        """Read and verify ``keys[i]`` into slot ``block_ids[i]`` (as :meth:`read`), stopping at the first failure.
+        """Read and verify ``keys[i]`` into slot ``block_ids[i]`` (as :meth:`read`), one native call when possible.
+
+        Args:
+            keys: the blocks' keys.
+            block_ids: the primary slot of each.
+            slot: primary slot ``block_id`` -> its ``memoryview``.
+            stop_on_error: stop at the first failure (a share of one job: the rest would be
+                recomputed anyway); False reads every block (a share of several jobs).
 
         Returns:
             Per key attempted, None (read and verified) or what :meth:`read` would
-            have raised; the list ends at the first failure (the rest was not read).
+            have raised; with ``stop_on_error`` the list ends at the first failure.
         """
         native = self.native
         out: list[Exception | None] = []
         if native is None or not native.accepts(keys):
             for key, block_id in zip(keys, block_ids, strict=False):
                 out.append(_attempt(self.read, key, block_id, slot))
-                if out[-1] is not None:
+                if stop_on_error and out[-1] is not None:
                     break
             return out
-        codes, lost = native.load(keys, block_ids, self.backend.direct, stop_on_error=True)
+        codes, lost = native.load(keys, block_ids, self.backend.direct, stop_on_error=stop_on_error)
         if lost:
             self.backend.give_up_direct(OSError(lost, os.strerror(lost)), "read")
         for key, block_id, code in zip(keys, block_ids, codes, strict=False):
@@ -198,7 +209,7 @@ class BlockFiles:
                 out.append(_attempt(self.read, key, block_id, slot))
             else:
                 out.append(block_error(code, self.path(key)) if code else None)
-            if out[-1] is not None:
+            if stop_on_error and out[-1] is not None:
                 break
         return out
 

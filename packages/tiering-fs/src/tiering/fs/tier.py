@@ -32,7 +32,7 @@ from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState
+from tiering.core.toolkit.jobs import SHUTDOWN
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.stats import failure_totals
 from tiering.fs.blocks import BlockFiles
@@ -66,9 +66,6 @@ _COUNTERS = (
     *(f"store_failed_{c}" for c in STORE_CAUSES),
     *(f"load_failed_{c}" for c in LOAD_CAUSES),
 )
-
-StoreItem = tuple[JobState, int, bool]  # (job, block index, bytes already reserved)
-LoadItem = tuple[JobState, int]
 
 
 class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
@@ -165,8 +162,11 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         self._stopping = False
         self._temp_bytes = 0
         self._last_scan_s = 0.0
-        min_batch = NATIVE_MIN_SHARE if self.files.native is not None else 1  # a native call costs per share
-        self.pool = IOPool(cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", min_batch=min_batch)
+        # A native call costs per share: shares of at least NATIVE_MIN_SHARE blocks, readers help writers with as many.
+        share = NATIVE_MIN_SHARE if self.files.native is not None else 1
+        self.pool = IOPool(
+            cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", min_batch=share, reader_help_batch=share
+        )
         self.transfers = Transfers(
             self.index, self.files, self.counters, self.events, self.pool, self.block, self._is_stopping
         )

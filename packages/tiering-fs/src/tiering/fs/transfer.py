@@ -4,9 +4,11 @@
 :class:`~tiering.core.toolkit.pool.IOPool`. A store job reserves its bytes
 in the :class:`~tiering.core.toolkit.index.CapacityIndex` when it is
 submitted (so ``lookup`` answers None while it is queued); a worker takes a
-share of the job (consecutive blocks, up to 16), moves them through
-:class:`~tiering.fs.blocks.BlockFiles`, and settles the share with one
-round per lock: index (commit / adopt), counters, KV events, job outcomes.
+share (consecutive blocks of a job, up to 16; when every worker is busy,
+the blocks of several queued jobs: the pool's cross-job shares), moves them
+through :class:`~tiering.fs.blocks.BlockFiles` in one call, and settles the
+share with one round per lock: index (commit / adopt), counters, KV events,
+job outcomes (one round per job).
 
 Loads take an index ticket before reading, so a block evicted while it was
 read is never put back into the index (case C13); a delete that fails keeps
@@ -15,7 +17,6 @@ its bytes counted until a rescan retries it (case C16).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
 from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, KeyState, KVEventLog, Victim
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks
+from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks, record_tasks
 from tiering.fs.blocks import BlockFiles, NotStartedError
 from tiering.fs.errors import failure_cause
 
@@ -32,11 +33,17 @@ logger = logging.getLogger(__name__)
 _REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
 """Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
 
-StoreItem = tuple[JobState, int, bool]
-"""(job, block index, bytes already reserved)."""
+Victims = list[Victim]
+"""A store job's victims: the first share of the job to run deletes them (each exactly once)."""
+
+StoreItem = tuple[JobState, int, bool, Victims]
+"""(job, block index, bytes already reserved, the job's victims)."""
 
 LoadItem = tuple[JobState, int]
 """(job, block index)."""
+
+Outcome = tuple[JobState, int, bool, str]
+"""(job, block index, ok, failure cause)."""
 
 
 class Transfers:
@@ -86,18 +93,18 @@ class Transfers:
         job = state.meta
         items: list[StoreItem] = []
         present: list[tuple[int, bool, str]] = []
-        victims: list[Victim] = []
+        victims: Victims = []
         for i, res in enumerate(self.index.reserve_many(job.keys, self.stored_block_bytes)):  # one lock round
             victims.extend(res.victims)
             if res.admit is Admit.PRESENT:
                 present.append((i, True, ""))
             else:  # not reserved (no room yet, or its old copy is being deleted): the worker retries
-                items.append((state, i, res.admit is Admit.RESERVED))
+                items.append((state, i, res.admit is Admit.RESERVED, victims))
         if present:
             self.counters.inc("stores_already_present", len(present))
             state.record(present)
         # The first share to run deletes the victims before it writes, so the files on disk keep to the cap.
-        self.pool.submit("write", functools.partial(self._store_batch, victims), items, self._store_failed)
+        self.pool.submit("write", self._store_batch, items, self._store_failed, merge=True)
 
     def _reserve_now(self, key: OffloadKey) -> Admit:
         """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
@@ -112,74 +119,74 @@ class Transfers:
                 return res.admit  # (DELETING without can_wait: its old copy could not be deleted)
             self.index.wait_for_space(0.05)
 
-    def _store_batch(self, victims: list[Victim], items: Sequence[StoreItem]) -> None:
-        """Write one share of a store job (after deleting the job's victims); settle it with one round per lock."""
-        mine = []
-        while victims:
-            try:
-                mine.append(victims.pop())  # atomic: each victim is deleted by exactly one share
-            except IndexError:
-                break
+    def _store_batch(self, items: Sequence[StoreItem]) -> None:
+        """Write one share (blocks of one or more store jobs) after deleting their jobs' victims; settle it at once.
+
+        One native call writes every reserved block of the share; the index,
+        counters, KV events and job outcomes then take one round per lock.
+        """
+        mine: Victims = []
+        for victims in {id(v): v for *_, v in items}.values():
+            while victims:
+                try:
+                    mine.append(victims.pop())  # atomic: each victim is deleted by exactly one share
+                except IndexError:
+                    break
         # When a victim's delete failed its bytes still count: a reservation that relied on them is given up.
         undeleted = bool(mine) and not self.delete(mine, "eviction")
-        outcomes: list[tuple[int, bool, str]] = []
+        outcomes: list[Outcome] = []
         commits: list[tuple[OffloadKey, bool]] = []
-        state = items[0][0]
         ready, waiting = [], []
-        for _, i, reserved in items:
+        for state, i, reserved, _ in items:
             key = state.meta.keys[i]
             if self._stopping:
                 if reserved:
                     commits.append((key, False))
-                outcomes.append((i, False, SHUTDOWN))
+                outcomes.append((state, i, False, SHUTDOWN))
             elif not reserved:
-                waiting.append(i)
+                waiting.append((state, i))
             elif undeleted and self._over_cap():
                 self.index.commit(key, False)
-                outcomes.append((i, False, "no_space"))
+                outcomes.append((state, i, False, "no_space"))
             else:
-                ready.append(i)
+                ready.append((state, i))
         # The blocks reserved at submit are written and committed before a block without room waits for it:
         # the room it waits for may be what this very share's writes free (a tight cap, one share per job).
-        self._write_and_commit(state, ready, commits, outcomes)
+        self._write_and_commit(ready, commits, outcomes)
         if waiting:
             now = []
-            for i in waiting:
+            for state, i in waiting:
                 admit = self._reserve_now(state.meta.keys[i])
                 if admit is Admit.RESERVED:
-                    now.append(i)
+                    now.append((state, i))
                     continue
                 ok = admit is Admit.PRESENT
                 if ok:
                     self.counters.inc("stores_already_present")
-                outcomes.append((i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
-            self._write_and_commit(state, now, [], outcomes)
-        state.record(outcomes)
+                outcomes.append((state, i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
+            self._write_and_commit(now, [], outcomes)
+        record_tasks(outcomes)
 
     def _write_and_commit(
-        self,
-        state: JobState,
-        indexes: list[int],
-        commits: list[tuple[OffloadKey, bool]],
-        outcomes: list[tuple[int, bool, str]],
+        self, tasks: list[tuple[JobState, int]], commits: list[tuple[OffloadKey, bool]], outcomes: list[Outcome]
     ) -> None:
-        """Write the reserved blocks ``indexes`` of ``state`` in one call; commit them and ``commits`` together."""
-        keys = [state.meta.keys[i] for i in indexes]
-        block_ids = [state.meta.block_ids[i] for i in indexes]
+        """Write the reserved blocks ``tasks`` in one call; commit them and ``commits`` together."""
+        keys = [state.meta.keys[i] for state, i in tasks]
+        block_ids = [state.meta.block_ids[i] for state, i in tasks]
         stored: list[OffloadKey] = []
         # One call for the share (native path: no Python work per block; see BlockFiles.write_many).
         results = self.files.write_many(keys, block_ids, self.slot, self._is_stopping) if keys else []
-        for key, i, exc in zip(keys, indexes, results, strict=True):
+        for key, (state, i), exc in zip(keys, tasks, results, strict=True):
             if exc is None:
                 commits.append((key, True))
                 stored.append(key)
-                outcomes.append((i, True, ""))
+                outcomes.append((state, i, True, ""))
                 continue
             cause = SHUTDOWN if isinstance(exc, NotStartedError) else failure_cause(exc, load=False)
             if cause != SHUTDOWN:
                 _log_failure("store", key, cause, exc)
             commits.append((key, False))
-            outcomes.append((i, False, cause))
+            outcomes.append((state, i, False, cause))
         if commits:
             self.index.commit_many(commits)
         if stored:
@@ -188,8 +195,8 @@ class Transfers:
 
     def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
         """The pool's ``on_error`` for stores: release reservations, fail the blocks (once)."""
-        self.index.commit_many((s.meta.keys[i], False) for s, i, reserved in items if reserved)
-        fail_tasks(((s, i) for s, i, _ in items), SHUTDOWN if self._stopping else "internal")
+        self.index.commit_many((s.meta.keys[i], False) for s, i, reserved, _ in items if reserved)
+        fail_tasks(((s, i) for s, i, *_ in items), SHUTDOWN if self._stopping else "internal")
 
     # -- loads ----------------------------------------------------------------------------------
     def load(self, state: JobState) -> None:
@@ -197,37 +204,44 @@ class Transfers:
         job = state.meta
         self.index.touch(job.keys)
         items: list[LoadItem] = [(state, i) for i in range(len(job.keys))]
-        self.pool.submit("read", self._load_batch, items, self._load_failed)
+        self.pool.submit("read", self._load_batch, items, self._load_failed, merge=True)
 
     def _load_batch(self, items: Sequence[LoadItem]) -> None:
-        """Read and verify one share of a load job; a key evicted meanwhile is never re-indexed (C13)."""
-        outcomes: list[tuple[int, bool, str]] = []
+        """Read and verify one share (blocks of one or more load jobs); a key evicted meanwhile stays out (C13).
+
+        A job's blocks after its first failed one are reported failed without
+        a cause (the request recomputes from the earlier block), here and in
+        the job's other shares (:meth:`JobState.should_skip`).
+        """
+        outcomes: list[Outcome] = []
         found: list[tuple[OffloadKey, int]] = []
-        state = items[0][0]
-        failed = False  # a share is a run of consecutive blocks: after a failure the rest is skipped
         with self.index.reading() as ticket:
             todo = []
-            for _, i in items:
+            for state, i in items:
                 if self._stopping:
-                    outcomes.append((i, False, SHUTDOWN))
-                elif failed or state.should_skip(i):
-                    failed = True  # the request recomputes from an earlier failed block
-                    outcomes.append((i, False, ""))
+                    outcomes.append((state, i, False, SHUTDOWN))
+                elif state.should_skip(i):
+                    outcomes.append((state, i, False, ""))
                 else:
-                    todo.append(i)
-            keys = [state.meta.keys[i] for i in todo]
-            results = self.files.read_many(keys, [state.meta.block_ids[i] for i in todo], self.slot)
-            for i, key, exc in zip(todo, keys, results, strict=False):  # results end at the first failure
-                if exc is None:
+                    todo.append((state, i))
+            keys = [state.meta.keys[i] for state, i in todo]
+            block_ids = [state.meta.block_ids[i] for state, i in todo]
+            # One call for the share; it reads past a failed block (another job's may follow) and so must we.
+            results = self.files.read_many(keys, block_ids, self.slot, stop_on_error=False)
+            failed: set[int] = set()  # jobs (ids of their states) with a failed block in this share
+            for (state, i), key, exc in zip(todo, keys, results, strict=True):
+                if id(state) in failed:
+                    outcomes.append((state, i, False, ""))
+                elif exc is None:
                     found.append((key, self.stored_block_bytes))
-                    outcomes.append((i, True, ""))
+                    outcomes.append((state, i, True, ""))
                 else:
-                    outcomes.append((i, False, self._load_failure(key, exc)))
-            outcomes.extend((i, False, "") for i in todo[len(results) :])  # not read after a failure
+                    failed.add(id(state))
+                    outcomes.append((state, i, False, self._load_failure(key, exc)))
             self.index.adopt_many(found, ticket)
         if found:
             self.counters.add({"blocks_loaded": len(found), "bytes_loaded": len(found) * self.block_bytes})
-        state.record(outcomes)
+        record_tasks(outcomes)
 
     def _load_failure(self, key: OffloadKey, exc: BaseException) -> str:
         """Settle one failed read: a bad file is removed, a vanished one forgotten; returns the cause."""

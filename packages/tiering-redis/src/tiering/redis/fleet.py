@@ -188,7 +188,7 @@ class FleetCap:
         with self._lock:
             self._sent += 1
             ticket = self._sent
-        replies = pipe.execute()
+        replies: list[Any] = pipe.execute()
         with self._lock:
             if ticket > self._applied:
                 self._applied, self.last_count = ticket, int(replies[-1])

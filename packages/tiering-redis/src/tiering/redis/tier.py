@@ -297,7 +297,7 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         self._delete(victims, "eviction")
         if now:
             state.record(now)
-        self.pool.submit("write", self._store_batch, tasks, self._tasks_failed)
+        self.pool.submit("write", self._store_batch, tasks, self._tasks_failed, merge=True)
 
     # -- loads --------------------------------------------------------------------
     def submit_load(self, job: JobMetadata) -> None:
@@ -310,7 +310,8 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         if self._closed:
             state.fail_rest("shutdown")
             return
-        self.pool.submit("read", self._load_batch, [(state, i) for i in range(len(job.keys))], self._tasks_failed)
+        tasks = [(state, i) for i in range(len(job.keys))]
+        self.pool.submit("read", self._load_batch, tasks, self._tasks_failed, merge=True)  # pipelines join across jobs
 
     def wait_for_scan(self, timeout_s: float | None = None) -> bool:
         """Wait until the start-up scan has finished (``tiering stat`` calls it); False on timeout."""

@@ -7,8 +7,8 @@ queues and two groups of threads:
 - every idle thread takes queued reads first (writers too, unless
   ``writers_prefer_writes``), so a burst of loads gets every thread;
 - readers with no read queued help with writes, ``reader_help_batch`` items
-  at a time (default 1), so a load arriving waits for at most that much
-  write work;
+  at a time (default 1; joined across submissions as below), so a load
+  arriving waits for at most that much write work;
 - a submission is split into shares (:func:`~tiering.core.toolkit.jobs.split_batches`)
   and each worker takes one share at once, calling the batch function with
   the whole share: a job's blocks cost one queue lock round per share, and
@@ -19,7 +19,15 @@ queues and two groups of threads:
   costs one lock round per job, not per block, while an idle pool still
   spreads a single job over its threads;
 - a submission wakes as many waiting threads as it has shares (the
-  kind's own threads first), not every thread.
+  kind's own threads first), not every thread;
+- submissions made with ``merge=True`` are *cross-job* shares: when no
+  thread waits for work (every one is busy, so splitting could not spread
+  the work further), a worker taking such a unit also takes the units
+  queued right behind it with the same batch function, up to ``max_batch``
+  items. A burst of one-block jobs then costs one batch call per share of
+  up to ``max_batch`` blocks instead of one per job. The batch function of
+  a merged unit gets items of several submissions and must group them
+  itself (``items`` keep their submission order).
 
 No thread dies silently: an exception from a batch function is logged and
 passed to the submission's ``on_error`` with the items it was given (which a
@@ -59,6 +67,7 @@ class _Unit:
     fn: BatchFn
     items: list[Any]
     on_error: ErrorFn
+    merge: bool = False
 
 
 class IOPool:
@@ -123,7 +132,7 @@ class IOPool:
         thread.start()
         self._threads.append(thread)
 
-    def submit(self, kind: Kind, fn: BatchFn, items: Sequence[Any], on_error: ErrorFn) -> None:
+    def submit(self, kind: Kind, fn: BatchFn, items: Sequence[Any], on_error: ErrorFn, *, merge: bool = False) -> None:
         """Queue ``items`` to be processed by ``fn`` in shares, on the ``kind`` queue.
 
         Args:
@@ -134,6 +143,9 @@ class IOPool:
             items: the work, e.g. ``(job state, block index)`` pairs.
             on_error: called with the items of a share that raised (with the
                 exception) or never ran (:class:`PoolShutdownError`), exactly once per item.
+            merge: ``fn`` accepts items of several submissions in one share: a busy pool may
+                join this submission's shares with queued ones of the same ``fn`` and ``on_error``
+                (see the module docstring).
 
         After :meth:`shutdown`, ``on_error`` is called at once, on the caller's thread.
         """
@@ -143,12 +155,12 @@ class IOPool:
         n = len(items)
         idle = self._waiting[True] + self._waiting[False]  # a racy snapshot is fine: it only sizes the shares
         if n == 1 or (idle <= 1 and n <= self.max_batch):
-            units = [_Unit(fn, list(items), on_error)]  # one share: no splitting to do
+            units = [_Unit(fn, list(items), on_error, merge)]  # one share: no splitting to do
         else:
             threads = self.n_read_threads if is_read else max(1, self.n_write_threads)
             parts = max(1, min(idle, threads, -(-n // self.min_batch)))
             units = [
-                _Unit(fn, [items[i] for i in share], on_error)
+                _Unit(fn, [items[i] for i in share], on_error, merge)
                 for share in split_batches(range(n), parts, self.max_batch)
             ]
         with self._lock:
@@ -191,17 +203,37 @@ class IOPool:
         """The next unit for this thread (lock held), None when there is none."""
         reads, writes = self._reads, self._writes
         if self.writers_prefer_writes and not is_reader and writes:
-            return writes.popleft()
+            return self._pop(writes)
         if reads:
-            return reads.popleft()
+            return self._pop(reads)
         if writes:
-            if not is_reader or len(writes[0].items) <= self.reader_help_batch:
-                return writes.popleft()
+            if not is_reader:
+                return self._pop(writes)
+            if len(writes[0].items) <= self.reader_help_batch:
+                return self._pop(writes, self.reader_help_batch)
             head = writes[0]
             part = _Unit(head.fn, head.items[: self.reader_help_batch], head.on_error)
             del head.items[: self.reader_help_batch]
             return part
         return None
+
+    def _pop(self, queue: collections.deque[_Unit], limit: int | None = None) -> _Unit:
+        """The unit at the head of ``queue``, joined with mergeable ones behind it while no thread waits (lock held).
+
+        A joined unit holds at most ``limit`` items (default ``max_batch``).
+        """
+        limit = self.max_batch if limit is None else limit
+        unit = queue.popleft()
+        if not unit.merge or self._waiting[True] or self._waiting[False]:
+            return unit
+        while queue:
+            head = queue[0]
+            if not (head.merge and head.fn == unit.fn and head.on_error == unit.on_error):
+                break
+            if len(unit.items) + len(head.items) > limit:
+                break
+            unit.items.extend(queue.popleft().items)
+        return unit
 
     def _worker(self, is_reader: bool) -> None:
         cv = self._readers_cv if is_reader else self._writers_cv
