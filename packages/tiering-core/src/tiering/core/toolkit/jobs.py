@@ -10,12 +10,10 @@ Locking: a worker records the outcomes of all blocks it moved for one job in
 one call (:meth:`JobState.record`), which takes that job's own lock once;
 the tracker's lock is taken once per job, when it finishes. So a job of 16
 blocks moved by one worker costs two lock rounds, not 16 or more. The
-scheduler thread's calls take no lock at all: :meth:`JobTracker.start`
-registers a job with one atomic ``dict.setdefault`` and
-:meth:`JobTracker.take_finished` pops a deque that workers append to, so the
-scheduler never waits for a worker that holds the tracker's lock (on a
-machine with few cores such a wait costs a GIL hand-off and a context
-switch, tens of microseconds of scheduler CPU).
+scheduler thread's calls take no lock (:meth:`JobTracker.start`: one atomic
+``dict.setdefault``; :meth:`JobTracker.take_finished`: deque pops), so it
+never waits for a worker that holds the tracker's lock (on few cores such a
+wait costs a GIL hand-off and a context switch).
 
 The per-job state beside a dual-queue worker pool follows vLLM's fs tier
 (``vllm/v1/kv_offload/tiering/fs/thread_pool.py``, ``JobState.task_done``),
@@ -364,19 +362,23 @@ def record_tasks(outcomes: Iterable[tuple[JobState, int, bool, str]]) -> list[Jo
     Returns:
         The results of the jobs this call completed.
     """
-    grouped: dict[int, tuple[JobState, list[tuple[int, bool, str]]]] = {}
+    grouped: dict[JobState, list[tuple[int, bool, str]]] = {}  # a JobState hashes by identity
     for state, index, ok, cause in outcomes:
-        grouped.setdefault(id(state), (state, []))[1].append((index, ok, cause))
-    results = [state.record(rows) for state, rows in grouped.values()]
+        if (rows := grouped.get(state)) is None:
+            rows = grouped[state] = []
+        rows.append((index, ok, cause))
+    results = [state.record(rows) for state, rows in grouped.items()]
     return [r for r in results if r is not None]
 
 
 def fail_tasks(tasks: Iterable[tuple[JobState, int]], cause: str) -> list[JobResult]:
     """Fail the ``(job state, block index)`` tasks that have no outcome yet (an I/O pool's ``on_error``)."""
-    grouped: dict[int, tuple[JobState, list[int]]] = {}
+    grouped: dict[JobState, list[int]] = {}
     for state, index in tasks:
-        grouped.setdefault(id(state), (state, []))[1].append(index)
-    results = [state.fail_unrecorded(indices, cause) for state, indices in grouped.values()]
+        if (indices := grouped.get(state)) is None:
+            indices = grouped[state] = []
+        indices.append(index)
+    results = [state.fail_unrecorded(indices, cause) for state, indices in grouped.items()]
     return [r for r in results if r is not None]
 
 

@@ -135,8 +135,10 @@ class Counters:
 
     def add(self, values: Mapping[str, int]) -> None:
         """Add several counters in one lock round."""
+        counts = self._values
         with self._lock:
-            self._values.update(values)
+            for name, n in values.items():  # (Counter.update is a slower Python loop of its own)
+                counts[name] += n
 
     def snapshot(self) -> dict[str, int]:
         """A copy of every counter."""
