@@ -308,3 +308,18 @@ def test_reservations_without_victims_are_shared_and_immutable():
     assert p is q and p.admit is Admit.PRESENT
     with pytest.raises(AttributeError):
         p.admit = Admit.RESERVED  # type: ignore[misc]
+
+
+def test_reserve_many_under_a_cap_evicts_only_for_the_keys_that_do_not_fit():
+    index = CapacityIndex(40)
+    for i in range(3):
+        store(index, k(i))
+    assert index.reserve(k(9), 10).victims == ()  # 40 bytes with it: fits, nothing evicted
+    index.commit(k(9), True)
+    gone = index.remove(k(2))  # k(2) now being deleted
+    assert gone is not None
+    res = index.reserve_many([k(9), k(2), k(5), k(5), k(6)], 10)
+    assert [r.admit for r in res] == [Admit.PRESENT, Admit.DELETING, Admit.RESERVED, Admit.RESERVED, Admit.RESERVED]
+    assert [r.victims for r in res[:4]] == [(), (), (), ()]  # k(5) took k(2)'s room; its second writer joins
+    assert res[4].victims == (Victim(k(0), 10),)  # k(6) did not fit: the LRU block is evicted for it
+    assert index.used_bytes == 10 * 6  # 1, 9 resident; 0, 2 being deleted; 5, 6 reserved
