@@ -551,7 +551,7 @@ def test_faults_end_in_failed_jobs_not_hangs(s3, proxy_factory, mode, counter):
         s3.tier_config(
             endpoint_url=f"http://127.0.0.1:{proxy.port}",
             max_attempts=2 if mode == "hang" else 3,
-            read_timeout=0.5,
+            read_timeout=0.5 if mode == "hang" else 5,
             connect_timeout=1,
             max_concurrency=8,
         )
