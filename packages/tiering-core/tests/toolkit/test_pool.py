@@ -39,24 +39,30 @@ def wait_for(predicate, timeout_s=5.0):
         time.sleep(0.005)
 
 
-def test_busy_pool_keeps_a_job_in_one_share_idle_pool_spreads_it():
-    pool = IOPool(2, 2, max_batch=16, reader_help_batch=16)  # a reader freed first may take the whole share too
-    fn, on_error, done, errors = collect()
+def occupy(pool, n):
+    """Wait until all ``n`` threads of ``pool`` wait for work, then give each a call that waits; returns its gate."""
     gate, running = threading.Event(), []
 
     def hold(items):
         running.append(items)
         gate.wait(5)
 
+    wait_for(lambda: pool._waiting[True] + pool._waiting[False] == n)
+    for _ in range(n):
+        pool.submit("read", hold, [None], lambda items, exc: None)
+    wait_for(lambda: len(running) == n)
+    return gate
+
+
+def test_busy_pool_keeps_a_job_in_one_share_idle_pool_spreads_it():
+    pool = IOPool(2, 2, max_batch=16, reader_help_batch=16)  # a reader freed first may take the whole share too
+    fn, on_error, done, errors = collect()
     wait_for(lambda: pool._waiting[True] + pool._waiting[False] == 4)
     pool.submit("write", fn, list(range(16)), on_error)  # idle pool: spread over the 2 writers' worth of shares
     assert pool.wait_idle(5)
     assert sorted(len(s) for s in done) == [8, 8]
     done.clear()
-    wait_for(lambda: pool._waiting[True] + pool._waiting[False] == 4)
-    for i in range(4):
-        pool.submit("read", hold, [i], on_error)  # every thread busy now
-    wait_for(lambda: len(running) == 4)
+    gate = occupy(pool, 4)  # every thread busy now
     pool.submit("write", fn, list(range(16)), on_error)
     gate.set()
     assert pool.wait_idle(5)
@@ -178,15 +184,7 @@ def test_a_busy_pool_joins_queued_one_block_submissions_into_shares():
     pool = IOPool(1, 0, max_batch=4)
     fn, on_error, done, errors = collect()
     other, _, other_done, _ = collect()
-    gate, running = threading.Event(), []
-
-    def hold(items):
-        running.append(items)
-        gate.wait(5)
-
-    wait_for(lambda: pool._waiting[True] == 1)
-    pool.submit("read", hold, [None], on_error)
-    wait_for(lambda: len(running) == 1)  # the only thread is busy: nothing waits for work
+    gate = occupy(pool, 1)  # the only thread is busy: nothing waits for work
     for i in range(6):
         pool.submit("read", fn, [i], on_error, merge=True)
     pool.submit("read", other, ["x"], on_error, merge=True)  # another batch function: never joined with fn's
@@ -201,15 +199,7 @@ def test_a_busy_pool_joins_queued_one_block_submissions_into_shares():
 def test_a_reader_helping_with_writes_joins_up_to_its_help_batch():
     pool = IOPool(1, 0, max_batch=16, reader_help_batch=2)
     fn, on_error, done, errors = collect()
-    gate, running = threading.Event(), []
-
-    def hold(items):
-        running.append(items)
-        gate.wait(5)
-
-    wait_for(lambda: pool._waiting[True] == 1)
-    pool.submit("read", hold, [None], on_error)
-    wait_for(lambda: len(running) == 1)
+    gate = occupy(pool, 1)
     for i in range(5):
         pool.submit("write", fn, [i], on_error, merge=True)
     gate.set()
