@@ -163,54 +163,49 @@ class BlockFiles:
             backend.give_up_direct(OSError(lost, os.strerror(lost)), "write")
         if not any(codes):
             return [None] * len(codes)
-        out = []
-        for key, block_id, code in zip(keys, block_ids, codes, strict=False):
-            if code == errno.ENOENT:  # the shard directory was removed under us: the Python path recreates it
-                native.refresh(shard_of(key))
-                out.append(_attempt(self.write, key, block_id, slot))
-            else:
-                out.append(block_error(code, self.path(key)) if code else None)
-        return out
+        return self._settle(native, self.write, codes, keys, block_ids, slot)
 
     def read_many(
-        self,
-        keys: Sequence[OffloadKey],
-        block_ids: Sequence[int],
-        slot: Callable[[int], memoryview],
-        stop_on_error: bool = True,
+        self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
     ) -> list[Exception | None]:
         """Read and verify ``keys[i]`` into slot ``block_ids[i]`` (as :meth:`read`), one native call when possible.
 
-        Args:
-            keys: the blocks' keys.
-            block_ids: the primary slot of each.
-            slot: primary slot ``block_id`` -> its ``memoryview``.
-            stop_on_error: stop at the first failure (a share of one job: the rest would be
-                recomputed anyway); False reads every block (a share of several jobs).
+        Every block is attempted, also after a failure (a share may hold blocks of several jobs).
 
         Returns:
-            Per key attempted, None (read and verified) or what :meth:`read` would
-            have raised; with ``stop_on_error`` the list ends at the first failure.
+            Per key None (read and verified) or what :meth:`read` would have raised.
         """
         native = self.native
-        out: list[Exception | None] = []
         if native is None or not native.accepts(keys):
-            for key, block_id in zip(keys, block_ids, strict=False):
-                out.append(_attempt(self.read, key, block_id, slot))
-                if stop_on_error and out[-1] is not None:
-                    break
-            return out
-        codes, lost = native.load(keys, block_ids, self.backend.direct, stop_on_error=stop_on_error)
+            return [_attempt(self.read, key, block_id, slot) for key, block_id in zip(keys, block_ids, strict=True)]
+        codes, lost = native.load(keys, block_ids, self.backend.direct, stop_on_error=False)
         if lost:
             self.backend.give_up_direct(OSError(lost, os.strerror(lost)), "read")
-        for key, block_id, code in zip(keys, block_ids, codes, strict=False):
-            if code == errno.ENOENT:  # a kept shard descriptor may be stale: the Python path looks again
+        return self._settle(native, self.read, codes, keys, block_ids, slot)
+
+    def _settle(
+        self,
+        native: NativeBlockIO,
+        op: Callable[[OffloadKey, memoryview], object],
+        codes: Sequence[int],
+        keys: Sequence[OffloadKey],
+        block_ids: Sequence[int],
+        slot: Callable[[int], memoryview],
+    ) -> list[Exception | None]:
+        """Per key the outcome of a native call's ``codes``; ``ENOENT`` is tried again on the Python path.
+
+        ``ENOENT`` means a shard directory was removed under a store, or a kept
+        directory descriptor went stale under a load: the library drops the
+        descriptor (``native.refresh``) and ``op`` (:meth:`write` /
+        :meth:`read`) looks again by path.
+        """
+        out: list[Exception | None] = []
+        for key, block_id, code in zip(keys, block_ids, codes, strict=True):
+            if code == errno.ENOENT:
                 native.refresh(shard_of(key))
-                out.append(_attempt(self.read, key, block_id, slot))
+                out.append(_attempt(op, key, block_id, slot))
             else:
                 out.append(block_error(code, self.path(key)) if code else None)
-            if stop_on_error and out[-1] is not None:
-                break
         return out
 
     def close(self) -> None:

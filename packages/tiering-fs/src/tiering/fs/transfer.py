@@ -226,8 +226,7 @@ class Transfers:
                     todo.append((state, i))
             keys = [state.meta.keys[i] for state, i in todo]
             block_ids = [state.meta.block_ids[i] for state, i in todo]
-            # One call for the share; it reads past a failed block (another job's may follow) and so must we.
-            results = self.files.read_many(keys, block_ids, self.slot, stop_on_error=False)
+            results = self.files.read_many(keys, block_ids, self.slot)  # one call; past a failure too
             failed: set[int] = set()  # jobs (ids of their states) with a failed block in this share
             for (state, i), key, exc in zip(todo, keys, results, strict=True):
                 if id(state) in failed:
