@@ -15,16 +15,22 @@ class TestRedisClusterConformance(TierConformanceTests):
         return {"type": "redis", "mode": "cluster", "url": redis_cluster.url, "prefix": prefix}
 
 
+def sentinel_config(redis_sentinel, prefix, **extra):
+    """A redis tier config through the test's Sentinel, plus ``extra`` keys."""
+    return {
+        "type": "redis",
+        "mode": "sentinel",
+        "sentinels": redis_sentinel.sentinels,
+        "service_name": redis_sentinel.service_name,
+        "prefix": prefix,
+        **extra,
+    }
+
+
 class TestRedisSentinelConformance(TierConformanceTests):
     @pytest.fixture
     def tier_config(self, redis_sentinel, prefix):
-        return {
-            "type": "redis",
-            "mode": "sentinel",
-            "sentinels": redis_sentinel.sentinels,
-            "service_name": redis_sentinel.service_name,
-            "prefix": prefix,
-        }
+        return sentinel_config(redis_sentinel, prefix)
 
 
 class TestRedisConformanceTierEviction(TierConformanceTests):
@@ -77,12 +83,4 @@ class TestRedisSentinelConformanceTierEviction(TierConformanceTests):
 
     @pytest.fixture
     def tier_config(self, redis_sentinel, prefix):
-        return {
-            "type": "redis",
-            "mode": "sentinel",
-            "sentinels": redis_sentinel.sentinels,
-            "service_name": redis_sentinel.service_name,
-            "prefix": prefix,
-            "eviction": "tier",
-            "capacity_bytes": 64 * (16 * 1024 + 128),
-        }
+        return sentinel_config(redis_sentinel, prefix, eviction="tier", capacity_bytes=64 * (16 * 1024 + 128))

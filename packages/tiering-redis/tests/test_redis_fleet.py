@@ -49,6 +49,16 @@ def spec():
     return OffloadingSpec({"cpu_bytes_to_use": 32 * BLOCK, "block_bytes": BLOCK, "model": "redis/fleet"})
 
 
+def store_blocks(tier, view, keys):
+    """Store ``keys`` from slots 0.. as one job; asserts it succeeded and waits until the tier's I/O is idle."""
+    for slot, key in enumerate(keys):
+        block_view(view, slot)[:] = block_payload(key, BLOCK)
+    job = JobMetadata(next(_ids), list(keys), list(range(len(keys))), False, CTX)
+    tier.submit_store(job)
+    assert wait_for_jobs(tier, [job.job_id])[job.job_id]
+    tier.pool.wait_idle(10)
+
+
 def block_names(client, prefix):
     return [k for k in client.scan_iter(match=f"{prefix}:*", count=1000) if not k.endswith((b":namespace", b":lru"))]
 
@@ -125,12 +135,7 @@ def test_start_up_scan_repairs_the_fleet_lru(redis_server, prefix):
     tier = create_secondary_tier(config, view, spec())
     assert tier.wait_for_scan(30)
     keys = [make_key(i, b"repair") for i in range(3)]
-    for i, key in enumerate(keys):
-        block_view(view, i)[:] = block_payload(key, BLOCK)
-    job = JobMetadata(next(_ids), keys, [0, 1, 2], False, CTX)
-    tier.submit_store(job)
-    assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-    tier.pool.wait_idle(10)
+    store_blocks(tier, view, keys)
     lru = tier.layout.lru_key(tier.digest)
     client = redis_server.client()
     try:
@@ -161,12 +166,7 @@ def test_a_cap_of_one_block_keeps_the_newest(redis_server, prefix, cap_blocks):
     client = redis_server.client()
     try:
         for n in range(3):
-            key = make_key(n, b"one")
-            block_view(view, 0)[:] = block_payload(key, BLOCK)
-            job = JobMetadata(next(_ids), [key], [0], False, CTX)
-            tier.submit_store(job)
-            assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-            tier.pool.wait_idle(10)
+            store_blocks(tier, view, [make_key(n, b"one")])
         assert [n.rsplit(b":", 1)[1] for n in block_names(client, prefix)] == [make_key(2, b"one").hex().encode()]
         assert tier.stats()["fleet_evictions"] == 2
     finally:
@@ -182,12 +182,7 @@ def test_gc_removals_leave_the_fleet_lru_and_removing_the_namespace_removes_it(r
     view = allocate_host_buffer(32, BLOCK)
     tier = create_secondary_tier(config, view, spec())
     keys = [make_key(i, b"gc") for i in range(3)]
-    for i, key in enumerate(keys):
-        block_view(view, i)[:] = block_payload(key, BLOCK)
-    job = JobMetadata(next(_ids), keys, [0, 1, 2], False, CTX)
-    tier.submit_store(job)
-    assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-    tier.pool.wait_idle(10)
+    store_blocks(tier, view, keys)
     digest, lru = tier.digest, tier.layout.lru_key(tier.digest)
     tier.shutdown()
     client = redis_server.client()
@@ -212,19 +207,11 @@ def test_touch_reorders_the_fleet_lru_so_the_least_recently_used_goes_first(redi
     keys = [make_key(i, b"touch") for i in range(3)]
     try:
         for key in keys[:2]:
-            block_view(view, 0)[:] = block_payload(key, BLOCK)
-            job = JobMetadata(next(_ids), [key], [0], False, CTX)
-            tier.submit_store(job)
-            assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-            tier.pool.wait_idle(10)
+            store_blocks(tier, view, [key])
             time.sleep(0.01)  # distinct scores
         tier.touch([keys[0]], CTX)  # keys[0] was stored first but is now the most recently used
         tier.pool.wait_idle(10)
-        block_view(view, 0)[:] = block_payload(keys[2], BLOCK)
-        job = JobMetadata(next(_ids), [keys[2]], [0], False, CTX)
-        tier.submit_store(job)
-        assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-        tier.pool.wait_idle(10)
+        store_blocks(tier, view, [keys[2]])
         left = {n.rsplit(b":", 1)[1] for n in block_names(client, prefix)}
         assert left == {keys[0].hex().encode(), keys[2].hex().encode()}  # keys[1] was the least recently used
     finally:
@@ -240,18 +227,9 @@ def test_with_ttl_expired_blocks_stop_counting_against_the_cap(redis_server, pre
     client = redis_server.client()
     keys = [make_key(i, b"ttl") for i in range(3)]
     try:
-        block_view(view, 0)[:] = block_payload(keys[0], BLOCK)
-        block_view(view, 1)[:] = block_payload(keys[1], BLOCK)
-        job = JobMetadata(next(_ids), keys[:2], [0, 1], False, CTX)
-        tier.submit_store(job)
-        assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-        tier.pool.wait_idle(10)
+        store_blocks(tier, view, keys[:2])
         time.sleep(1.3)  # both expired on the server
-        block_view(view, 0)[:] = block_payload(keys[2], BLOCK)
-        job = JobMetadata(next(_ids), [keys[2]], [0], False, CTX)
-        tier.submit_store(job)
-        assert wait_for_jobs(tier, [job.job_id])[job.job_id]
-        tier.pool.wait_idle(10)
+        store_blocks(tier, view, [keys[2]])
         assert {m for m, _ in client.zscan_iter(tier.layout.lru_key(tier.digest))} == {keys[2].hex().encode()}
         assert tier.stats()["fleet_evictions"] == 0 and tier.stats()["fleet_used_bytes"] == OBJECT
     finally:
