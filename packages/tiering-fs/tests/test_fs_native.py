@@ -225,7 +225,7 @@ def test_out_of_range_block_id_fails_that_block_only(tmp_path):
     try:
         codes, lost = io.store([b"a", b"b", b"c"], [0, 2, -1], temp_namer.prefix, direct=False, fsync=False)
         assert (codes, lost) == ([0, native.BAD_SLOT, native.BAD_SLOT], 0)
-        codes, _ = io.load([b"a", b"zz"], [1, 1], direct=False, stop_on_error=False)
+        codes, _ = io.load([b"a", b"zz"], [1, 1], direct=False)
         assert codes == [0, errno.ENOENT]
     finally:
         io.close()

@@ -178,7 +178,7 @@ class BlockFiles:
         native = self.native
         if native is None or not native.accepts(keys):
             return [_attempt(self.read, key, block_id, slot) for key, block_id in zip(keys, block_ids, strict=True)]
-        codes, lost = native.load(keys, block_ids, self.backend.direct, stop_on_error=False)
+        codes, lost = native.load(keys, block_ids, self.backend.direct)
         if lost:
             self.backend.give_up_direct(OSError(lost, os.strerror(lost)), "read")
         return self._settle(native, self.read, codes, keys, block_ids, slot)

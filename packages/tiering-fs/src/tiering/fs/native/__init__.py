@@ -46,7 +46,7 @@ ABI_VERSION = 1
 ENV_VAR = "TIERING_FS_NATIVE"
 """Environment variable: ``0`` (or ``false``, ``off``, ``no``) selects the pure-Python path."""
 
-TRUNCATED, CHECKSUM, FOREIGN, BAD_SLOT, SKIPPED = -1, -2, -3, -4, -5
+TRUNCATED, CHECKSUM, FOREIGN, BAD_SLOT = -1, -2, -3, -4
 """Negative per-block result codes of the library (positive ones are errnos)."""
 
 NATIVE_MIN_SHARE = 4
@@ -54,7 +54,7 @@ NATIVE_MIN_SHARE = 4
 (the pool's hand-off, index and job settling in Python) is paid per share, so a job is not cut into
 one-block shares just because threads are idle."""
 
-_DIRECT, _FSYNC, _STOP_ON_ERROR = 1, 2, 4
+_DIRECT, _FSYNC = 1, 2
 _SHARDS = 256
 _OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -207,23 +207,21 @@ class NativeBlockIO:
             raise MemoryError("native store: no trailer page")
         return list(results), lost
 
-    def load(
-        self, keys: Sequence[bytes], block_ids: Sequence[int], direct: bool, stop_on_error: bool
-    ) -> tuple[list[int], int]:
-        """Read ``keys[i]`` into primary slot ``block_ids[i]`` and verify it, one call for all.
+    def load(self, keys: Sequence[bytes], block_ids: Sequence[int], direct: bool) -> tuple[list[int], int]:
+        """Read ``keys[i]`` into primary slot ``block_ids[i]`` and verify it, one call for all (every block attempted).
 
         Returns:
             Per key 0 (read and verified), an errno (``ENOENT``: no such file; ``ELOOP`` /
             ``ENOTDIR``: a symlink refused), :data:`TRUNCATED`, :data:`CHECKSUM`,
-            :data:`FOREIGN`, :data:`BAD_SLOT`, or :data:`SKIPPED` (after a failure, with
-            ``stop_on_error``); and the errno with which ``O_DIRECT`` was refused, else 0.
+            :data:`FOREIGN` or :data:`BAD_SLOT`; and the errno with which ``O_DIRECT`` was
+            refused, else 0.
 
         Raises:
             MemoryError: the library could not allocate its trailer page (nothing was attempted).
         """
         packed, lens, n, ids = self._args(keys, block_ids)
         results = (ctypes.c_int32 * n)()
-        flags = (_DIRECT if direct else 0) | (_STOP_ON_ERROR if stop_on_error else 0)
+        flags = _DIRECT if direct else 0
         lost = self._lib.tkvb_load(
             self._ns_fd, self._shards, self._digest, packed, lens, n,
             self._base, ids, self._num_blocks, self.block_bytes, flags, results,

@@ -51,11 +51,9 @@
 #define TKVB_CHECKSUM (-2)  /* header or payload checksum, magic or header size wrong */
 #define TKVB_FOREIGN (-3)   /* another format version, namespace, key or length */
 #define TKVB_BAD_SLOT (-4)  /* block id outside the primary buffer */
-#define TKVB_SKIPPED (-5)   /* not attempted: an earlier block of the share failed (loads) */
 
 #define TKVB_DIRECT 1
 #define TKVB_FSYNC 2
-#define TKVB_STOP_ON_ERROR 4
 
 #define HEADER_SIZE 128
 #define TRAILER_BYTES 4096
@@ -289,19 +287,15 @@ static int read_one(int dfd, const char *name, uint8_t *payload, uint64_t block_
 /*
  * Load n blocks into their primary slots (same arguments as tkvb_store) and verify each.
  * results[i]: 0, an errno (ENOENT: no such file), TKVB_TRUNCATED / TKVB_CHECKSUM / TKVB_FOREIGN,
- * TKVB_BAD_SLOT, or TKVB_SKIPPED after a failure with TKVB_STOP_ON_ERROR. Returns as tkvb_store.
+ * or TKVB_BAD_SLOT; every block is attempted, also after a failure. Returns as tkvb_store.
  */
 int tkvb_load(int ns_fd, int32_t *shard_fds, const uint8_t *digest, const uint8_t *keys, const uint8_t *key_lens,
               int n, uint8_t *base, const int64_t *block_ids, int64_t num_blocks, uint64_t block_bytes, int flags,
               int32_t *results) {
     uint8_t *trailer = NULL;
     if (posix_memalign((void **)&trailer, DIRECT_ALIGN, TRAILER_BYTES) != 0) return -ENOMEM;
-    int direct = (flags & TKVB_DIRECT) != 0, lost = 0, failed = 0;
+    int direct = (flags & TKVB_DIRECT) != 0, lost = 0;
     for (int i = 0; i < n; i++) {
-        if (failed) {
-            results[i] = TKVB_SKIPPED;
-            continue;
-        }
         const uint8_t *key = keys + (size_t)i * MAX_KEY_BYTES;
         unsigned key_len = key_lens[i];
         int rc;
@@ -325,7 +319,6 @@ int tkvb_load(int ns_fd, int32_t *shard_fds, const uint8_t *digest, const uint8_
             }
         }
         results[i] = rc;
-        if (rc != 0 && (flags & TKVB_STOP_ON_ERROR)) failed = 1;
     }
     free(trailer);
     return lost;
