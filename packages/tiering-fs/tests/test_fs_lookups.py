@@ -4,10 +4,11 @@ import threading
 import time
 
 import pytest
-from fs_test_helpers import BB, CTX, load, store
+from fs_test_helpers import BB, CTX, hold_every_thread, load, store
 
+from tiering.core import JobMetadata
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key, wait_for_lookup
+from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.fs.io.local import LocalBackend
 
 pytestmark = pytest.mark.usefixtures("io_path")
@@ -78,3 +79,54 @@ def test_slow_startup_scan_does_not_block_construction_or_lookups(tmp_path, open
     assert load(b, view_b, [key], [2])
     release.set()
     assert b.wait_for_scan(10) and b.stats()["resident_blocks"] == 1
+
+
+# -- stores queued, not yet taken by a worker ------------------------------------------------------
+
+
+def test_a_queued_store_reserves_nothing_and_is_answered_none_until_written(tmp_path, open_tier):
+    # Submitting only queues the blocks (the scheduler thread touches no index); the share reserves them when a
+    # worker takes it. Meanwhile lookup still answers None (a store is in flight), never False, and nothing is
+    # reserved; a queued store failed by the shutdown leaves no "in flight" answer behind.
+    tier, view = open_tier(tmp_path, n_read_threads=1, n_write_threads=1)
+    queued, dropped = make_key(1, b"queued"), make_key(2, b"dropped")
+    block_view(view, 0)[:] = block_payload(queued, BB)
+    readers, writers = hold_every_thread(tier)
+    job = JobMetadata(501, [queued], [0], False, CTX)
+    tier.submit_store(job)
+    assert tier.lookup(queued, CTX) is None
+    assert tier.stats()["reserved_bytes"] == 0 and tier.pool.pending() == 1
+    for gate in readers + writers:
+        gate.set()
+    assert wait_for_jobs(tier, [job.job_id]) == {job.job_id: True}
+    assert tier.lookup(queued, CTX) is True and tier.stats()["reserved_bytes"] == 0
+
+    readers, writers = hold_every_thread(tier)
+    late = JobMetadata(502, [dropped], [1], False, CTX)
+    tier.submit_store(late)
+    assert tier.lookup(dropped, CTX) is None
+    closing = threading.Thread(target=tier.shutdown)
+    closing.start()
+    for gate in readers + writers:
+        gate.set()
+    closing.join(10)
+    results = {r.job_id: r for r in tier.get_finished()}
+    assert results[late.job_id].success is False
+    assert tier.lookup(dropped, CTX) is False  # not "in flight" for ever
+
+
+def test_a_share_that_raises_releases_every_reservation(tmp_path, open_tier, monkeypatch):
+    tier, view = open_tier(tmp_path)
+    keys = [make_key(i, b"raises") for i in range(3)]
+    real = tier.files.write_many
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: the batch write itself raised")
+
+    monkeypatch.setattr(tier.files, "write_many", broken)
+    assert store(tier, view, keys) is False
+    assert tier.stats()["reserved_bytes"] == 0
+    assert [tier.lookup(k, CTX) for k in keys] == [False] * 3
+    monkeypatch.setattr(tier.files, "write_many", real)
+    assert store(tier, view, keys) is True  # no reservation left behind for a new store to join
+    assert [tier.lookup(k, CTX) for k in keys] == [True] * 3

@@ -1,3 +1,4 @@
+import sys
 import threading
 import time
 
@@ -90,6 +91,69 @@ def test_many_concurrent_small_submissions_all_run():
     pool.shutdown()
     assert sorted(i for s in done for i in s) == sorted(1000 * t + j for t in range(4) for j in range(200))
     assert not errors
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    """Switch threads every microsecond, so submits interleave with workers going to sleep at every bytecode."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+def test_a_submit_between_a_workers_last_look_and_its_sleep_still_runs():
+    # A submit takes no lock when nobody waits; a worker going to sleep looks at the queues again after it counts
+    # itself as waiting. Here the submit lands exactly between the worker's last look (an empty queue) and that
+    # count, so it sees no waiting thread and wakes nobody: without the re-check the item stays queued for ever.
+    pool = IOPool(1, 0)
+    fn, on_error, done, errors = collect()
+    wait_for(lambda: pool._waiting[True] == 1)
+    about_to_sleep, submitted, armed = threading.Event(), threading.Event(), [False]
+    take = pool._take
+
+    def paused_take(is_reader):
+        unit = take(is_reader)
+        if unit is None and armed[0]:
+            armed[0] = False
+            about_to_sleep.set()
+            submitted.wait(5)  # the pool lock is held: the submit below must not need it
+        return unit
+
+    pool._take = paused_take
+    armed[0] = True
+    pool.submit("read", fn, ["first"], on_error)  # wakes the worker; after it, the worker finds the queue empty
+    assert about_to_sleep.wait(5)
+    pool.submit("read", fn, ["second"], on_error)
+    submitted.set()
+    assert pool.wait_idle(5), f"{pool.pending()} item left queued with every thread asleep"
+    pool.shutdown()
+    assert done == [["first"], ["second"]] and not errors
+
+
+def test_submits_racing_a_shutdown_run_or_fail_each_item_exactly_once(frequent_thread_switches):
+    pool = IOPool(2, 2, max_batch=2)
+    fn, on_error, done, errors = collect()
+
+    def slow(items):
+        time.sleep(0.001)  # the queues back up, so the shutdown finds work queued
+        fn(items)
+
+    def submitter(base):
+        for j in range(300):
+            pool.submit("read" if j % 2 else "write", slow, [base + j], on_error)
+
+    threads = [threading.Thread(target=submitter, args=(1000 * t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.01)
+    pool.shutdown()
+    for t in threads:
+        t.join(10)
+    seen = [i for s in done for i in s] + [i for items, _ in errors for i in items]
+    assert sorted(seen) == sorted(1000 * t + j for t in range(3) for j in range(300))  # none lost, none twice
+    assert errors and all(exc is PoolShutdownError for _, exc in errors)
+    assert pool.pending() == 0
 
 
 def test_exceptions_become_on_error_and_workers_survive():

@@ -242,13 +242,13 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
 
         Returns:
             True (stored and complete), False (absent, or being deleted),
-            None (this process is writing it, an asynchronous probe is in
+            None (this process is storing it, an asynchronous probe is in
             flight, or the start-up scan is still running with
             ``lookup_fallback="off"``).
         """
         state = self.index.lookup(key)
         if state is KeyState.ABSENT:
-            answer = self._fallback(key)
+            answer = None if self.transfers.is_queued(key) else self._fallback(key)
         else:
             answer = True if state is KeyState.RESIDENT else None if state is KeyState.WRITING else False
         self._lookup_counts["lookups_hit" if answer else "lookups_pending" if answer is None else "lookups_miss"] += 1

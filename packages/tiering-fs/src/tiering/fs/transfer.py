@@ -1,14 +1,16 @@
 """Moving blocks on the I/O pool: store and load shares, evictions' deletes, and what they settle.
 
 :class:`Transfers` is the fs tier's work per job, on the toolkit's
-:class:`~tiering.core.toolkit.pool.IOPool`. A store job reserves its bytes
-in the :class:`~tiering.core.toolkit.index.CapacityIndex` when it is
-submitted (so ``lookup`` answers None while it is queued); a worker takes a
+:class:`~tiering.core.toolkit.pool.IOPool`. Submitting only queues a
+job's blocks (the scheduler thread touches no index); a worker takes a
 share (consecutive blocks of a job, up to 16; when every worker is busy,
-the blocks of several queued jobs: the pool's cross-job shares), moves them
-through :class:`~tiering.fs.blocks.BlockFiles` in one call, and settles the
-share with one round per lock: index (commit / adopt), counters, KV events,
-job outcomes (one round per job).
+the blocks of several queued jobs: the pool's cross-job shares), reserves
+its bytes in the :class:`~tiering.core.toolkit.index.CapacityIndex` in one
+lock round (so ``lookup`` answers None while they are written), deletes the
+evicted victims, moves the blocks through
+:class:`~tiering.fs.blocks.BlockFiles` in one call, and settles the share
+with one round per lock: index (commit / adopt), counters, KV events, job
+outcomes (one round per job).
 
 Loads take an index ticket before reading, so a block evicted while it was
 read is never put back into the index (case C13); a delete that fails keeps
@@ -18,12 +20,22 @@ its bytes counted until a rescan retries it (case C16).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
-from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, KeyState, KVEventLog, Victim
+from tiering.core.toolkit import (
+    Admit,
+    CapacityIndex,
+    Counters,
+    IOPool,
+    KeyState,
+    KVEventLog,
+    PoolShutdownError,
+    Victim,
+)
 from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks, record_tasks
 from tiering.fs.blocks import BlockFiles, NotStartedError
 from tiering.fs.errors import failure_cause
@@ -33,11 +45,8 @@ logger = logging.getLogger(__name__)
 _REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
 """Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
 
-Victims = list[Victim]
-"""A store job's victims: the first share of the job to run deletes them (each exactly once)."""
-
-StoreItem = tuple[JobState, int, bool, Victims]
-"""(job, block index, bytes already reserved, the job's victims)."""
+StoreItem = tuple[JobState, int]
+"""(job, block index)."""
 
 LoadItem = tuple[JobState, int]
 """(job, block index)."""
@@ -82,6 +91,9 @@ class Transfers:
         self.block_bytes = files.block_bytes
         self.stored_block_bytes = files.stored_block_bytes
         self.on_removed: Callable[[Sequence[OffloadKey]], None] | None = None
+        # Blocks of queued store jobs not reserved yet, per key (lookup answers None for them, as for a write).
+        self._queued: dict[OffloadKey, int] = {}
+        self._queued_lock = threading.Lock()  # held for a few dict updates only: the scheduler never waits long
 
     @property
     def _stopping(self) -> bool:
@@ -89,22 +101,28 @@ class Transfers:
 
     # -- stores -------------------------------------------------------------------------------
     def store(self, state: JobState) -> None:
-        """Reserve every block of a store job and queue them on the write queue (scheduler thread)."""
-        job = state.meta
-        items: list[StoreItem] = []
-        present: list[tuple[int, bool, str]] = []
-        victims: Victims = []
-        for i, res in enumerate(self.index.reserve_many(job.keys, self.stored_block_bytes)):  # one lock round
-            victims.extend(res.victims)
-            if res.admit is Admit.PRESENT:
-                present.append((i, True, ""))
-            else:  # not reserved (no room yet, or its old copy is being deleted): the worker retries
-                items.append((state, i, res.admit is Admit.RESERVED, victims))
-        if present:
-            self.counters.inc("stores_already_present", len(present))
-            state.record(present)
-        # The first share to run deletes the victims before it writes, so the files on disk keep to the cap.
+        """Queue every block of a store job on the write queue (scheduler thread; the share reserves them)."""
+        keys, queued = state.meta.keys, self._queued
+        with self._queued_lock:
+            for key in keys:
+                queued[key] = queued.get(key, 0) + 1
+        items: list[StoreItem] = [(state, i) for i in range(len(keys))]
         self.pool.submit("write", self._store_batch, items, self._store_failed, merge=True)
+
+    def is_queued(self, key: OffloadKey) -> bool:
+        """Whether a store of ``key`` is queued and not reserved yet (no lock: one atomic ``in``)."""
+        return key in self._queued
+
+    def _unqueue(self, keys: Iterable[OffloadKey]) -> None:
+        """The stores of ``keys`` left the queue (reserved, or failed before running); once per queued block."""
+        queued = self._queued
+        with self._queued_lock:
+            for key in keys:
+                left = queued[key] - 1
+                if left:
+                    queued[key] = left
+                else:
+                    del queued[key]
 
     def _reserve_now(self, key: OffloadKey) -> Admit:
         """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
@@ -120,51 +138,60 @@ class Transfers:
             self.index.wait_for_space(0.05)
 
     def _store_batch(self, items: Sequence[StoreItem]) -> None:
-        """Write one share (blocks of one or more store jobs) after deleting their jobs' victims; settle it at once.
+        """Reserve, make room for and write one share (blocks of one or more store jobs); settle it at once.
 
-        One native call writes every reserved block of the share; the index,
-        counters, KV events and job outcomes then take one round per lock.
+        One index lock round reserves the share's blocks (evicting LRU blocks
+        as the cap needs), the victims are deleted, one native call writes
+        every reserved block; the index, counters, KV events and job outcomes
+        then take one round per lock. A reservation is always committed or
+        released, also when this raises.
         """
-        mine: Victims = []
-        for victims in {id(v): v for *_, v in items}.values():
-            while victims:
-                try:
-                    mine.append(victims.pop())  # atomic: each victim is deleted by exactly one share
-                except IndexError:
-                    break
-        # When a victim's delete failed its bytes still count: a reservation that relied on them is given up.
-        undeleted = bool(mine) and not self.delete(mine, "eviction")
+        keys = [state.meta.keys[i] for state, i in items]
+        try:
+            if self._stopping:
+                fail_tasks(items, SHUTDOWN)
+                return
+            reservations = self.index.reserve_many(keys, self.stored_block_bytes)
+        finally:
+            self._unqueue(keys)  # reserved first: a lookup meanwhile answers None, never a False for a queued key
         outcomes: list[Outcome] = []
         commits: list[tuple[OffloadKey, bool]] = []
-        ready, waiting = [], []
-        for state, i, reserved, _ in items:
-            key = state.meta.keys[i]
-            if self._stopping:
-                if reserved:
+        ready: list[tuple[JobState, int]] = []
+        waiting: list[tuple[JobState, int]] = []
+        try:
+            victims = [v for res in reservations for v in res.victims]
+            # When a victim's delete failed its bytes still count: a reservation that relied on them is given up.
+            undeleted = bool(victims) and not self.delete(victims, "eviction")
+            present = 0
+            for task, key, res in zip(items, keys, reservations, strict=True):
+                if res.admit is Admit.PRESENT:
+                    present += 1
+                    outcomes.append((*task, True, ""))
+                elif res.admit is not Admit.RESERVED:  # no room yet, or its old copy is being deleted: wait below
+                    waiting.append(task)
+                elif undeleted and self._over_cap():
                     commits.append((key, False))
-                outcomes.append((state, i, False, SHUTDOWN))
-            elif not reserved:
-                waiting.append((state, i))
-            elif undeleted and self._over_cap():
-                self.index.commit(key, False)
-                outcomes.append((state, i, False, "no_space"))
-            else:
-                ready.append((state, i))
-        # The blocks reserved at submit are written and committed before a block without room waits for it:
-        # the room it waits for may be what this very share's writes free (a tight cap, one share per job).
+                    outcomes.append((*task, False, "no_space"))
+                else:
+                    ready.append(task)
+            if present:
+                self.counters.inc("stores_already_present", present)
+        except BaseException:
+            reserved = zip(keys, reservations, strict=True)
+            self.index.commit_many([(key, False) for key, res in reserved if res.admit is Admit.RESERVED])
+            raise
+        # The blocks reserved at once are written and committed before a block without room waits for it:
+        # the room it waits for may be what this very share's writes free (a tight cap).
         self._write_and_commit(ready, commits, outcomes)
-        if waiting:
-            now = []
-            for state, i in waiting:
-                admit = self._reserve_now(state.meta.keys[i])
-                if admit is Admit.RESERVED:
-                    now.append((state, i))
-                    continue
-                ok = admit is Admit.PRESENT
-                if ok:
-                    self.counters.inc("stores_already_present")
-                outcomes.append((state, i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
-            self._write_and_commit(now, [], outcomes)
+        for state, i in waiting:
+            admit = self._reserve_now(state.meta.keys[i])
+            if admit is Admit.RESERVED:
+                self._write_and_commit([(state, i)], [], outcomes)
+                continue
+            ok = admit is Admit.PRESENT
+            if ok:
+                self.counters.inc("stores_already_present")
+            outcomes.append((state, i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
         record_tasks(outcomes)
 
     def _write_and_commit(
@@ -175,7 +202,11 @@ class Transfers:
         block_ids = [state.meta.block_ids[i] for state, i in tasks]
         stored: list[OffloadKey] = []
         # One call for the share (native path: no Python work per block; see BlockFiles.write_many).
-        results = self.files.write_many(keys, block_ids, self.slot, self._is_stopping) if keys else []
+        try:
+            results = self.files.write_many(keys, block_ids, self.slot, self._is_stopping) if keys else []
+        except BaseException:
+            self.index.commit_many([*commits, *((key, False) for key in keys)])  # no reservation is left behind
+            raise
         for key, (state, i), exc in zip(keys, tasks, results, strict=True):
             if exc is None:
                 commits.append((key, True))
@@ -194,9 +225,10 @@ class Transfers:
             self.events.record_stored(stored)
 
     def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
-        """The pool's ``on_error`` for stores: release reservations, fail the blocks (once)."""
-        self.index.commit_many((s.meta.keys[i], False) for s, i, reserved, _ in items if reserved)
-        fail_tasks(((s, i) for s, i, *_ in items), SHUTDOWN if self._stopping else "internal")
+        """The pool's ``on_error`` for stores: fail the blocks (once; a share releases its own reservations)."""
+        if isinstance(exc, PoolShutdownError):  # never ran: still counted as queued
+            self._unqueue(state.meta.keys[i] for state, i in items)
+        fail_tasks(items, SHUTDOWN if self._stopping else "internal")
 
     # -- loads ----------------------------------------------------------------------------------
     def load(self, state: JobState) -> None:

@@ -86,23 +86,7 @@ class CapacityIndex(IndexState):
             raise ValueError(f"size must be >= 0, got {size}")
         with self._lock:
             self._touched.apply(self._resident)
-            writing, resident, deletes, cap = self._writing, self._resident, self._deletes, self.capacity_bytes
-            out: list[Reservation] = []
-            for key in keys:  # the common answers inline (the scheduler thread holds the lock meanwhile)
-                entry = writing.get(key)
-                if entry is not None:  # joins the write in flight
-                    entry[1] += 1
-                    out.append(_RESERVED)
-                elif key in resident:
-                    resident.move_to_end(key)
-                    out.append(_PRESENT)
-                elif (cap is None or self._committed() + size <= cap) and key not in deletes:
-                    writing[key] = [size, 1, 0]  # fits without evicting: what _reserve would do
-                    self._writing_bytes += size
-                    out.append(_RESERVED)
-                else:
-                    out.append(self._reserve(key, size))
-            return out
+            return [self._reserve(key, size) for key in keys]
 
     def _reserve(self, key: OffloadKey, size: int) -> Reservation:
         writing = self._writing

@@ -19,7 +19,11 @@ queues and two groups of threads:
   costs one lock round per job, not per block, while an idle pool still
   spreads a single job over its threads;
 - a submission wakes as many waiting threads as it has shares (the
-  kind's own threads first), not every thread;
+  kind's own threads first), not every thread, and takes the pool's lock
+  only to do that: while every thread is busy, submitting is one atomic
+  ``deque.extend`` (the scheduler thread never waits for a worker holding
+  the lock); a thread about to sleep looks at the queues again after it
+  has counted itself as waiting, so no submission is left unwoken;
 - submissions made with ``merge=True`` are *cross-job* shares: when no
   thread waits for work (every one is busy, so splitting could not spread
   the work further), a worker taking such a unit also takes the units
@@ -62,7 +66,7 @@ class PoolShutdownError(RuntimeError):
     """Given to ``on_error`` for items still queued when the pool shut down (they never ran)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Unit:
     fn: BatchFn
     items: list[Any]
@@ -163,12 +167,20 @@ class IOPool:
                 _Unit(fn, [items[i] for i in share], on_error, merge)
                 for share in split_batches(range(n), parts, self.max_batch)
             ]
-        with self._lock:
-            if not self._stopping:
-                (self._reads if is_read else self._writes).extend(units)
+        if self._stopping:
+            self._fail(units, PoolShutdownError("the I/O pool is shut down"))
+            return
+        # No lock while every thread is busy: deque.extend is atomic, and a thread about to wait looks at the
+        # queues again after counting itself in _waiting (see _worker), so reading _waiting after the extend
+        # never misses a thread that needs waking.
+        (self._reads if is_read else self._writes).extend(units)
+        if self._waiting[True] or self._waiting[False]:
+            with self._lock:
                 self._wake(is_read, len(units))
-                return
-        self._fail(units, PoolShutdownError("the I/O pool is shut down"))
+        if self._stopping:  # shut down meanwhile: what its drain missed is failed here (popped once, locked)
+            with self._lock:
+                dropped = self._pop_all()
+            self._fail(dropped, PoolShutdownError("the I/O pool shut down before this work ran"))
 
     def _wake(self, is_read: bool, n: int) -> None:
         """Notify up to ``n`` waiting threads, the kind's own first (lock held)."""
@@ -200,8 +212,10 @@ class IOPool:
                 logger.exception("I/O pool: on_error raised for %d items", len(unit.items))
 
     def _take(self, is_reader: bool) -> _Unit | None:
-        """The next unit for this thread (lock held), None when there is none."""
+        """The next unit for this thread (lock held), None when there is none or the pool is stopping."""
         reads, writes = self._reads, self._writes
+        if self._stopping:
+            return None
         if self.writers_prefer_writes and not is_reader and writes:
             return self._pop(writes)
         if reads:
@@ -244,6 +258,10 @@ class IOPool:
                     if self._stopping:
                         return
                     self._waiting[is_reader] += 1  # the thread that notifies us takes it back
+                    unit = self._take(is_reader)  # queued by a submit that read _waiting before the increment
+                    if unit is not None:
+                        self._waiting[is_reader] -= 1
+                        break
                     cv.wait()
                     unit = self._take(is_reader)
                 self._running += 1
@@ -256,6 +274,14 @@ class IOPool:
                 with self._lock:
                     self._running -= 1
                     self._idle_cv.notify_all()
+
+    def _pop_all(self) -> list[_Unit]:
+        """Pop every queued unit (lock held: each is taken by one caller, also with concurrent submits)."""
+        dropped: list[_Unit] = []
+        for queue in (self._reads, self._writes):
+            while queue:
+                dropped.append(queue.popleft())
+        return dropped
 
     def pending(self) -> int:
         """Items queued (not yet taken by a worker)."""
@@ -275,13 +301,11 @@ class IOPool:
         with self._lock:
             already = self._stopping
             self._stopping = True
-            dropped = list(self._reads) + list(self._writes)
-            self._reads.clear()
-            self._writes.clear()
             self._waiting = {True: 0, False: 0}
             self._readers_cv.notify_all()
             self._writers_cv.notify_all()
             self._idle_cv.notify_all()
+            dropped = self._pop_all()
         self._fail(dropped, PoolShutdownError("the I/O pool shut down before this work ran"))
         if wait and not already:
             current = threading.current_thread()
