@@ -200,11 +200,23 @@ def report(title: str, block_bytes: int, records: dict[str, list[dict[str, Any]]
         )
     small = block_bytes <= 256 << 10
 
-    def pairs(a: str, b: str, phase: str, field: str, target: float, higher: bool = True) -> str:
+    def ratio_text(ratios: list[float], target: float, higher: bool = True) -> str:
+        """Median and pairs meeting ``target``; pairs whose denominator was 0 (a kernel estimate below its
+        resolution, e.g. user CPU of a --quick run) are left out rather than printed as absurd ratios."""
+        kept = [r for r in ratios if r == r]  # not NaN
+        if not kept:
+            return "n/a (the denominator was 0 in every pair: below the estimate's resolution)"
+        met = sum((r >= target) if higher else (r <= target) for r in kept)
+        return f"{med(kept):.2f}x ({met}/{len(kept)} pairs {'>=' if higher else '<='} {target:g})"
+
+    def per_pair(a: str, b: str, phase: str, field: str, minus: float = 0.0) -> list[float]:
         n = min(len(records[a]), len(records[b]))
-        ratios = [records[a][i][phase][field] / max(records[b][i][phase][field], 1e-12) for i in range(n)]
-        met = sum((r >= target) if higher else (r <= target) for r in ratios)
-        return f"{med(ratios):.2f}x ({met}/{n} pairs {'>=' if higher else '<='} {target:g})"
+        nums = [records[a][i][phase][field] - minus for i in range(n)]
+        dens = [records[b][i][phase][field] for i in range(n)]
+        return [x / d if d > 0 else float("nan") for x, d in zip(nums, dens)]
+
+    def pairs(a: str, b: str, phase: str, field: str, target: float, higher: bool = True) -> str:
+        return ratio_text(per_pair(a, b, phase, field), target, higher)
 
     if "ours" in records and "vllm" in records:
         out.append(
@@ -218,12 +230,7 @@ def report(title: str, block_bytes: int, records: dict[str, list[dict[str, Any]]
         if floor_us == floor_us:  # not NaN
 
             def net(phase: str) -> str:
-                n = min(len(records["ours"]), len(records["vllm"]))
-                ratios = [
-                    (records["ours"][i][phase]["user_us"] - floor_us) / max(records["vllm"][i][phase]["user_us"], 1e-12)
-                    for i in range(n)
-                ]
-                return f"{med(ratios):.2f}x ({sum(r <= 1.5 for r in ratios)}/{n} pairs <= 1.5)"
+                return ratio_text(per_pair("ours", "vllm", phase, "user_us", minus=floor_us), 1.5, False)
 
             out.append(
                 f"checksum floor (XXH3-64 of one block from memory; ours once per store and per load, vLLM none): "

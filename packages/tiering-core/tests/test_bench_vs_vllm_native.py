@@ -10,6 +10,7 @@ our tier answered every key of the restart lookup in the first round.
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,6 @@ def test_bench_vs_vllm_native_quick(tmp_path):
     assert sum(line.startswith("ours/vllm: store ") for line in summary) == 4, summary
     assert sum(line.startswith("restart lookup ours: 1 rounds,") for line in summary) == 1, summary
     assert sum(line.startswith("restart lookup vllm: ") for line in summary) == 1, summary
+    # A ratio over a zero estimate (user CPU of a short run can read 0) is "n/a", never an absurd figure.
+    ratios = [float(x) for line in summary for x in re.findall(r"([0-9.]+|inf|nan)x \(", line)]
+    assert ratios and all(0 <= r < 1000 for r in ratios), summary
