@@ -258,10 +258,10 @@ class IOPool:
                     if self._stopping:
                         return
                     self._waiting[is_reader] += 1  # the thread that notifies us takes it back
-                    unit = self._take(is_reader)  # queued by a submit that read _waiting before the increment
-                    if unit is not None:
-                        self._waiting[is_reader] -= 1
-                        break
+                    if self._reads or self._writes:  # queued by a submit that read _waiting before the increment
+                        self._waiting[is_reader] -= 1  # not waiting after all: _take may join units again
+                        unit = self._take(is_reader)
+                        continue
                     cv.wait()
                     unit = self._take(is_reader)
                 self._running += 1
