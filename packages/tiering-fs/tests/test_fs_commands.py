@@ -87,3 +87,70 @@ def test_commands_fail_clearly_on_unreachable_root_or_bad_config(tmp_path, capsy
     no_tiers = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": []}
     assert main(["ls", _write_config(tmp_path, no_tiers)]) == 2
     assert "no persistent secondary tier" in capsys.readouterr().err
+
+
+HOSTILE = "evil\nmodel\x1b[31m\u202etxt.exe"
+"""A model name with a newline, an ANSI escape (red) and a right-to-left override."""
+ESCAPED = "evil\\nmodel\\x1b[31m\\u202etxt.exe"
+
+
+def _hostile_stack(tmp_path):
+    """An fs root (its directory name hostile too) holding 3 blocks of a namespace whose model name is HOSTILE."""
+    from tiering.core.factory import create_secondary_tier
+    from tiering.core.harness import make_key, store_blocks
+    from tiering.core.primary import allocate_host_buffer
+    from tiering.core.spec import TieringOffloadingSpec
+
+    tier_config = {"type": "fs", "root": str(tmp_path / "kv\x1b[2J\u202eroot")}
+    config = {"cpu_bytes_to_use": 8 * 4096, "block_bytes": 4096, "model": HOSTILE, "secondary_tiers": [tier_config]}
+    spec = TieringOffloadingSpec(config)
+    view = allocate_host_buffer(8, 4096)
+    tier = create_secondary_tier(tier_config, view, spec)
+    try:
+        assert store_blocks(tier, view, [make_key(i) for i in range(3)])
+    finally:
+        tier.shutdown()
+    return config, spec.namespace.digest
+
+
+def _assert_terminal_safe(text):
+    assert "\x1b" not in text and "\u202e" not in text, repr(text)
+
+
+def test_c26_ls_stat_verify_escape_control_and_bidi_characters(tmp_path, capsys):
+    import json
+
+    config, digest = _hostile_stack(tmp_path)
+    path = _write_config(tmp_path, config)
+
+    assert main(["ls", path]) == 0
+    out = capsys.readouterr().out
+    _assert_terminal_safe(out)
+    lines = out.splitlines()
+    # one line for the tier, one for the namespace's figures, one for its fields: the newline did not split it
+    assert len(lines) == 3, lines
+    assert f"model={ESCAPED}" in lines[2]
+    assert "kv\\x1b[2J\\u202eroot" in lines[0]
+
+    assert main(["ls", path, "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["namespaces"][0]["fields"]["model"] == HOSTILE  # JSON keeps the exact string
+
+    assert main(["stat", path]) == 0
+    out = capsys.readouterr().out
+    _assert_terminal_safe(out)
+    assert "kv\\x1b[2J\\u202eroot" in out
+
+    other = dict(config, model_revision="other\nrev\u202e")  # a namespace the root does not hold
+    assert main(["stat", _write_config(tmp_path, other)]) == 1
+    err = capsys.readouterr().err
+    _assert_terminal_safe(err)
+    assert f"model={ESCAPED}" in err and "revision=other\\nrev\\u202e" in err
+    assert sum(line.startswith("  secondary_tiers[0]") for line in err.splitlines()) == 1
+
+    assert main(["verify", path]) == 0
+    out = capsys.readouterr().out
+    _assert_terminal_safe(out)
+    assert out.splitlines() == [
+        f"secondary_tiers[0] fs at {tmp_path}/kv\\x1b[2J\\u202eroot: namespace {digest}: 3 checked, 3 sound, 0 corrupt"
+    ]

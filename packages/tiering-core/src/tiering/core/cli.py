@@ -27,6 +27,7 @@ from tiering.core.commands import add_commands, option_pairs
 from tiering.core.configfile import install_hint, load_config, redact_text
 from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
 from tiering.core.primary.memory import check_primary_fits
+from tiering.core.terminal import echo
 
 logger = logging.getLogger("tiering.core.cli")
 
@@ -80,8 +81,8 @@ class _VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         for name, ver in installed_distributions():
-            print(f"{name} {ver}")
-        print(f"Python {platform.python_version()} ({sys.executable})")
+            echo(f"{name} {ver}")
+        echo(f"Python {platform.python_version()} ({sys.executable})")
         parser.exit()
 
 
@@ -90,16 +91,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     notes: list[str] = []
     config = load_config(args.config, notes)
     for line in notes:
-        print(line)
+        echo(line)
     spec = create_spec(config)
-    print(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
-    print(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
-    print(f"primary: {spec.num_primary_blocks} blocks x {spec.block_bytes} bytes")
+    echo(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
+    echo(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
+    echo(f"primary: {spec.num_primary_blocks} blocks x {spec.block_bytes} bytes")
     check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
     policy = getattr(spec, "eviction_policy", None)
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
-        print(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
+        echo(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
     tier_configs = list(getattr(spec, "secondary_tiers", []))
     for index, tier_config in enumerate(tier_configs):
         tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)
@@ -109,15 +110,15 @@ def cmd_check(args: argparse.Namespace) -> int:
             checked = f"every value checked against its schema ({len(schema.keys)} keys)"
         else:
             checked = "keys checked against its constructor (the tier declares no schema; --probe checks values)"
-        print(
+        echo(
             f"secondary_tiers[{index}] type {tier_type!r}: "
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)}); {checked}"
         )
     if args.probe:
         _probe(spec, tier_configs)
-        print("config ok (every tier opened)")
+        echo("config ok (every tier opened)")
     else:
-        print("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
+        echo("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
     return 0
 
 
@@ -149,19 +150,19 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
         tail = "" if where else " (in memory, nothing kept)"
         capacity = tier_config.get("capacity_bytes")
         if free is not None and isinstance(capacity, int) and capacity > free:
-            print(
+            echo(
                 f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
                 f"more than the {free} bytes ({format_bytes(free)}) free at {where}; stores will fail once the disk "
                 "is full, before the tier evicts"
             )
         if found is not None:
-            print(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
+            echo(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
             continue
         tier = create_secondary_tier(tier_config, view, spec, index=index)
         try:
-            print(f"{head}: ok{tail}")
+            echo(f"{head}: ok{tail}")
             for line in tier.probe_report():
-                print(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
+                echo(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
         finally:
             tier.shutdown()
 
@@ -256,10 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"tiering {args.command}: interrupted", file=sys.stderr)
+        echo(f"tiering {args.command}: interrupted", sys.stderr)
         return 130
     except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:
-        print(f"tiering {args.command}: error: {error_text(exc, _secret_context(args))}", file=sys.stderr)
+        echo(f"tiering {args.command}: error: {error_text(exc, _secret_context(args))}", sys.stderr)
         return 2
 
 

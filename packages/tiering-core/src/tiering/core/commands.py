@@ -31,6 +31,7 @@ from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, de
 from tiering.core.configfile import load_config, redact_text
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for, parse_duration, parse_size
+from tiering.core.terminal import echo, printable
 
 STAT_WAIT_S = 60.0
 
@@ -113,7 +114,7 @@ def _inspectors(config: dict[str, Any]) -> list[tuple[int, dict[str, Any], TierI
     for index, tier_config in enumerate(tiers):
         inspector = inspector_for(tier_config, index)
         if inspector is None:
-            print(f"secondary_tiers[{index}] ({tier_config.get('type')}): nothing persistent to inspect")
+            echo(f"secondary_tiers[{index}] ({tier_config.get('type')}): nothing persistent to inspect")
         else:
             out.append((index, tier_config, inspector))
     if not out:
@@ -128,7 +129,9 @@ def _when(ts: float | None) -> str:
 
 
 def _walk(inspector: TierInspector, digest: str, label: str) -> list[BlockInfo]:
-    return list(tqdm(inspector.blocks(digest), desc=label, unit="block", file=sys.stderr, disable=None, leave=False))
+    return list(
+        tqdm(inspector.blocks(digest), desc=printable(label), unit="block", file=sys.stderr, disable=None, leave=False)
+    )
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -156,18 +159,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     for entry in report:
-        print(f"secondary_tiers[{entry['index']}] {entry['type']} at {entry['location']}")
+        echo(f"secondary_tiers[{entry['index']}] {entry['type']} at {entry['location']}")
         for ns in entry["namespaces"]:
             fields = ns["fields"] or {}
             desc = ", ".join(f"{k}={fields[k]}" for k in sorted(fields)) or "namespace.json missing"
-            print(
+            echo(
                 f"  {ns['digest']}  {ns['blocks']} blocks  {ns['bytes']} bytes  "
-                f"oldest {ns['oldest']}  newest {ns['newest']}\n    {desc}"
+                f"oldest {ns['oldest']}  newest {ns['newest']}"
             )
+            echo(f"    {desc}")
         if not entry["namespaces"]:
-            print("  (no namespaces)")
+            echo("  (no namespaces)")
         if entry["foreign"]:
-            print(f"  {len(entry['foreign'])} foreign entries (not ours, never deleted), e.g. {entry['foreign'][0]}")
+            echo(f"  {len(entry['foreign'])} foreign entries (not ours, never deleted), e.g. {entry['foreign'][0]}")
     return 0
 
 
@@ -188,10 +192,10 @@ def cmd_stat(args: argparse.Namespace) -> int:
     missing = _tiers_without_namespace(spec.secondary_tiers, spec.namespace.digest)
     if missing:
         fields = ", ".join(f"{k}={v}" for k, v in sorted(spec.namespace.to_dict().items()))
-        print(f"tiering stat: no namespace {spec.namespace.digest} ({fields}) in:", file=sys.stderr)
+        echo(f"tiering stat: no namespace {spec.namespace.digest} ({fields}) in:", sys.stderr)
         for line in missing:
-            print(f"  {line}", file=sys.stderr)
-        print("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", file=sys.stderr)
+            echo(f"  {line}", sys.stderr)
+        echo("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", sys.stderr)
         return 1
     tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     report: dict[str, Any] = {
@@ -218,14 +222,14 @@ def cmd_stat(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
-    print(f"namespace {report['namespace']}")
-    print(f"primary  {report['primary']['blocks']} blocks, {report['primary']['capacity_bytes']} bytes")
+    echo(f"namespace {report['namespace']}")
+    echo(f"primary  {report['primary']['blocks']} blocks, {report['primary']['capacity_bytes']} bytes")
     for entry in report["tiers"]:
         where = f" at {entry['location']}" if entry.get("location") else ""
-        print(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
+        echo(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
         for key, value in sorted(entry["stats"].items()):
             shown = "unbounded" if key == "capacity_bytes" and not value else value
-            print(f"  {key:<28} {shown}")
+            echo(f"  {key:<28} {shown}")
     return 0
 
 
@@ -260,12 +264,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         foreign = sorted(inspector.foreign())
         if args.namespace:
             if args.namespace not in inspector.namespaces():
-                print(f"{label}: no namespace {args.namespace}")
+                echo(f"{label}: no namespace {args.namespace}")
                 continue
             found_namespace = True
             blocks = _walk(inspector, args.namespace, label)
             n = len(blocks) if args.dry_run else inspector.remove_namespace(args.namespace)
-            print(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {sum(b.size for b in blocks)} bytes)")
+            echo(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {sum(b.size for b in blocks)} bytes)")
         else:
             everything = [(d, b) for d in inspector.namespaces() for b in _walk(inspector, d, label)]
             if cutoff is not None:
@@ -284,11 +288,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 n = 0
                 for digest in {d for d, _ in victims}:
                     n += inspector.remove_blocks(digest, [b for d, b in victims if d == digest])
-            print(f"{label}: {verb} {n} blocks ({sum(b.size for _, b in victims)} bytes)")
+            echo(f"{label}: {verb} {n} blocks ({sum(b.size for _, b in victims)} bytes)")
         if foreign:
-            print(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+            echo(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
     if args.namespace and not found_namespace:
-        print(f"tiering gc: no tier holds namespace {args.namespace} (see `tiering ls`)", file=sys.stderr)
+        echo(f"tiering gc: no tier holds namespace {args.namespace} (see `tiering ls`)", sys.stderr)
         return 1
     return 0
 
@@ -303,17 +307,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
             if args.sample is not None and args.sample < len(blocks):
                 blocks = random.Random(0).sample(blocks, args.sample)
             corrupt = []
-            for block in tqdm(blocks, desc=f"verify {digest[:8]}", unit="block", file=sys.stderr, disable=None):
+            for block in tqdm(
+                blocks, desc=printable(f"verify {digest[:8]}"), unit="block", file=sys.stderr, disable=None
+            ):
                 try:
                     reason = inspector.verify(digest, block)
                 except FileNotFoundError:
                     continue  # removed meanwhile (eviction by a running engine)
                 if reason is not None:
                     corrupt.append(block)
-                    print(f"{label}: CORRUPT {block.name}: {reason}")
+                    echo(f"{label}: CORRUPT {block.name}: {reason}")
             if corrupt and args.remove:
                 inspector.remove_blocks(digest, corrupt)
-            print(
+            echo(
                 f"{label}: namespace {digest}: {len(blocks)} checked, {len(blocks) - len(corrupt)} sound, "
                 f"{len(corrupt)} corrupt" + (" (removed)" if corrupt and args.remove else "")
             )
