@@ -16,6 +16,11 @@ currently only supported on CUDA-alike and XPU GPUs"), :meth:`get_worker`
 returns :class:`~tiering.core.vllm.worker.CPUOffloadingWorker`, which copies
 between the engine's CPU KV cache and the primary region. On CUDA-alike and
 XPU devices it returns vLLM's own worker unchanged.
+
+Every process that builds the scheduler side or a worker first holds the
+primary region (:func:`tiering.core.primary.regions.hold_region`): regions
+in ``/dev/shm`` left by engines that were killed are removed then, and this
+engine's region is never removed while one of its processes lives.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tiering.core.primary.regions import hold_region
 from tiering.core.vllm.compat import CanonicalKVCaches, SharedOffloadRegion, TieringOffloadingSpec, is_cpu_platform
 from tiering.core.vllm.worker import CPUOffloadingWorker
 
@@ -32,6 +38,8 @@ SPEC_NAME = "TieringSpec"
 """``spec_name`` selecting :class:`TieringSpec`."""
 SPEC_MODULE_PATH = "tiering.core.vllm.spec"
 """``spec_module_path`` selecting :class:`TieringSpec`."""
+REGION_PATH = "/dev/shm/vllm_offload_{engine_id}.mmap"
+"""Where vLLM's ``SharedOffloadRegion`` keeps an engine's CPU primary tier."""
 
 
 class TieringSpec(TieringOffloadingSpec):  # type: ignore[misc]
@@ -45,14 +53,29 @@ class TieringSpec(TieringOffloadingSpec):  # type: ignore[misc]
     """
 
     _cpu_worker: CPUOffloadingWorker | None = None
+    _region_held = False
+
+    def _hold_region(self) -> None:
+        """Sweep regions of dead engines and hold this engine's, once per spec (before vLLM maps it)."""
+        if not self._region_held:
+            hold_region(REGION_PATH.format(engine_id=self.config.engine_id))
+            self._region_held = True
+
+    def get_manager(self) -> Any:
+        """The scheduler side (vLLM's), built after this process holds the primary region (see the module doc)."""
+        self._hold_region()
+        return super().get_manager()
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> Any:
         """The worker of this process: vLLM's on a GPU/XPU device, :class:`CPUOffloadingWorker` on CPU.
+
+        This process holds the primary region first (see the module doc).
 
         Raises:
             ValueError: ``canonical_layout`` is asked for on the CPU platform
                 (the CPU worker copies the direct layout only).
         """
+        self._hold_region()
         if not is_cpu_platform():
             return super().get_worker(kv_caches)
         if self._cpu_worker is None:
