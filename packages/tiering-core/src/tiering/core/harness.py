@@ -179,3 +179,107 @@ def load_blocks(
             if block_view(view, slot).tobytes() != block_payload(key, block_bytes):
                 raise AssertionError(f"block {key.hex()} loaded into slot {slot} with wrong bytes")
     return ok
+
+
+def in_forked_child(fn: Callable[[], Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """Run ``fn`` in a child made by ``os.fork()`` and tell the parent what happened there.
+
+    The child sends its outcome through a pipe and ends with ``os._exit`` (no
+    exit handler of the parent's runs in it). A child that has not answered
+    within ``timeout_s`` is killed.
+
+    Returns:
+        ``{"returned": value}`` (``fn``'s return value, which must pickle) or
+        ``{"raised": type name, "message": str(exception)}``, plus ``"seconds"``:
+        how long ``fn`` ran in the child.
+
+    Raises:
+        AssertionError: the child did not answer within ``timeout_s`` (a hang) or died without answering.
+    """
+    import os
+    import pickle
+    import select
+    import signal
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into the caller's code
+        status = 0
+        try:
+            os.close(read_fd)
+            started = time.monotonic()
+            try:
+                outcome: dict[str, Any] = {"returned": fn()}
+            except BaseException as exc:
+                outcome = {"raised": type(exc).__name__, "message": str(exc)}
+            outcome["seconds"] = time.monotonic() - started
+            with os.fdopen(write_fd, "wb") as pipe:
+                pickle.dump(outcome, pipe)
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_fd], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise AssertionError(f"the forked child did not answer within {timeout_s} s (a hang)")
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_fd)
+        os.waitpid(pid, 0)
+    if not data:
+        raise AssertionError("the forked child died without answering")
+    result: dict[str, Any] = pickle.loads(data)
+    return result
+
+
+def tier_calls_in_forked_child(
+    tier: SecondaryTierManager, view: memoryview, keys: Sequence[OffloadKey], slots: Sequence[int], timeout_s: float
+) -> dict[str, str]:
+    """Use ``tier`` (built in this process) in a child made by ``os.fork()``; each call's outcome there.
+
+    The child looks up ``keys[0]``, touches ``keys``, loads ``keys`` into ``slots``
+    and stores a new key from ``slots[0]`` (each waiting at most ``timeout_s``
+    for its job), asks ``get_finished`` and ``stats``, then shuts the tier down.
+
+    Returns:
+        Call name -> ``"ok"`` or ``"<exception type>: <message>"``; the key
+        ``"shutdown"`` is the outcome of the child's ``shutdown``.
+
+    Raises:
+        AssertionError: the child did not answer in time (see :func:`in_forked_child`).
+    """
+    ctx = ReqContext("forked-child")
+    calls: dict[str, Callable[[], object]] = {
+        "lookup": lambda: tier.lookup(keys[0], ctx),
+        "touch": lambda: tier.touch(keys, ctx),
+        "load": lambda: load_blocks(tier, view, keys, slots, timeout_s=timeout_s),
+        "store": lambda: store_blocks(tier, view, [make_key(0, b"forked-child")], slots[:1], timeout_s=timeout_s),
+        "get_finished": lambda: list(tier.get_finished()),
+        "stats": tier.stats,
+        "shutdown": tier.shutdown,
+    }
+
+    def run() -> dict[str, str]:
+        seen = {}
+        for name, call in calls.items():
+            try:
+                call()
+                seen[name] = "ok"
+            except Exception as exc:
+                seen[name] = f"{type(exc).__name__}: {exc}"
+        return seen
+
+    outcome = in_forked_child(run, timeout_s=timeout_s * (len(calls) + 1))
+    if "returned" not in outcome:
+        raise AssertionError(f"the forked child raised {outcome}")
+    seen: dict[str, str] = outcome["returned"]
+    return seen

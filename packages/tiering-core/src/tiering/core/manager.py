@@ -12,7 +12,9 @@ promoted from secondary tier N is also written to tiers 0..N-1 that lack it
 or never had is fetched from a remote tier once, not on every primary
 miss).
 
-All methods run on the scheduler's thread.
+All methods run on the scheduler's thread. In a child forked after the
+manager was built they raise :class:`~tiering.core.toolkit.forks.ForkedStackError`
+(``shutdown`` does nothing there): build the stack after forking.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, Se
 from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
+from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.jobs import JobState, JobTracker
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ class TieringManager:
         self._job_ids = itertools.count()
         # Jobs submitted to a secondary tier and not yet reported; each is finished exactly once.
         self._jobs = JobTracker(queue_results=False)
+        self._owner = ProcessOwner("this tiering stack")
         self._loads: dict[str, PendingLoad] = {}
         self._finished_loads: list[LoadResult] = []
         self._held: dict[str, list[OffloadKey]] = {}
@@ -119,6 +123,7 @@ class TieringManager:
         Raises:
             ValueError: a load for this request is already in progress.
         """
+        self._owner.check()
         req_id = req_context.req_id
         if req_id in self._loads or req_id in self._held:
             raise ValueError(f"request {req_id!r} already has a load in progress")
@@ -207,6 +212,7 @@ class TieringManager:
         (its :meth:`~tiering.core.base.SecondaryTierManager.lookup` is not
         True); the keys it holds are touched instead.
         """
+        self._owner.check()
         self.primary.complete_write(keys, success)
         if not success or not keys:
             return
@@ -239,6 +245,7 @@ class TieringManager:
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
+        self._owner.check()
         self.primary.touch(keys)
         self._touch_secondaries(keys, req_context)
 
@@ -265,6 +272,7 @@ class TieringManager:
             self._on_result(idx, JobResult(job.job_id, False))
 
     def _poll_tiers(self) -> None:
+        self._owner.check()  # every other public method starts here: a forked child's copy fails at once
         for idx, tier in enumerate(self.secondary_tiers):
             try:
                 results = list(tier.get_finished())
@@ -360,6 +368,8 @@ class TieringManager:
         arriving later is ignored as unknown); loads finished and not yet
         completed are released.
         """
+        if self._owner.forked:
+            return  # a forked child's copy: the tiers' threads, files and connections are the parent's
         for tier in self.secondary_tiers:
             try:
                 tier.shutdown()

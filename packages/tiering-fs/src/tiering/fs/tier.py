@@ -369,8 +369,11 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         return out
 
     def shutdown(self) -> None:
-        """Stop the threads. Queued blocks fail their jobs; running ones finish; each job is reported once."""
-        if self._stopping:
+        """Stop the threads. Queued blocks fail their jobs; running ones finish; each job is reported once.
+
+        Does nothing in a child forked after the tier was built (the threads and files are the parent's).
+        """
+        if self._stopping or self.jobs.owner.forked:
             return
         self._stopping = True
         self._rescanner.stop()

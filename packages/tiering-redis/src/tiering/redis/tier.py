@@ -350,7 +350,12 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         return out
 
     def shutdown(self) -> None:
-        """Stop: queued blocks fail at once, running pipelines finish (bounded by the timeouts); idempotent."""
+        """Stop: queued blocks fail at once, running pipelines finish (bounded by the timeouts); idempotent.
+
+        Does nothing in a child forked after the tier was built (the threads and connections are the parent's).
+        """
+        if self.jobs.owner.forked:
+            return
         with self._close_lock:
             if self._closed:
                 return

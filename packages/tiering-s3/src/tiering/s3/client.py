@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -41,6 +42,15 @@ _REFUSALS = frozenset({"NotImplemented", "MethodNotAllowed", "InvalidRequest", "
 
 _LOADER_LOCK = threading.Lock()
 _LOADER: list[botocore.loaders.Loader] = []
+
+
+def _rearm_after_fork() -> None:
+    # A thread building a client in the parent may have held the lock at fork time: the child's stack needs its own.
+    global _LOADER_LOCK
+    _LOADER_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_rearm_after_fork)
 
 
 def shared_loader() -> botocore.loaders.Loader:

@@ -372,8 +372,11 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         return out
 
     def shutdown(self) -> None:
-        """Stop: queued blocks fail, running requests finish, queued deletes are sent; idempotent."""
-        if self._closed:
+        """Stop: queued blocks fail, running requests finish, queued deletes are sent; idempotent.
+
+        Does nothing in a child forked after the tier was built (the threads, connections and deletes are the parent's).
+        """
+        if self._closed or self.jobs.owner.forked:
             return
         self._closed = True
         self._stop()

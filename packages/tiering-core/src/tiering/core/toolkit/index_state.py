@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit.deletes import DeleteLedger
 from tiering.core.toolkit.epochs import RemovalEpochs
+from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.index_types import KeyState
 from tiering.core.toolkit.touches import TouchQueue
 
@@ -49,10 +50,16 @@ class IndexState:
         self._evictions = 0
         self._evicted_bytes = 0
         self._touched = TouchQueue()  # touched without the lock; applied before the LRU order is read
+        self.owner = ProcessOwner("this tier's index")  # a forked child's copy refuses lookups (no dead lock)
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
-        """The state of ``key``; a resident key becomes most recently used when ``touch``."""
+        """The state of ``key``; a resident key becomes most recently used when ``touch``.
+
+        Raises:
+            ForkedStackError: called in a child forked after the index was built.
+        """
+        self.owner.check()
         with self._lock:
             self._touched.apply(self._resident)
             return self._state(key, touch)
@@ -82,7 +89,11 @@ class IndexState:
         """Make the resident ones of ``keys`` most recently used, in order, before the LRU order is next read.
 
         No lock: the keys are queued (:class:`~tiering.core.toolkit.touches.TouchQueue`).
+
+        Raises:
+            ForkedStackError: called in a child forked after the index was built.
         """
+        self.owner.check()
         if self._touched.add(keys):
             with self._lock:
                 self._touched.apply(self._resident)
@@ -120,7 +131,11 @@ class IndexState:
 
         ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
         ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``.
+
+        Raises:
+            ForkedStackError: called in a child forked after the index was built.
         """
+        self.owner.check()
         with self._lock:
             return {
                 "resident_blocks": len(self._resident),

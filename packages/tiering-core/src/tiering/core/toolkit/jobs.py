@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey
+from tiering.core.toolkit.forks import ProcessOwner
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +241,7 @@ class JobTracker:
         self._jobs: dict[int, JobState] = {}
         self._finished: collections.deque[JobResult] = collections.deque()
         self._counters: collections.Counter[str] = collections.Counter()
+        self.owner = ProcessOwner("this tier stack")  # a forked child's copy refuses work at once (no hang)
 
     def start(self, job: JobMetadata, context: Any = None) -> JobState:
         """Register ``job``; a job without blocks finishes at once (successfully).
@@ -253,7 +255,9 @@ class JobTracker:
 
         Raises:
             ValueError: a job with the same id is still in flight.
+            ForkedStackError: called in a child forked after the tracker was built.
         """
+        self.owner.check()
         state = JobState(self, job, context)
         if self._jobs.setdefault(job.job_id, state) is not state:
             raise ValueError(f"job {job.job_id} is already in flight")
@@ -309,7 +313,11 @@ class JobTracker:
         """The results of the jobs finished since the last call, each exactly once (oldest first).
 
         Takes no lock (workers append to a deque, this pops it); thread safe, also with several callers.
+
+        Raises:
+            ForkedStackError: called in a child forked after the tracker was built.
         """
+        self.owner.check()
         finished = self._finished
         if not finished:
             return []
@@ -324,16 +332,25 @@ class JobTracker:
     def fail_all(self, cause: str = SHUTDOWN) -> list[JobResult]:
         """Finish every in-flight job as failed (at shutdown); outcomes recorded later are ignored.
 
+        In a child forked after the tracker was built it does nothing: the jobs are the parent's.
+
         Returns:
             The results this call produced (they are also queued for :meth:`take_finished`).
         """
+        if self.owner.forked:
+            return []
         with self._lock:
             states = list(self._jobs.values())
         results = [state.fail_rest(cause) for state in states]
         return [r for r in results if r is not None]
 
     def in_flight(self) -> int:
-        """Number of jobs accepted and not yet finished (no lock: ``len`` of a dict is atomic)."""
+        """Number of jobs accepted and not yet finished (no lock: ``len`` of a dict is atomic).
+
+        Raises:
+            ForkedStackError: called in a child forked after the tracker was built.
+        """
+        self.owner.check()
         return len(self._jobs)
 
     def in_flight_states(self) -> list[JobState]:
@@ -347,9 +364,15 @@ class JobTracker:
             return bool(self._jobs) or bool(self._finished)
 
     def stats(self) -> dict[str, int]:
-        """``in_flight_jobs``, ``store_jobs_failed``, ``load_jobs_failed`` and the per-cause block failures."""
+        """``in_flight_jobs``, ``store_jobs_failed``, ``load_jobs_failed``, the per-cause block failures, ``forks``.
+
+        Raises:
+            ForkedStackError: called in a child forked after the tracker was built.
+        """
+        self.owner.check()
         with self._lock:
             out = dict(self._counters)
+            out["forks"] = self.owner.forks()
             out.setdefault("store_jobs_failed", 0)
             out.setdefault("load_jobs_failed", 0)
             out["in_flight_jobs"] = len(self._jobs)

@@ -40,6 +40,12 @@ still-queued item to its ``on_error`` exactly once (with
 :class:`PoolShutdownError`), lets running batches finish, and joins the
 threads.
 
+A pool is bound to the process that built it: in a child forked after that
+(where none of its threads exist and its lock may be held forever),
+:meth:`IOPool.submit` hands the items to ``on_error`` at once with
+:class:`~tiering.core.toolkit.forks.ForkedStackError`, :meth:`IOPool.shutdown`
+does nothing, and :meth:`IOPool.pending` / :meth:`IOPool.wait_idle` raise it.
+
 The two-queue layout follows vLLM's fs tier ``DualQueueThreadPool``
 (``vllm/v1/kv_offload/tiering/fs/thread_pool.py``).
 """
@@ -53,6 +59,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.jobs import split_batches
 
 logger = logging.getLogger(__name__)
@@ -126,6 +133,7 @@ class IOPool:
         self._waiting = {True: 0, False: 0}
         self._stopping = False
         self._threads: list[threading.Thread] = []
+        self.owner = ProcessOwner(f"I/O pool {name!r}")
         for i in range(n_read_threads):
             self._start(f"{name}-read-{i}", True)
         for i in range(n_write_threads):
@@ -151,9 +159,15 @@ class IOPool:
                 join this submission's shares with queued ones of the same ``fn`` and ``on_error``
                 (see the module docstring).
 
-        After :meth:`shutdown`, ``on_error`` is called at once, on the caller's thread.
+        After :meth:`shutdown`, and in a child forked after the pool was built (with
+        :class:`~tiering.core.toolkit.forks.ForkedStackError`), ``on_error`` is called at once, on the caller's thread.
         """
         if not items:
+            return
+        if self.owner.forked:  # no thread of ours runs in this process: the work would wait forever
+            forked = self.owner.error()
+            logger.error("%s", forked)
+            self._fail([_Unit(fn, list(items), on_error, merge)], forked)
             return
         is_read = kind == "read"
         n = len(items)
@@ -284,20 +298,33 @@ class IOPool:
         return dropped
 
     def pending(self) -> int:
-        """Items queued (not yet taken by a worker)."""
+        """Items queued (not yet taken by a worker).
+
+        Raises:
+            ForkedStackError: called in a child forked after the pool was built.
+        """
+        self.owner.check()
         with self._lock:
             return sum(len(u.items) for u in self._reads) + sum(len(u.items) for u in self._writes)
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Block until nothing is queued or running; False when ``timeout_s`` passed first."""
+        """Block until nothing is queued or running; False when ``timeout_s`` passed first.
+
+        Raises:
+            ForkedStackError: called in a child forked after the pool was built.
+        """
+        self.owner.check()
         with self._idle_cv:
             return self._idle_cv.wait_for(lambda: not (self._reads or self._writes or self._running), timeout_s)
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop: queued items go to their ``on_error`` (once), running batches finish, threads are joined.
 
-        Idempotent.
+        Idempotent. In a child forked after the pool was built it does nothing: the
+        threads, the queued work and the lock are the parent's.
         """
+        if self.owner.forked:
+            return
         with self._lock:
             already = self._stopping
             self._stopping = True

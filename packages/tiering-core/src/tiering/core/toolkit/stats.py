@@ -37,7 +37,8 @@ class Stat:
 
     Attributes:
         kind: ``"counter"`` (only grows while the tier lives) or ``"gauge"``.
-        unit: ``"blocks"``, ``"bytes"``, ``"jobs"``, ``"keys"``, ``"seconds"``, ``"requests"`` or ``"flag"``.
+        unit: ``"blocks"``, ``"bytes"``, ``"jobs"``, ``"keys"``, ``"seconds"``, ``"requests"``, ``"processes"``
+            or ``"flag"``.
         meaning: one line.
     """
 
@@ -86,6 +87,7 @@ STATS: Mapping[str, Stat] = {
     "in_flight_jobs": Stat("gauge", "jobs", "jobs accepted and not yet reported"),
     "in_flight_stores": Stat("gauge", "keys", "keys being written"),
     "in_flight_loads": Stat("gauge", "keys", "keys being read"),
+    "forks": Stat("counter", "processes", "children forked since the tier was built (their copy refuses work)"),
     # scans
     "scans": Stat("counter", "requests", "listings of the namespace (start-up scan and rescans)"),
     "last_scan_s": Stat("gauge", "seconds", "duration of the last listing"),
