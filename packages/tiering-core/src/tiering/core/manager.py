@@ -13,8 +13,9 @@ or never had is fetched from a remote tier once, not on every primary
 miss).
 
 All methods run on the scheduler's thread. In a child forked after the
-manager was built they raise :class:`~tiering.core.toolkit.forks.ForkedStackError`
-(``shutdown`` does nothing there): build the stack after forking.
+manager was built, those that start, wait for or report work raise
+:class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does
+nothing: build the stack after forking.
 """
 
 from __future__ import annotations

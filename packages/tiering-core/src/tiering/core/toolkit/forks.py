@@ -12,8 +12,9 @@ So every part of a stack that owns threads or shared state records its
 :class:`ProcessOwner` when it is built, and in a forked child:
 
 - every call that would start, wait for or report work (the manager's
-  methods, a tier's ``lookup`` / ``touch`` / ``submit_store`` /
-  ``submit_load`` / ``get_finished`` / ``has_pending_work`` / ``stats``)
+  ``lookup`` / ``prepare_*`` / ``complete_store`` / ``touch`` /
+  ``get_finished`` / ``has_pending_work``, a tier's ``lookup`` / ``touch`` /
+  ``submit_store`` / ``submit_load`` / ``get_finished`` / ``has_pending_work`` / ``stats``)
   raises :class:`ForkedStackError` at once, before touching a lock, with
   what to do instead: build the stack in the child, after forking;
 - ``shutdown`` does nothing: the parent's threads, files, sockets and
