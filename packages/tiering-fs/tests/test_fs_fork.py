@@ -5,6 +5,7 @@ import os
 from tiering.core.base import ReqContext, block_view
 from tiering.core.harness import (
     block_payload,
+    call_outcomes,
     in_forked_child,
     load_blocks,
     make_key,
@@ -37,7 +38,7 @@ def _store(manager, keys, ctx):
 
 
 def _manager_calls(manager, keys):
-    """What the child sees of the manager: each call's outcome, by name (``ok`` or the exception)."""
+    """What the child sees of the manager: each call's outcome, by name (see ``call_outcomes``)."""
     ctx = ReqContext("child")
     calls = {
         "lookup": lambda: manager.lookup(keys, ctx),
@@ -48,14 +49,7 @@ def _manager_calls(manager, keys):
         "has_pending_work": manager.has_pending_work,
         "shutdown": manager.shutdown,  # does nothing here: the threads and files are the parent's
     }
-    seen = {}
-    for name, call in calls.items():
-        try:
-            call()
-            seen[name] = "ok"
-        except Exception as exc:
-            seen[name] = f"{type(exc).__name__}: {exc}"
-    return seen
+    return call_outcomes(calls)
 
 
 def _assert_refused(seen):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager, block_view
@@ -241,6 +241,18 @@ def in_forked_child(fn: Callable[[], Any], timeout_s: float = DEFAULT_TIMEOUT_S)
     return result
 
 
+def call_outcomes(calls: Mapping[str, Callable[[], object]]) -> dict[str, str]:
+    """Make each call, in order; its outcome by name: ``"ok"`` or ``"<exception type>: <message>"``."""
+    seen = {}
+    for name, call in calls.items():
+        try:
+            call()
+            seen[name] = "ok"
+        except Exception as exc:
+            seen[name] = f"{type(exc).__name__}: {exc}"
+    return seen
+
+
 def tier_calls_in_forked_child(
     tier: SecondaryTierManager, view: memoryview, keys: Sequence[OffloadKey], slots: Sequence[int], timeout_s: float
 ) -> dict[str, str]:
@@ -268,17 +280,7 @@ def tier_calls_in_forked_child(
         "shutdown": tier.shutdown,
     }
 
-    def run() -> dict[str, str]:
-        seen = {}
-        for name, call in calls.items():
-            try:
-                call()
-                seen[name] = "ok"
-            except Exception as exc:
-                seen[name] = f"{type(exc).__name__}: {exc}"
-        return seen
-
-    outcome = in_forked_child(run, timeout_s=timeout_s * (len(calls) + 1))
+    outcome = in_forked_child(lambda: call_outcomes(calls), timeout_s=timeout_s * (len(calls) + 1))
     if "returned" not in outcome:
         raise AssertionError(f"the forked child raised {outcome}")
     seen: dict[str, str] = outcome["returned"]

@@ -80,7 +80,7 @@ def _open_locked(lock_path: str, operation: int) -> int | None:
     """
     while True:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             logger.warning("cannot create the owner lock %s of a shared-memory region: %s", lock_path, exc)
             return None
@@ -142,7 +142,7 @@ def sweep_dead_regions(directory: str, pattern: str = VLLM_REGION_PATTERN) -> li
         lock_path = os.path.join(directory, name)
         region = lock_path[: -len(OWNERS_SUFFIX)]
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             continue  # gone meanwhile, or not ours to open
         try:
