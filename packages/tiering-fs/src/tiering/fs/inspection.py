@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -72,10 +71,7 @@ class FsInspector(TierInspector):
         existing = self.root
         while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
             existing = os.path.dirname(existing)
-        try:
-            return shutil.disk_usage(existing).free
-        except OSError:
-            return None
+        return self.backend.free_bytes(existing)
 
     def _files(self) -> Iterator[tuple[str, StoredFile]]:
         self._require_root()

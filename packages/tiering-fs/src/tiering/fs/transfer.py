@@ -20,12 +20,12 @@ its bytes counted until a rescan retries it (case C16).
 holds (or the filesystem is shared). A write refused with ``ENOSPC`` /
 ``EDQUOT`` (:data:`~tiering.fs.errors.DISK_FULL`) lowers the index's cap to
 the bytes the tier holds at that moment plus what the filesystem reports
-free (never below one stored block), and the block is reserved again, evicting least recently used blocks, and written
-once more; so the tier keeps storing new blocks at what the disk holds
-instead of refusing every store. The cap is never raised again while the
-tier lives (``stats()``: ``capacity_bytes`` the cap in force,
-``configured_capacity_bytes`` the configured one, ``disk_full_stores`` the
-refused writes).
+free (never below one stored block); the block is reserved again, evicting
+least recently used blocks, and written once more. So the tier keeps storing
+new blocks at what the disk holds instead of refusing every store. The cap
+is never raised again while the tier lives (``stats()``: ``capacity_bytes``
+the cap in force, ``configured_capacity_bytes`` the configured one,
+``disk_full_stores`` the refused writes).
 """
 
 from __future__ import annotations
