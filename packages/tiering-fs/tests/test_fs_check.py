@@ -18,7 +18,7 @@ def test_probe_warns_when_capacity_exceeds_the_free_disk(tmp_path, capsys):
     assert main(["check", _config(tmp_path, capacity_bytes=free * 4), "--probe"]) == 0
     out = capsys.readouterr().out
     assert f"warning: secondary_tiers[0].capacity_bytes: {free * 4} bytes" in out
-    assert f"free at {tmp_path / 'kv'}; stores will fail once the disk is full" in out
+    assert f"free at {tmp_path / 'kv'}; the tier holds no more than the disk does" in out
     assert "config ok" in out
     assert not (tmp_path / "kv").exists()
 

@@ -323,3 +323,19 @@ def test_reserve_many_under_a_cap_evicts_only_for_the_keys_that_do_not_fit():
     assert [r.victims for r in res[:4]] == [(), (), (), ()]  # k(5) took k(2)'s room; its second writer joins
     assert res[4].victims == (Victim(k(0), 10),)  # k(6) did not fit: the LRU block is evicted for it
     assert index.used_bytes == 10 * 6  # 1, 9 resident; 0, 2 being deleted; 5, 6 reserved
+
+
+def test_C22_lower_cap_evicts_down_to_it_and_never_raises_it():
+    index = CapacityIndex(100)
+    for i in range(5):
+        store(index, k(i))
+    victims = index.lower_cap(30)
+    assert [v.key for v in victims] == [k(0), k(1)]  # least recently used first, down to the new cap
+    index.deleted_many((v.key, True) for v in victims)
+    assert (index.capacity_bytes, index.used_bytes, index.stats()["capacity_bytes"]) == (30, 30, 30)
+    assert index.lower_cap(80) == () and index.capacity_bytes == 30  # never raised
+    unbounded = CapacityIndex(None)
+    store(unbounded, k(1))
+    assert unbounded.lower_cap(50) == () and unbounded.capacity_bytes == 50  # bounded from now on
+    with pytest.raises(ValueError, match="limit_bytes"):
+        index.lower_cap(-1)

@@ -152,8 +152,8 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
         if free is not None and isinstance(capacity, int) and capacity > free:
             echo(
                 f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
-                f"more than the {free} bytes ({format_bytes(free)}) free at {where}; stores will fail once the disk "
-                "is full, before the tier evicts"
+                f"more than the {free} bytes ({format_bytes(free)}) free at {where}; the tier holds no more than "
+                "the disk does"
             )
         if found is not None:
             echo(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")

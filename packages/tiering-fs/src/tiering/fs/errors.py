@@ -29,7 +29,15 @@ LOAD_CAUSES = (
 )
 """Causes of a failed block load, in stats order."""
 
-_NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG})
+DISK_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+"""Errnos of a failed write meaning the filesystem (or the user's quota) holds no more bytes.
+
+A store that fails with one of them makes the tier lower its cap to what the
+filesystem holds, evict and try once more. ``EFBIG`` (one file over a size
+limit) is not among them: evicting would not help it.
+"""
+
+_NO_SPACE = DISK_FULL | {errno.EFBIG}
 _DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 _SYMLINK = frozenset({errno.ELOOP, errno.ENOTDIR})
 
@@ -62,6 +70,15 @@ class _KeyOSError(InvalidValueError, OSError):
         return self._message()
 
 
+class NotRegularFileError(OSError):
+    """Something other than a regular file where a block file should be: a FIFO, socket, device node or directory.
+
+    Raised by a block read, which opens the path without blocking and refuses
+    it after ``fstat`` before reading a byte. A load counts it as ``foreign``
+    and leaves it in place, as it does a symlink.
+    """
+
+
 class RootNotUsableError(_KeyOSError):
     """The configured ``root`` cannot be created, is a symlink, or is not writable; names the path and the reason."""
 
@@ -90,8 +107,8 @@ def failure_cause(exc: BaseException, *, load: bool, in_index: bool = False) -> 
         return exc.reason if exc.reason in LOAD_CAUSES else "corrupt"
     if isinstance(exc, FileNotFoundError):
         return ("vanished" if in_index else "missing") if load else "io_error"
-    if load and isinstance(exc, OSError) and exc.errno in _SYMLINK:
-        return "foreign"  # a symlink where a block file or shard directory should be (never followed)
+    if load and (isinstance(exc, NotRegularFileError) or (isinstance(exc, OSError) and exc.errno in _SYMLINK)):
+        return "foreign"  # a symlink or a special file where a block file or shard directory should be
     if isinstance(exc, OSError):
         if exc.errno in _NO_SPACE:
             return "io_error" if load else "no_space"

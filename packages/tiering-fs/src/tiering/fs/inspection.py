@@ -6,15 +6,15 @@ Only files laid out by this package are blocks or namespace files
 4096-byte trailer page that starts with the header); temporaries
 (``<name>.tmp.<host>.<pid>.<nonce>.<counter>``, see :mod:`tiering.fs.layout`)
 are neither reported as foreign nor removed here (the tier's own start-up scan
-cleans stale ones); anything else, and every symlink (to a file or a
-directory, wherever it is), is foreign and is never deleted or followed.
+cleans stale ones); anything else, every symlink (to a file or a directory,
+wherever it is) and every FIFO, socket or device node is foreign and is never
+deleted, followed or opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -71,10 +71,7 @@ class FsInspector(TierInspector):
         existing = self.root
         while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
             existing = os.path.dirname(existing)
-        try:
-            return shutil.disk_usage(existing).free
-        except OSError:
-            return None
+        return self.backend.free_bytes(existing)
 
     def _files(self) -> Iterator[tuple[str, StoredFile]]:
         self._require_root()
@@ -88,7 +85,7 @@ class FsInspector(TierInspector):
         found = set()
         for rel, stored in self._files():
             top = rel.split("/", 1)[0]
-            if _DIGEST.match(top) and not stored.is_link:
+            if _DIGEST.match(top) and not (stored.is_link or stored.is_special):
                 found.add(top)
         return sorted(found)
 
@@ -100,14 +97,14 @@ class FsInspector(TierInspector):
         for stored in self.backend.scan(f"{self.root}/{digest}"):
             rel = stored.path.replace(os.sep, "/").split(f"/{digest}/", 1)[-1]
             match = _BLOCK.match(rel)
-            if match and not stored.is_link:
+            if match and not (stored.is_link or stored.is_special):
                 yield BlockInfo(stored.path, bytes.fromhex(match.group(2)), stored.size, stored.mtime)
 
     def foreign(self) -> Iterator[str]:
         for rel, stored in self._files():
             top, _, rest = rel.partition("/")
             ours = _DIGEST.match(top) and (rest == NAMESPACE_FILE or _BLOCK.match(rest) or is_temp_name(rest))
-            if stored.is_link or not ours:
+            if stored.is_link or stored.is_special or not ours:
                 yield stored.path
 
     def read_block(self, digest: str, block: BlockInfo) -> bytes:

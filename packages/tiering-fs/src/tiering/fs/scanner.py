@@ -10,8 +10,9 @@ A scan lists the namespace directory once and sorts every entry:
 - a temporary (:mod:`tiering.fs.layout`): removed when provably stale
   (:func:`is_stale_temp`), else its bytes count against the cap until it is
   gone;
-- a symlink, or anything else: never indexed, never removed (``tiering ls``
-  / ``verify`` report it as foreign).
+- a symlink, a FIFO, socket or device node (never opened), or anything
+  else: never indexed, never removed (``tiering ls`` / ``verify`` report it
+  as foreign).
 
 Keys indexed before that no longer have a file were removed by another
 process (``tiering gc``, another tier instance evicting, a user): the tier
@@ -41,7 +42,7 @@ class ScanResult(NamedTuple):
         temp_bytes: bytes of temporaries left in place (not ours, not provably stale).
         temps_removed: stale temporaries removed.
         bad_removed: block files of the wrong size removed.
-        links: symlinks found (left alone).
+        foreign: symlinks and special files (FIFOs, sockets, device nodes) found (left alone, never opened).
         complete: False when the scan stopped early (shutdown): nothing may be forgotten then.
     """
 
@@ -49,7 +50,7 @@ class ScanResult(NamedTuple):
     temp_bytes: int
     temps_removed: int
     bad_removed: int
-    links: int
+    foreign: int
     complete: bool
 
 
@@ -97,7 +98,7 @@ def scan_namespace(
 ) -> ScanResult:
     """List ``namespace_dir`` once (see the module doc); removes stale temporaries and wrong-sized blocks."""
     blocks: dict[bytes, tuple[int, float]] = {}
-    temp_bytes = temps_removed = bad_removed = links = 0
+    temp_bytes = temps_removed = bad_removed = foreign = 0
     now = time.time()
     mine = temp_namer.owner()
     complete = True
@@ -105,8 +106,8 @@ def scan_namespace(
         if stopping():
             complete = False
             break
-        if entry.is_link:
-            links += 1
+        if entry.is_link or entry.is_special:
+            foreign += 1
             continue
         owner = temp_owner(entry.name)
         if owner is not None:
@@ -126,7 +127,7 @@ def scan_namespace(
                 bad_removed += 1
             continue
         blocks[key] = (entry.size, entry.mtime)
-    return ScanResult(blocks, temp_bytes, temps_removed, bad_removed, links, complete)
+    return ScanResult(blocks, temp_bytes, temps_removed, bad_removed, foreign, complete)
 
 
 class Rescanner:

@@ -63,6 +63,7 @@ _COUNTERS = (
     "bad_blocks_removed",
     "temps_removed",
     "scans",
+    "disk_full_stores",
     *(f"store_failed_{c}" for c in STORE_CAUSES),
     *(f"load_failed_{c}" for c in LOAD_CAUSES),
 )
@@ -223,14 +224,30 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
 
     @classmethod
     def probe(cls, tier_config: Mapping[str, Any]) -> str:
-        """Whether the entry's root would work, creating nothing (``tiering check --probe``); see :func:`probe_root`."""
+        """Whether the entry's root would work, creating nothing (``tiering check --probe``); see :func:`probe_root`.
+
+        For a local root it also says which block I/O path is used and, when
+        ``capacity_bytes`` is unbounded or more than the disk has free, that
+        the cap in force will be what the disk holds.
+        """
+        from tiering.fs.inspection import FsInspector
         from tiering.fs.native import status
         from tiering.fs.root import probe_root
 
         cfg = FS_SCHEMA.validate(tier_config)
         found = probe_root(cfg["root"], cfg["storage_options"], str(tier_config.get("type", "fs")))
         local = "::" not in cfg["root"] and ("://" not in cfg["root"] or cfg["root"].startswith("file://"))
-        return f"{found}; {status()}" if local else found
+        if not local:
+            return found
+        found = f"{found}; {status()}"
+        free, cap = FsInspector.from_config(cfg).free_bytes(), cfg["capacity_bytes"]
+        if free is not None and (cap is None or cap > free):
+            found += (
+                f"; capacity_bytes {'unbounded' if cap is None else cap} is more than the {free} bytes free: "
+                "once the disk is full the tier lowers its cap to what the disk holds and evicts "
+                "(stats capacity_bytes)"
+            )
+        return found
 
     def block_path(self, key: bytes) -> str:
         """Path of ``key``'s block file: ``<namespace dir>/<ab>/<key hex>.kvb``."""
@@ -315,7 +332,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         self._last_scan_s = time.monotonic() - started
         (logger.info if first else logger.debug)(
             "fs tier: %s scan of %s took %.3f s: %d blocks indexed, %d new, %d vanished, %d stale temporaries and "
-            "%d bad files removed, %d symlinks ignored",
+            "%d bad files removed, %d symlinks and special files ignored",
             "startup" if first else "periodic",
             self.namespace_dir,
             self._last_scan_s,
@@ -324,7 +341,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
             len(report.vanished),
             result.temps_removed,
             result.bad_removed,
-            result.links,
+            result.foreign,
         )
 
     def _account_temps(self, temp_bytes: int) -> None:
@@ -362,6 +379,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         out["reserved_bytes"] = int(out["reserved_bytes"]) - temp
         out["in_flight_stores"] = int(out["in_flight_stores"]) - (1 if temp else 0)
         out["temp_bytes"] = temp
+        out["configured_capacity_bytes"] = self.capacity_bytes or 0
         out["scan_done"] = int(self._rescanner.first_done.is_set())
         out["last_scan_s"] = self._last_scan_s
         out["o_direct"] = int(self.o_direct)

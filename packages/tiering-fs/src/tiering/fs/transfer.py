@@ -15,6 +15,17 @@ outcomes (one round per job).
 Loads take an index ticket before reading, so a block evicted while it was
 read is never put back into the index (case C13); a delete that fails keeps
 its bytes counted until a rescan retries it (case C16).
+
+**A full filesystem.** ``capacity_bytes`` may be more than the filesystem
+holds (or the filesystem is shared). A write refused with ``ENOSPC`` /
+``EDQUOT`` (:data:`~tiering.fs.errors.DISK_FULL`) lowers the index's cap to
+the bytes the tier holds at that moment plus what the filesystem reports
+free (never below one stored block); the block is reserved again, evicting
+least recently used blocks, and written once more. So the tier keeps storing
+new blocks at what the disk holds instead of refusing every store. The cap
+is never raised again while the tier lives (``stats()``: ``capacity_bytes``
+the cap in force, ``configured_capacity_bytes`` the configured one,
+``disk_full_stores`` the refused writes).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from tiering.core.toolkit import (
 )
 from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks, record_tasks
 from tiering.fs.blocks import BlockFiles, NotStartedError
-from tiering.fs.errors import failure_cause
+from tiering.fs.errors import DISK_FULL, failure_cause
 
 logger = logging.getLogger(__name__)
 
@@ -182,22 +193,40 @@ class Transfers:
             raise
         # The blocks reserved at once are written and committed before a block without room waits for it:
         # the room it waits for may be what this very share's writes free (a tight cap).
-        self._write_and_commit(ready, commits, outcomes)
-        for state, i in waiting:
-            admit = self._reserve_now(state.meta.keys[i])
-            if admit is Admit.RESERVED:
-                self._write_and_commit([(state, i)], [], outcomes)
-                continue
-            ok = admit is Admit.PRESENT
-            if ok:
-                self.counters.inc("stores_already_present")
-            outcomes.append((state, i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
+        refused = self._write_and_commit(ready, commits, outcomes, retry_full=True)
+        for task in waiting:
+            self._store_one(task, outcomes, retry_full=True)
+        for task in refused:  # the disk was full: the cap is lower now, each is tried once more
+            self._store_one(task, outcomes, retry_full=False)
         record_tasks(outcomes)
 
+    def _store_one(self, task: StoreItem, outcomes: list[Outcome], retry_full: bool) -> None:
+        """Reserve one block (waiting for room), write and commit it; after a full disk once more if ``retry_full``."""
+        state, i = task
+        admit = self._reserve_now(state.meta.keys[i])
+        if admit is Admit.RESERVED:
+            for again in self._write_and_commit([task], [], outcomes, retry_full):
+                self._store_one(again, outcomes, retry_full=False)
+            return
+        ok = admit is Admit.PRESENT
+        if ok:
+            self.counters.inc("stores_already_present")
+        outcomes.append((state, i, ok, "" if ok else SHUTDOWN if self._stopping else _REFUSED[admit]))
+
     def _write_and_commit(
-        self, tasks: list[tuple[JobState, int]], commits: list[tuple[OffloadKey, bool]], outcomes: list[Outcome]
-    ) -> None:
-        """Write the reserved blocks ``tasks`` in one call; commit them and ``commits`` together."""
+        self,
+        tasks: list[StoreItem],
+        commits: list[tuple[OffloadKey, bool]],
+        outcomes: list[Outcome],
+        retry_full: bool = False,
+    ) -> list[StoreItem]:
+        """Write the reserved blocks ``tasks`` in one call; commit them and ``commits`` together.
+
+        Returns:
+            With ``retry_full``, the tasks the filesystem refused for lack of space (released, not in
+            ``outcomes``: the caller tries them again); else an empty list. After such a refusal the
+            cap is lowered to what the filesystem holds (:meth:`_fit_cap_to_disk`).
+        """
         keys = [state.meta.keys[i] for state, i in tasks]
         block_ids = [state.meta.block_ids[i] for state, i in tasks]
         stored: list[OffloadKey] = []
@@ -207,12 +236,20 @@ class Transfers:
         except BaseException:
             self.index.commit_many([*commits, *((key, False) for key in keys)])  # no reservation is left behind
             raise
+        refused: list[StoreItem] = []
+        full = 0
         for key, (state, i), exc in zip(keys, tasks, results, strict=True):
             if exc is None:
                 commits.append((key, True))
                 stored.append(key)
                 outcomes.append((state, i, True, ""))
                 continue
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+                full += 1
+                if retry_full:
+                    commits.append((key, False))
+                    refused.append((state, i))
+                    continue
             cause = SHUTDOWN if isinstance(exc, NotStartedError) else failure_cause(exc, load=False)
             if cause != SHUTDOWN:
                 _log_failure("store", key, cause, exc)
@@ -223,6 +260,31 @@ class Transfers:
         if stored:
             self.counters.add({"blocks_stored": len(stored), "bytes_stored": len(stored) * self.block_bytes})
             self.events.record_stored(stored)
+        if full:
+            self.counters.inc("disk_full_stores", full)
+            self._fit_cap_to_disk()
+        return refused
+
+    def _fit_cap_to_disk(self) -> None:
+        """The filesystem refused a write for lack of space: cap the tier at what the filesystem holds for it.
+
+        That is what the index counts now (resident blocks, writes in flight,
+        pending deletes, other processes' temporaries; the refused blocks'
+        reservations are released already) plus what the filesystem reports
+        free now (a refusal by a disk that others filled for a moment lowers
+        the cap little). Never below one stored block, so stores are still tried.
+        """
+        free = self.files.backend.free_bytes(self.files.namespace_dir) or 0
+        before = self.index.capacity_bytes
+        victims = self.index.lower_cap(max(self.index.used_bytes + free, self.stored_block_bytes))
+        after = self.index.capacity_bytes
+        if after != before:
+            logger.warning(
+                "fs tier: the filesystem is full; cap lowered from %s to %d bytes (what it holds for this tier)",
+                "unbounded" if before is None else before,
+                after,
+            )
+        self.delete(victims, "eviction")
 
     def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
         """The pool's ``on_error`` for stores: fail the blocks (once; a share releases its own reservations)."""

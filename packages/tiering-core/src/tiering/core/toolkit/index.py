@@ -244,6 +244,24 @@ class CapacityIndex(IndexState):
         self._evicted_bytes += sum(v.size for v in victims)
         return tuple(victims)
 
+    def lower_cap(self, limit_bytes: int) -> tuple[Victim, ...]:
+        """Lower the cap to ``limit_bytes`` and evict LRU blocks down to it (e.g. to what a full disk holds).
+
+        Never raises the cap: a limit at or above it changes nothing (an
+        unbounded index becomes bounded). The victims are deleted and reported
+        as those of :meth:`reserve`.
+
+        Raises:
+            ValueError: ``limit_bytes`` is negative.
+        """
+        if limit_bytes < 0:
+            raise ValueError(f"limit_bytes must be >= 0, got {limit_bytes}")
+        with self._lock:
+            self._touched.apply(self._resident)
+            if self.capacity_bytes is None or limit_bytes < self.capacity_bytes:
+                self.capacity_bytes = limit_bytes
+            return self._make_room(0)
+
     def evict_to_cap(self) -> tuple[Victim, ...]:
         """Evict LRU blocks until :attr:`used_bytes` fits the cap (after a rescan or adoption)."""
         with self._lock:

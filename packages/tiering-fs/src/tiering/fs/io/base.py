@@ -20,6 +20,7 @@ class StoredFile(NamedTuple):
         size: size in bytes (of the link itself for a symlink).
         mtime: modification time, seconds since the epoch (0.0 when unknown).
         is_link: a symbolic link (to a file or a directory; never followed).
+        is_special: a FIFO, socket or device node (never opened; local back end only).
     """
 
     path: str
@@ -27,6 +28,7 @@ class StoredFile(NamedTuple):
     size: int
     mtime: float
     is_link: bool = False
+    is_special: bool = False
 
 
 class Backend:
@@ -91,8 +93,15 @@ class Backend:
         raise NotImplementedError
 
     def scan(self, directory: str) -> Iterator[StoredFile]:
-        """Every file below ``directory`` (any depth); symlinks are listed with ``is_link`` and not followed."""
+        """Every file below ``directory`` (any depth); symlinks are listed with ``is_link`` and not followed.
+
+        FIFOs, sockets and device nodes are listed with ``is_special`` (never opened).
+        """
         raise NotImplementedError
+
+    def free_bytes(self, path: str) -> int | None:
+        """Bytes still free for this user on the filesystem holding ``path``; None where unknown."""
+        return None
 
     def is_real_directory(self, path: str) -> bool:
         """Whether ``path`` is a directory and not a symlink to one (True where the back end has no symlinks)."""

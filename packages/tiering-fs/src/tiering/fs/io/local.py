@@ -21,6 +21,14 @@ the file relative to it with ``O_NOFOLLOW`` (a symlinked shard directory or
 block file fails with ``ELOOP`` / ``ENOTDIR``: a failed store, a missed load),
 and :meth:`LocalBackend.size` (the lookup fallback) answers None for both.
 
+**Special files.** A FIFO, socket, device node or directory where a block
+file should be is never read: files are opened with ``O_NONBLOCK`` (opening a
+FIFO would otherwise wait for a writer, holding an I/O thread for good) and
+refused after ``fstat`` unless regular (:class:`~tiering.fs.errors.NotRegularFileError`;
+a socket already fails the open with ``ENXIO``). An ``O_DIRECT`` open such a
+file refuses with ``EINVAL`` is not taken for the filesystem refusing
+``O_DIRECT``. :meth:`LocalBackend.scan` lists them with ``is_special``.
+
 **Directory descriptors.** With ``cache_dirs`` (the tier's setting) each
 shard directory is opened once and its descriptor kept, instead of an
 ``open`` and a ``close`` of the directory per block (two system calls of
@@ -40,12 +48,14 @@ import errno
 import logging
 import mmap
 import os
+import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from tiering.core.format import TruncatedBlockError
+from tiering.fs.errors import NotRegularFileError
 from tiering.fs.io.base import Backend, StoredFile
 from tiering.fs.layout import ODIRECT_PROBE_NAME, temp_namer
 
@@ -63,7 +73,7 @@ _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-_OPEN_READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC
+_OPEN_READ = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC  # O_NONBLOCK: a FIFO's open never waits
 _OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _MAX_CACHED_DIRS = 4096
 """Directory descriptors one back end keeps at most (the fs layout has 256 shard directories per namespace)."""
@@ -249,6 +259,13 @@ class LocalBackend(Backend):
         """See :meth:`Backend.makedirs`."""
         os.makedirs(path, exist_ok=True)
 
+    def free_bytes(self, path: str) -> int | None:
+        """See :meth:`Backend.free_bytes` (``statvfs``: the blocks available to unprivileged users)."""
+        try:
+            return shutil.disk_usage(path).free
+        except OSError:
+            return None
+
     def is_real_directory(self, path: str) -> bool:
         """See :meth:`Backend.is_real_directory` (``lstat``: a symlink to a directory is not one)."""
         try:
@@ -284,7 +301,8 @@ class LocalBackend(Backend):
             except OSError as exc:
                 if not (direct and exc.errno in DIRECT_UNSUPPORTED):
                     raise
-                self.give_up_direct(exc, "read")
+                if not _is_special(dfd, name):  # else the file's type refused O_DIRECT, not the filesystem
+                    self.give_up_direct(exc, "read")
                 return _read(dfd, name, path, payload, trailer, expected_size, False)
 
         return self._in_dir(directory, read)
@@ -319,10 +337,10 @@ class LocalBackend(Backend):
             os.close(dfd)
 
     def read_small(self, path: str) -> bytes | None:
-        """See :meth:`Backend.read_small` (never via a symlinked file)."""
+        """See :meth:`Backend.read_small` (never via a symlinked file; None for a special file, never read)."""
         try:
-            fd = os.open(path, _OPEN_READ)
-        except FileNotFoundError:
+            fd = _open_regular(path, _OPEN_READ)[0]
+        except (FileNotFoundError, NotRegularFileError):
             return None
         with os.fdopen(fd, "rb") as f:
             return f.read()
@@ -344,9 +362,10 @@ class LocalBackend(Backend):
                         yield StoredFile(entry.path, entry.name, st.st_size, st.st_mtime, True)
                     elif entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False):
+                    else:
                         st = entry.stat(follow_symlinks=False)
-                        yield StoredFile(entry.path, entry.name, st.st_size, st.st_mtime)
+                        special = not stat.S_ISREG(st.st_mode)  # a FIFO, socket or device node: listed, never opened
+                        yield StoredFile(entry.path, entry.name, st.st_size, st.st_mtime, is_special=special)
                 except FileNotFoundError:
                     continue
 
@@ -375,12 +394,47 @@ def _publish(dfd: int, tmp: str, final: str, buffers: Sequence[memoryview], extr
         os.fsync(dfd)
 
 
+def _is_special(dfd: int, name: str) -> bool:
+    """Whether ``name`` in directory ``dfd`` exists and is not a regular file (``lstat``: nothing opened)."""
+    try:
+        return not stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _open_regular(path: str, flags: int, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
+    """Open ``path`` (``flags`` include ``O_NONBLOCK``) and make sure it is a regular file.
+
+    Returns:
+        The descriptor and its ``fstat``.
+
+    Raises:
+        NotRegularFileError: a FIFO, socket, device node or directory (closed again, nothing read).
+        OSError: the open failed otherwise.
+    """
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket, or a device node without its device
+            raise NotRegularFileError(errno.ENXIO, "not a regular file", path) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFileError(errno.ENXIO, f"not a regular file ({stat.filemode(st.st_mode)})", path)
+    return fd, st
+
+
 def _read(
     dfd: int, name: str, path: str, payload: memoryview, trailer: memoryview, expected_size: int, direct: bool
 ) -> int:
-    fd = os.open(name, _OPEN_READ | (_O_DIRECT if direct else 0), dir_fd=dfd)
+    fd, st = _open_regular(name, _OPEN_READ | (_O_DIRECT if direct else 0), dfd)
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if size != expected_size:
             raise TruncatedBlockError(f"{path} is {size} bytes, expected {expected_size}")
         got = _preadv_all(fd, [payload, trailer], 0, direct)

@@ -36,17 +36,18 @@ from tiering.core.format import (
     ForeignBlockError,
     TruncatedBlockError,
 )
+from tiering.fs.errors import NotRegularFileError
 
 LIBRARY_NAME = "libblockio.so"
 """File name of the library, next to this module."""
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """The ``tkvb_abi_version()`` this module speaks."""
 
 ENV_VAR = "TIERING_FS_NATIVE"
 """Environment variable: ``0`` (or ``false``, ``off``, ``no``) selects the pure-Python path."""
 
-TRUNCATED, CHECKSUM, FOREIGN, BAD_SLOT = -1, -2, -3, -4
+TRUNCATED, CHECKSUM, FOREIGN, BAD_SLOT, NOT_REGULAR = -1, -2, -3, -4, -5
 """Negative per-block result codes of the library (positive ones are errnos)."""
 
 NATIVE_MIN_SHARE = 4
@@ -120,6 +121,8 @@ def block_error(code: int, path: str) -> Exception:
         return ForeignBlockError(f"{path}: block of another namespace, key, length or format version")
     if code == BAD_SLOT:
         return IndexError(f"{path}: block id outside the primary buffer")
+    if code == NOT_REGULAR:
+        return NotRegularFileError(errno.ENXIO, "not a regular file", path)
     if code == errno.ENOENT:
         return FileNotFoundError(code, os.strerror(code), path)
     return OSError(code, os.strerror(code), path)
@@ -213,8 +216,9 @@ class NativeBlockIO:
         Returns:
             Per key 0 (read and verified), an errno (``ENOENT``: no such file; ``ELOOP`` /
             ``ENOTDIR``: a symlink refused), :data:`TRUNCATED`, :data:`CHECKSUM`,
-            :data:`FOREIGN` or :data:`BAD_SLOT`; and the errno with which ``O_DIRECT`` was
-            refused, else 0.
+            :data:`FOREIGN`, :data:`NOT_REGULAR` (a FIFO, socket, device node or directory:
+            opened without blocking, never read) or :data:`BAD_SLOT`; and the errno with
+            which ``O_DIRECT`` was refused, else 0.
 
         Raises:
             MemoryError: the library could not allocate its trailer page (nothing was attempted).

@@ -16,6 +16,8 @@
  * on the shard directory); O_DIRECT when asked, redone buffered when the filesystem refuses it
  * (EINVAL / EOPNOTSUPP), reported to the caller so it stops asking; every loaded block verified
  * (size, header checksum, magic, version, namespace digest, key, length, payload checksum).
+ * A block file is opened with O_NONBLOCK (a FIFO's open would wait for a writer, holding the calling
+ * I/O thread for good) and refused unless fstat says it is a regular file.
  *
  * Result codes per block: 0 done, > 0 an errno, < 0 one of the TKVB_* codes below.
  * Build: cc -O2 -shared -fPIC -o libblockio.so _blockio.c (see packages/tiering-fs/hatch_build.py).
@@ -45,12 +47,13 @@
 #define XXH3_HASH XXH3_64bits
 #endif
 
-#define TKVB_ABI_VERSION 1
+#define TKVB_ABI_VERSION 2
 
 #define TKVB_TRUNCATED (-1) /* size differs from header + payload */
 #define TKVB_CHECKSUM (-2)  /* header or payload checksum, magic or header size wrong */
 #define TKVB_FOREIGN (-3)   /* another format version, namespace, key or length */
 #define TKVB_BAD_SLOT (-4)  /* block id outside the primary buffer */
+#define TKVB_NOT_REGULAR (-5) /* a FIFO, socket, device node or directory in a block file's place: never read */
 
 #define TKVB_DIRECT 1
 #define TKVB_FSYNC 2
@@ -264,12 +267,14 @@ int tkvb_store(int ns_fd, int32_t *shard_fds, const char *temp_prefix, const uin
 }
 
 static int read_one(int dfd, const char *name, uint8_t *payload, uint64_t block_bytes, uint8_t *trailer, int direct) {
-    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    if (fd < 0) return errno;
+    int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    if (fd < 0) return errno == ENXIO ? TKVB_NOT_REGULAR : errno; /* ENXIO: a socket, or a device without driver */
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0) {
         rc = errno;
+    } else if (!S_ISREG(st.st_mode)) {
+        rc = TKVB_NOT_REGULAR;
     } else if ((uint64_t)st.st_size != block_bytes + TRAILER_BYTES) {
         rc = TKVB_TRUNCATED;
     } else {
@@ -287,7 +292,7 @@ static int read_one(int dfd, const char *name, uint8_t *payload, uint64_t block_
 /*
  * Load n blocks into their primary slots (same arguments as tkvb_store) and verify each.
  * results[i]: 0, an errno (ENOENT: no such file), TKVB_TRUNCATED / TKVB_CHECKSUM / TKVB_FOREIGN,
- * or TKVB_BAD_SLOT; every block is attempted, also after a failure. Returns as tkvb_store.
+ * TKVB_NOT_REGULAR or TKVB_BAD_SLOT; every block is attempted, also after a failure. Returns as tkvb_store.
  */
 int tkvb_load(int ns_fd, int32_t *shard_fds, const uint8_t *digest, const uint8_t *keys, const uint8_t *key_lens,
               int n, uint8_t *base, const int64_t *block_ids, int64_t num_blocks, uint64_t block_bytes, int flags,
@@ -311,9 +316,14 @@ int tkvb_load(int ns_fd, int32_t *shard_fds, const uint8_t *digest, const uint8_
                 hex_name(name, key, key_len);
                 rc = read_one(dfd, name, payload, block_bytes, trailer, direct);
                 if (rc > 0 && direct && direct_unsupported(rc)) {
-                    direct = 0;
-                    lost = rc;
-                    rc = read_one(dfd, name, payload, block_bytes, trailer, 0);
+                    struct stat st;
+                    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+                        rc = TKVB_NOT_REGULAR; /* the file's type refused O_DIRECT, not the filesystem */
+                    } else {
+                        direct = 0;
+                        lost = rc;
+                        rc = read_one(dfd, name, payload, block_bytes, trailer, 0);
+                    }
                 }
                 if (rc == 0) rc = verify(trailer, payload, block_bytes, digest, key, key_len);
             }
