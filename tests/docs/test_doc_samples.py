@@ -6,8 +6,8 @@
 - ``json`` blocks that are configs resolve with the factories, as
   ``tiering check`` does (tiers whose package is not installed are skipped);
 - ``toml`` blocks parse;
-- ``console`` blocks: the ``tiering ...`` command runs against the installed
-  command; ``bash .ci/run`` (the CI run itself) is the one sample not run here;
+- ``console`` blocks: run whole, in a fresh venv, by test_console_blocks.py
+  (README.md and docs/content);
 - ``bash`` blocks: every ``--kv-transfer-config`` JSON for ``vllm serve``
   parses and each of its tiers resolves, through the binding's names, to an
   installed tiering tier that accepts its keys (vLLM itself runs in the
@@ -15,10 +15,7 @@
 """
 
 import json
-import os
 import re
-import shlex
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -34,7 +31,6 @@ PAGES = [
     *sorted(REPO.glob("packages/*/README.md")),
 ]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
-TRACE = REPO / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.fixture
@@ -97,36 +93,6 @@ def test_toml_samples_parse(page):
     tomllib = pytest.importorskip("tomllib")
     for body in blocks(page, "toml"):
         assert tomllib.loads(body)
-
-
-def console_commands():
-    """The ``tiering`` commands of each console line, in order (one line's commands share a scratch folder)."""
-    for page in PAGES:
-        for body in blocks(page, "console"):
-            for line in body.splitlines():
-                commands = [c.strip() for c in line.split("&&")]
-                commands = [c for c in commands if c.startswith((".venv/bin/tiering", "tiering "))]
-                if commands:
-                    yield pytest.param(page, commands, id=f"{page_id(page)}: {' && '.join(commands)[:60]}")
-
-
-@pytest.mark.parametrize(("page", "commands"), list(console_commands()))
-def test_console_tiering_commands_run(page, commands, tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)
-    env = dict(os.environ)
-    exe = Path(sys.executable).parent / "tiering"
-    for command in commands:
-        if "../shared/traces" in command and not TRACE.exists():
-            pytest.skip("the shared traces are not beside this checkout")
-        argv = shlex.split(command)[1:]
-        # Paths the sample names (--json, --plot, --root) go to a scratch folder, not into the checkout.
-        argv = [
-            str(tmp_path / a) if i and argv[i - 1] in ("--json", "--plot", "--root") else a for i, a in enumerate(argv)
-        ]
-        proc = subprocess.run([str(exe), *argv], capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        if argv[0] == "bench":
-            assert "every loaded byte matched" in proc.stdout
 
 
 VLLM_CONFIG = re.compile(r"--kv-transfer-config\s+'(\{.*?\})'", re.S)
@@ -201,6 +167,6 @@ def test_bash_samples_name_existing_scripts_and_our_packages(page):
         for script in re.findall(r"(scripts/[\w./-]+)", body):
             assert (REPO / script).exists(), script
         for line in body.splitlines():
-            if line.strip().startswith("pip install"):
+            if re.match(r"\s*(\.venv/bin/)?pip install", line):
                 for dist in re.findall(r"\b(tiering-[a-z0-9]+)", line):
                     assert (REPO / "packages" / dist).is_dir(), dist

@@ -33,7 +33,7 @@ def run(cmd, cwd, **env):
 
 def test_guide_check_command_works_as_written_and_the_error_without_it_names_pythonpath(tmp_path):
     folder = guide_directory(tmp_path)
-    assert "PYTHONPATH=. tiering check config.json\n" in fenced("console")
+    assert "PYTHONPATH=. .venv/bin/tiering check config.json\n" in fenced("console")
     proc = run([str(EXE), "check", "config.json"], folder)
     assert proc.returncode == 2
     assert "No module named 'my_tiers'" in proc.stderr and "PYTHONPATH" in proc.stderr

@@ -134,3 +134,74 @@ def test_start_up_refuses_a_primary_tier_larger_than_the_memory_before_allocatin
     spec = TieringOffloadingSpec({"cpu_bytes_to_use": 2 << 20, "block_bytes": 4096})
     with pytest.raises(ValueError, match=r"^cpu_bytes_to_use: 2097152 bytes \(2\.0 MiB\) is more than this machine's"):
         spec.create_primary()
+
+
+# -- tiers that cannot be built, caught without --probe; a raising tier in one line with it -----------------
+BAD_TIERS = """
+from tiering.core.base import SecondaryTierManager
+from tiering.example.tier import ExampleSecondaryTierManager
+
+
+class OneArgument(ExampleSecondaryTierManager):
+    def __init__(self, spec):
+        raise AssertionError("plain check must not construct a tier")
+
+
+class Abstract(SecondaryTierManager):
+    def __init__(self, offloading_spec, primary_kv_view, tier_type):
+        raise AssertionError("plain check must not construct a tier")
+
+
+class Raising(ExampleSecondaryTierManager):
+    def __init__(self, offloading_spec, primary_kv_view, tier_type):
+        raise RuntimeError("cannot reach the cluster")
+"""
+
+
+def _bad_tier_config(tmp_path, monkeypatch, name):
+    (tmp_path / "bad_tiers_for_check.py").write_text(BAD_TIERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = {"type": name, "module_path": "bad_tiers_for_check"}
+    return _write(tmp_path, {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [entry]})
+
+
+@requires_tier("example")
+def test_c14_check_without_probe_refuses_a_tier_constructor_that_cannot_take_the_entry(tmp_path, capsys, monkeypatch):
+    assert main(["check", _bad_tier_config(tmp_path, monkeypatch, "OneArgument")]) == 2
+    captured = capsys.readouterr()
+    assert "config ok" not in captured.out
+    assert (
+        "secondary_tiers[0] (type 'OneArgument'): bad_tiers_for_check.OneArgument(spec) cannot be called as "
+        "bad_tiers_for_check.OneArgument(offloading_spec: OffloadingSpec, primary_kv_view: memoryview, "
+        "tier_type: str, **tier_keys): too many positional arguments"
+    ) in captured.err
+
+
+@requires_tier("example")
+def test_check_without_probe_refuses_an_abstract_tier_class(tmp_path, capsys, monkeypatch):
+    assert main(["check", _bad_tier_config(tmp_path, monkeypatch, "Abstract")]) == 2
+    captured = capsys.readouterr()
+    assert "config ok" not in captured.out
+    assert (
+        "secondary_tiers[0] (type 'Abstract'): bad_tiers_for_check.Abstract is abstract; "
+        "it must implement get_finished, lookup, submit_load, submit_store"
+    ) in captured.err
+
+
+@requires_tier("example")
+def test_check_probe_reports_a_raising_tier_constructor_in_one_line(tmp_path, capsys, monkeypatch):
+    path = _bad_tier_config(tmp_path, monkeypatch, "Raising")
+    assert main(["check", path]) == 0  # its signature fits: only opening it fails
+    capsys.readouterr()
+    assert main(["check", path, "--probe"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("tiering check: error: secondary_tiers[0]: cannot reach the cluster (RuntimeError)\n")
+    assert "Traceback" not in err
+
+
+def test_check_says_cpu_bytes_to_use_must_hold_one_block(tmp_path, capsys):
+    assert main(["check", _write(tmp_path, {"cpu_bytes_to_use": 65536, "block_bytes": 100000})]) == 2
+    assert (
+        "config key 'cpu_bytes_to_use' must be an integer >= 100000 (the primary tier must hold at least one "
+        "block of block_bytes 100000), got 65536"
+    ) in capsys.readouterr().err

@@ -28,6 +28,7 @@ from tiering.core.configfile import install_hint, load_config, redact_text
 from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
 from tiering.core.primary.memory import check_primary_fits
 from tiering.core.terminal import echo
+from tiering.core.tier_factory import check_tier_constructor
 
 logger = logging.getLogger("tiering.core.cli")
 
@@ -104,6 +105,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     tier_configs = list(getattr(spec, "secondary_tiers", []))
     for index, tier_config in enumerate(tier_configs):
         tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)
+        check_tier_constructor(tier_cls, tier_type, kwargs, spec, index=index)
         schema = getattr(tier_cls, "config_schema", None)
         if schema is not None:
             schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
@@ -122,49 +124,70 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+class TierOpenError(Exception):
+    """A tier raised an error of its own type while ``tiering check --probe`` opened it; one line, exit status 2."""
+
+
+CONFIG_ERRORS = (ValueError, TypeError, ImportError, AttributeError, OSError, TierOpenError)
+"""What a command reports as one line with exit status 2 (a bad config, argument, path or tier)."""
+
+
 def _probe(spec: Any, tier_configs: list[Any]) -> None:
     """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it.
 
     Every error names the entry (``secondary_tiers[N]`` and, where it can be told, ``.<key>``), as plain check does.
+
+    Raises:
+        ValueError, TypeError, ImportError, AttributeError, OSError: as raised by the tier, labelled.
+        TierOpenError: the tier raised any other exception; the message names the entry and the exception's type.
     """
-    from tiering.core.factory import create_secondary_tier
-    from tiering.core.inspection import inspector_for
     from tiering.core.primary import allocate_host_buffer
-    from tiering.core.primary.memory import format_bytes
     from tiering.core.tier_factory import tier_error
 
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
-        cls, tier_type, _ = resolve_tier(tier_config, index)
         try:
-            inspector = inspector_for(tier_config, index)
-            where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
-            free = None if inspector is None else inspector.free_bytes()
-            found = cls.probe(tier_config)
+            _probe_tier(spec, view, tier_config, index)
         except Exception as exc:
             labelled = tier_error(exc, tier_config, index)
+            if not isinstance(labelled, CONFIG_ERRORS):
+                # a tier's own exception type would otherwise end the command with a traceback
+                raise TierOpenError(f"{labelled} ({type(exc).__name__})") from exc
             if labelled is exc:
                 raise
             raise labelled from exc
-        head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
-        tail = "" if where else " (in memory, nothing kept)"
-        capacity = tier_config.get("capacity_bytes")
-        if free is not None and isinstance(capacity, int) and capacity > free:
-            echo(
-                f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
-                f"more than the {free} bytes ({format_bytes(free)}) free at {where}; the tier holds no more than "
-                "the disk does"
-            )
-        if found is not None:
-            echo(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
-            continue
-        tier = create_secondary_tier(tier_config, view, spec, index=index)
-        try:
-            echo(f"{head}: ok{tail}")
-            for line in tier.probe_report():
-                echo(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
-        finally:
-            tier.shutdown()
+
+
+def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> None:
+    """Probe or open entry ``secondary_tiers[index]`` and print what was found; errors unlabelled."""
+    from tiering.core.factory import create_secondary_tier
+    from tiering.core.inspection import inspector_for
+    from tiering.core.primary.memory import format_bytes
+
+    cls, tier_type, _ = resolve_tier(tier_config, index)
+    inspector = inspector_for(tier_config, index)
+    where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
+    free = None if inspector is None else inspector.free_bytes()
+    found = cls.probe(tier_config)
+    head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
+    tail = "" if where else " (in memory, nothing kept)"
+    capacity = tier_config.get("capacity_bytes")
+    if free is not None and isinstance(capacity, int) and capacity > free:
+        echo(
+            f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
+            f"more than the {free} bytes ({format_bytes(free)}) free at {where}; the tier holds no more than the disk "
+            "does"
+        )
+    if found is not None:
+        echo(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
+        return
+    tier = create_secondary_tier(tier_config, view, spec, index=index)
+    try:
+        echo(f"{head}: ok{tail}")
+        for line in tier.probe_report():
+            echo(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
+    finally:
+        tier.shutdown()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         echo(f"tiering {args.command}: interrupted", sys.stderr)
         return 130
-    except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:
+    except CONFIG_ERRORS as exc:
         echo(f"tiering {args.command}: error: {error_text(exc, _secret_context(args))}", sys.stderr)
         return 2
 

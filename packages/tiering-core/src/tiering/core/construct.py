@@ -91,6 +91,38 @@ def config_key_of(config: Mapping[str, Any], exc: BaseException) -> str | None:
     return quoted[0] if len(quoted) == 1 else None
 
 
+def check_callable(
+    cls: type,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    label: str,
+    expected: str,
+    redact: Callable[[object], str],
+) -> None:
+    """Whether ``cls(*args, **kwargs)`` could be called, found by inspection alone (nothing is constructed).
+
+    Args: as :func:`construct`; only the names and number of the arguments matter, not their values.
+
+    Raises:
+        TypeError: the call does not fit the constructor's signature, or the
+            class is abstract; the message gives ``label``, the class, its
+            signature and ``expected``.
+    """
+    name = qualified_name(cls)
+    try:
+        inspect.signature(cls).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"{label}: {name}{signature_text(cls)} cannot be called as {name}{expected}: {redact(exc)}"
+        ) from None
+    except ValueError:
+        pass  # no introspectable signature: let the call itself say
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise TypeError(f"{label}: {name} is abstract; it must implement {missing}")
+
+
 def construct(
     cls: type[T],
     args: tuple[Any, ...],
@@ -120,18 +152,7 @@ def construct(
             signature and ``expected``.
         Exception: whatever the constructor raises, labelled by :func:`label_error`.
     """
-    name = qualified_name(cls)
-    try:
-        inspect.signature(cls).bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(
-            f"{label}: {name}{signature_text(cls)} cannot be called as {name}{expected}: {redact(exc)}"
-        ) from None
-    except ValueError:
-        pass  # no introspectable signature: let the call itself say
-    if inspect.isabstract(cls):
-        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise TypeError(f"{label}: {name} is abstract; it must implement {missing}")
+    check_callable(cls, args, kwargs, label=label, expected=expected, redact=redact)
     try:
         return cls(*args, **kwargs)
     except Exception as exc:
@@ -140,4 +161,4 @@ def construct(
         raise
 
 
-__all__ = ["config_key_of", "construct", "label_error", "qualified_name", "signature_text"]
+__all__ = ["check_callable", "config_key_of", "construct", "label_error", "qualified_name", "signature_text"]

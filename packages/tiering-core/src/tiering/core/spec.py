@@ -111,12 +111,14 @@ class Namespace:
         return self.digest_bytes.hex()
 
 
-def _int_key(config: Mapping[str, Any], key: str, default: int | None, minimum: int) -> int:
+def _int_key(config: Mapping[str, Any], key: str, default: int | None, minimum: int, why: str = "") -> int:
+    """``config[key]`` as an int >= ``minimum``; ``why`` says where the minimum comes from (in the message)."""
     value = config.get(key, default)
     if value is None:
         raise ValueError(f"config key {key!r} is required")
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"config key {key!r} must be an integer >= {minimum}, got {value!r}")
+        because = f" ({why})" if why else ""
+        raise ValueError(f"config key {key!r} must be an integer >= {minimum}{because}, got {value!r}")
     return value
 
 
@@ -166,7 +168,13 @@ class OffloadingSpec:
         self.engine_config = engine_config
         self.block_size = _int_key(extra_config, "block_size", DEFAULT_BLOCK_SIZE, 1)
         self.block_bytes = _int_key(extra_config, "block_bytes", DEFAULT_BLOCK_BYTES, 1)
-        self.cpu_bytes_to_use = _int_key(extra_config, "cpu_bytes_to_use", None, self.block_bytes)
+        self.cpu_bytes_to_use = _int_key(
+            extra_config,
+            "cpu_bytes_to_use",
+            None,
+            self.block_bytes,
+            f"the primary tier must hold at least one block of block_bytes {self.block_bytes}",
+        )
         self.num_primary_blocks = self.cpu_bytes_to_use // self.block_bytes
         self.namespace = Namespace(
             model=_str_key(extra_config, "model", "unknown"),

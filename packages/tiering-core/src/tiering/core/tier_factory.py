@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tiering.core.base import SecondaryTierManager
-from tiering.core.construct import config_key_of, construct, label_error
+from tiering.core.construct import check_callable, config_key_of, construct, label_error
 from tiering.core.primary.policy import CachePolicy
 from tiering.core.redact import Redactor, redact_config
 from tiering.core.registry import Registry
@@ -80,6 +80,41 @@ def check_tier_keys(cls: type, tier_config: Mapping[str, Any], label: str) -> No
                 f"{label}: unknown key {key!r} for {cls.__module__}.{cls.__qualname__}; "
                 f"accepted keys: {', '.join(accepted) or 'none'}"
             )
+
+
+def check_tier_constructor(
+    cls: type[SecondaryTierManager],
+    tier_type: str,
+    kwargs: Mapping[str, Any],
+    offloading_spec: OffloadingSpec,
+    *,
+    index: int = 0,
+) -> None:
+    """Whether the factory could construct ``cls`` for entry ``secondary_tiers[index]``, by inspection only.
+
+    Nothing is constructed or opened (``tiering check`` without ``--probe``):
+    the constructor's signature must accept the call :func:`create_secondary_tier`
+    makes (:data:`TIER_SIGNATURE` with the entry's keys) and the class must not be abstract.
+
+    Args:
+        cls: the entry's class, as :func:`resolve_tier` returns it.
+        tier_type: the entry's ``type``.
+        kwargs: the entry's constructor keywords (``type`` and ``module_path`` removed).
+        offloading_spec: the stack's spec.
+        index: the entry's position in ``secondary_tiers`` (for messages).
+
+    Raises:
+        TypeError: the class is abstract or its constructor cannot take the call; names
+            ``secondary_tiers[<index>]``, the class, its signature and :data:`TIER_SIGNATURE`.
+    """
+    check_callable(
+        cls,
+        (offloading_spec, memoryview(b""), tier_type),
+        kwargs,
+        label=f"secondary_tiers[{index}] (type {tier_type!r})",
+        expected=TIER_SIGNATURE,
+        redact=Redactor(dict(kwargs), secret_keys=_schema_secret_keys(cls)),
+    )
 
 
 def create_secondary_tier(
@@ -261,6 +296,7 @@ __all__ = [
     "TIER_SIGNATURE",
     "CachePolicyFactory",
     "SecondaryTierFactory",
+    "check_tier_constructor",
     "check_tier_keys",
     "create_cache_policy",
     "create_secondary_tier",

@@ -24,8 +24,44 @@ from tiering.fs.layout import NAMESPACE_FILE, PROBE_NAME, temp_namer
 logger = logging.getLogger(__name__)
 
 
-def _root_error(tier_type: str, root: str, exc: OSError, what: str) -> RootNotUsableError:
-    return RootNotUsableError(tier_type, f"{root!r}: {what}: {exc.strerror or exc}", exc.errno or errno.EIO)
+MOUNTS = "/proc/self/mounts"
+"""This process's mount table (``device mountpoint fstype options ...`` lines)."""
+
+PSEUDO_FILESYSTEMS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "pstore", "bpf", "configfs"}
+)
+"""Kernel filesystems that show state rather than store files: creating a file there fails with a misleading errno."""
+
+
+def filesystem_type(path: str) -> str | None:
+    """The type of the filesystem ``path`` lies on (``"proc"``, ``"ext4"``), from the mount table; None when unknown."""
+    try:
+        with open(MOUNTS, encoding="utf-8") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= best[0]):
+            best = (len(point), fields[2])
+    return None if best is None else best[1]
+
+
+def _root_error(
+    tier_type: str, root: str, exc: OSError, what: str, local_path: str | None = None
+) -> RootNotUsableError:
+    """The error of an unusable root; for a local path on a kernel pseudo filesystem, says so instead of the errno."""
+    reason = exc.strerror or str(exc)
+    fstype = filesystem_type(local_path) if local_path is not None else None
+    if fstype in PSEUDO_FILESYSTEMS:
+        # /proc answers "No such file or directory" to a new file: the real reason is that it stores nothing
+        reason = f"it is on a {fstype!r} filesystem, which shows kernel state and stores no files; choose a disk path"
+    return RootNotUsableError(tier_type, f"{root!r}: {what}: {reason}", exc.errno or errno.EIO)
 
 
 def _write_probe(backend: Backend, directory: str) -> None:
@@ -54,13 +90,15 @@ def prepare_namespace_dir(
     try:
         backend.makedirs(namespace_dir)
     except OSError as exc:
-        raise _root_error(tier_type, root, exc, f"cannot create directory {namespace_dir!r}") from exc
+        where = namespace_dir if backend.is_local else None
+        raise _root_error(tier_type, root, exc, f"cannot create directory {namespace_dir!r}", where) from exc
     if not backend.is_real_directory(namespace_dir):
         raise RootNotUsableError(tier_type, f"{root!r}: {namespace_dir!r} is a symlink, not a directory", errno.ELOOP)
     try:
         _write_probe(backend, namespace_dir)
     except OSError as exc:
-        raise _root_error(tier_type, root, exc, f"directory {namespace_dir!r} is not writable") from exc
+        where = namespace_dir if backend.is_local else None
+        raise _root_error(tier_type, root, exc, f"directory {namespace_dir!r} is not writable", where) from exc
     ns_path = f"{namespace_dir}/{NAMESPACE_FILE}"
     try:
         current = backend.read_small(ns_path)
@@ -105,7 +143,7 @@ def probe_root(root: str, storage_options: dict[str, Any] | None = None, tier_ty
     try:
         _write_probe(backend, existing)
     except OSError as exc:
-        raise _root_error(tier_type, root, exc, f"directory {existing!r} is not writable") from exc
+        raise _root_error(tier_type, root, exc, f"directory {existing!r} is not writable", existing) from exc
     if existing == base:
         return f"{base}: exists, writable (probe file written and removed)"
     return f"{base}: does not exist; would be created in {existing!r}, writable (probe file written and removed)"
