@@ -26,3 +26,19 @@ def test_probe_warns_when_capacity_exceeds_the_free_disk(tmp_path, capsys):
 def test_probe_does_not_warn_when_capacity_fits(tmp_path, capsys):
     assert main(["check", _config(tmp_path, capacity_bytes=1 << 20), "--probe"]) == 0
     assert "warning" not in capsys.readouterr().out
+
+
+def test_capacity_with_a_unit_reaches_the_tier_as_bytes(tmp_path, capsys):
+    from tiering.core import TieringOffloadingSpec
+
+    entry = {"type": "fs", "root": str(tmp_path / "kv"), "capacity_bytes": "256MiB"}
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": "1MiB", "block_bytes": "16KiB", "secondary_tiers": [entry]})
+    manager = spec.get_manager()
+    try:
+        assert manager.secondary_tiers[0].stats()["capacity_bytes"] == 256 << 20
+    finally:
+        manager.shutdown()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"cpu_bytes_to_use": "1MiB", "secondary_tiers": [entry]}))
+    assert main(["check", str(path), "--probe"]) == 0
+    assert main(["ls", str(path)]) == 0

@@ -134,7 +134,7 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
 
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
-        cls, tier_type, _ = resolve_tier(tier_config, index)
+        cls, tier_type, kwargs = resolve_tier(tier_config, index)
         try:
             inspector = inspector_for(tier_config, index)
             where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
@@ -147,7 +147,7 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
             raise labelled from exc
         head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
         tail = "" if where else " (in memory, nothing kept)"
-        capacity = tier_config.get("capacity_bytes")
+        capacity = kwargs.get("capacity_bytes")  # in bytes, also where the config wrote "4GiB"
         if free is not None and isinstance(capacity, int) and capacity > free:
             print(
                 f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
