@@ -30,7 +30,10 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(n: float) -> str:
-    """``34359738368`` -> ``"32.0 GiB"``, ``20480`` -> ``"20.0 KiB"``, ``512`` -> ``"512 B"`` (binary units, one decimal)."""
+    """``34359738368`` -> ``"32.0 GiB"``, ``20480`` -> ``"20.0 KiB"``, ``512`` -> ``"512 B"``.
+
+    Binary units (KiB, MiB, GiB, TiB), one decimal.
+    """
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
