@@ -87,3 +87,12 @@ def test_commands_fail_clearly_on_unreachable_root_or_bad_config(tmp_path, capsy
     no_tiers = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": []}
     assert main(["ls", _write_config(tmp_path, no_tiers)]) == 2
     assert "no persistent secondary tier" in capsys.readouterr().err
+
+
+def test_verify_on_a_root_without_namespace_says_nothing_was_found(tmp_path, capsys):
+    (tmp_path / "kv").mkdir()
+    config = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "fs", "root": str(tmp_path / "kv")}]}
+    assert main(["verify", _write_config(tmp_path, config)]) == 0
+    assert capsys.readouterr().out == (
+        f"secondary_tiers[0] fs at {tmp_path / 'kv'}: no namespace found, nothing to verify (see `tiering ls`)\n"
+    )
