@@ -27,17 +27,19 @@ from typing import Any
 from tiering.core.bench.interrupt import StopOnSignal
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
-from tiering.core.bench.report import format_report
+from tiering.core.bench.report import describe_stack, format_header, format_report
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
 from tiering.core.bench.workload import (
     DEFAULT_TRACE,
     SHIPPED_TRACES,
     TRACE_FORMAT,
+    Request,
     load_mooncake_trace,
     resolve_trace,
 )
 from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
 from tiering.core.factory import redact_offloading_config
+from tiering.core.units import parse_size
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"
@@ -56,6 +58,52 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def positive_size(text: str) -> int:
+    """An argparse type: a byte count >= 1, with an optional unit (``"64MiB"``; :func:`tiering.core.units.parse_size`).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """Fail now, before a replay, when ``path`` could not be written at the end.
+
+    Raises:
+        ValueError: ``path`` is a directory, or its directory is missing or not writable; the message names ``flag``.
+    """
+    target = Path(path)
+    parent = target.parent
+    if target.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{flag} {path}: cannot write there (permission denied)")
+
+
+def check_output_dir(flag: str, path: str) -> None:
+    """Fail now, before a replay, when directory ``path`` could not be created or written.
+
+    Raises:
+        ValueError: ``path`` or the nearest existing directory above it is not a writable directory;
+            the message names ``flag``.
+    """
+    target = Path(path)
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {existing} (permission denied)")
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -87,8 +135,11 @@ def add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument(
         "--block-bytes",
-        type=positive_int,
-        help=f"bytes per block (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the default stack)",
+        type=positive_size,
+        help=(
+            f"bytes per block, e.g. 16KiB or 64MiB (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the "
+            "default stack, whose primary tier holds 1,024 blocks)"
+        ),
     )
     bench.add_argument("--json", help="also write the report as JSON to this file")
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
@@ -180,7 +231,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "there; install a tier package whose tier does (the filesystem tier's; the tier packages are listed "
             f"at {documentation_url('index.md')}), or replay without --root (CPU primary tier only), or with --config"
         )
+    # Paths are checked before the replay, not after it: a typo must not cost the run.
+    if args.root is not None:
+        check_output_dir("--root", args.root)
+    if args.json:
+        check_output_file("--json", args.json)
     if args.plot:
+        check_output_file("--plot", args.plot)
         _check_plot_available()
     trace = resolve_trace(args.trace)
     with StopOnSignal(LABEL) as stopper, _workspace(args.root, not args.config) as workspace:
@@ -205,7 +262,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 serve(manager, args.metrics_port)
                 print(f"serving metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr)
             names = [f"{i}:{t.tier_type}" for i, t in enumerate(manager.secondary_tiers)]
-            header = _header(args, len(requests), spec, names, locations, temporary)
+            stack = _stack(spec, manager, names, locations, temporary, requests, default_stack=not args.config)
+            header = format_header(args.trace, len(requests), stack)
             print(header, file=sys.stderr, flush=True)
             replayer = Replayer(manager, names, abandon=stopper.abandon)
 
@@ -222,6 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             manager.shutdown()
         data = report.to_dict()
         data["trace"] = args.trace
+        data["stack"] = stack
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}
         data["config"] = redact_offloading_config(config)
         print(format_report(data, header))
@@ -236,22 +295,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return stopper.exit_status or 0
 
 
-def _header(
-    args: argparse.Namespace,
-    n_requests: int,
+def _stack(
     spec: Any,
+    manager: Any,
     names: list[str],
     locations: dict[str, str | None],
     temporary: bool,
-) -> str:
-    where = []
-    for name in names:
-        loc = locations.get(name)
-        if loc is None:
-            where.append(f"{name} (nothing persistent)")
-        else:
-            where.append(f"{name} at {loc}" + (" (temporary, removed after the run)" if temporary else ""))
-    return (
-        f"{LABEL}: trace {args.trace}, {n_requests} requests; primary {spec.num_primary_blocks} x "
-        f"{spec.block_bytes} B ({spec.eviction_policy}); blocks written to: {', '.join(where) or 'primary only'}"
-    )
+    requests: list[Request],
+    default_stack: bool,
+) -> dict[str, Any]:
+    tiers = [
+        {
+            "name": name,
+            "capacity_bytes": int(tier.stats().get("capacity_bytes", 0)),
+            "location": locations.get(name),
+            "temporary": temporary and locations.get(name) is not None,
+        }
+        for name, tier in zip(names, manager.secondary_tiers, strict=True)
+    ]
+    block_tokens = requests[0].block_tokens if requests else spec.block_size
+    return describe_stack(spec, tiers, block_tokens, default_stack)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+GIB = 1 << 30
+
 
 def plot_report(report: dict[str, Any], out: str | Path) -> Path:
     """Draw hit ratio per tier, bytes moved per tier and job latency percentiles into a PNG.
@@ -38,10 +40,14 @@ def plot_report(report: dict[str, Any], out: str | Path) -> Path:
     )
     ax_hit.legend()
     for tier, values in series["bytes_stored"].items():
-        ax_bytes.plot(series["index"], [v / 1e9 for v in values], label=f"{tier} stored")
+        ax_bytes.plot(series["index"], [v / GIB for v in values], label=f"{tier} written")
     for tier, values in series["bytes_loaded"].items():
-        ax_bytes.plot(series["index"], [v / 1e9 for v in values], linestyle="--", label=f"{tier} served")
-    ax_bytes.set(title="Bytes written into / served by each tier (cumulative)", xlabel="request", ylabel="GB")
+        ax_bytes.plot(series["index"], [v / GIB for v in values], linestyle="--", label=f"{tier} served")
+    ax_bytes.set(
+        title="Payload bytes written into / served by each tier (cumulative, headers excluded)",
+        xlabel="request",
+        ylabel="GiB",
+    )
     ax_bytes.legend(fontsize="small")
     rows = [(f"{r['tier']} {r['kind']}", r) for r in report.get("latency", [])]
     if rows:
