@@ -225,12 +225,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.config and args.root:
         raise ValueError("--root places the default stack's tier; with --config the config's tiers say where")
-    if args.root is not None and default_local_tier(args.root) is None:
-        raise ValueError(
-            f"--root {args.root}: no installed tier keeps blocks in a local directory, so nothing would be kept "
-            "there; install a tier package whose tier does (the filesystem tier's; the tier packages are listed "
-            f"at {documentation_url('index.md')}), or replay without --root (CPU primary tier only), or with --config"
-        )
     # Paths are checked before the replay, not after it: a typo must not cost the run.
     if args.root is not None:
         check_output_dir("--root", args.root)
@@ -238,6 +232,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_output_file("--json", args.json)
     if args.plot:
         check_output_file("--plot", args.plot)
+    if args.root is not None and default_local_tier(args.root) is None:
+        raise ValueError(
+            f"--root {args.root}: no installed tier keeps blocks in a local directory, so nothing would be kept "
+            "there; install a tier package whose tier does (the filesystem tier's; the tier packages are listed "
+            f"at {documentation_url('index.md')}), or replay without --root (CPU primary tier only), or with --config"
+        )
+    if args.plot:
         _check_plot_available()
     trace = resolve_trace(args.trace)
     with StopOnSignal(LABEL) as stopper, _workspace(args.root, not args.config) as workspace:
