@@ -5,7 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tiering.core.units import format_bytes
+
 GIB = 1 << 30
+
+
+def _title(report: dict[str, Any]) -> str:
+    """What was replayed through which stack, from the report (its ``stack`` when present)."""
+    head = f"tiering bench: {report.get('trace', 'a trace')}, {report['requests']:,} requests"
+    stack = report.get("stack")
+    if not stack:
+        return head
+    tiers = "".join(
+        f" + {t['name']} " + (f"capped at {format_bytes(t['capacity_bytes'])}" if t["capacity_bytes"] else "uncapped")
+        for t in stack["tiers"]
+    )
+    primary = format_bytes(stack["primary_blocks"] * stack["block_bytes"])
+    return (
+        f"{head}\nprimary {primary}{tiers}; blocks of {stack['block_tokens']} tokens, "
+        f"{format_bytes(stack['block_bytes'])} (storage path only: no engine, no GPU)"
+    )
 
 
 def plot_report(report: dict[str, Any], out: str | Path) -> Path:
@@ -30,6 +49,7 @@ def plot_report(report: dict[str, Any], out: str | Path) -> Path:
 
     series = report["series"]
     fig, (ax_hit, ax_bytes, ax_lat) = plt.subplots(3, 1, figsize=(9, 11), constrained_layout=True)
+    fig.suptitle(_title(report), fontsize="medium")
     for tier, values in series["hit_ratio"].items():
         ax_hit.plot(series["index"], values, label=tier)
     ax_hit.set(
