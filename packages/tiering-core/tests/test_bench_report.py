@@ -79,9 +79,9 @@ def test_header_says_what_was_measured_the_stack_and_the_real_block_size():
         "/tmp/kv (temporary, removed after the run)"
     )
     assert header[3] == (
-        "blocks: 512 tokens, 16.0 KiB of payload (32 B/token). Real KV blocks are larger: a Llama-3.1-8B block of "
-        "512 tokens (bf16) is 64.0 MiB (128.0 KiB/token). Replay with real sizes: --block-bytes 64MiB (the primary "
-        "tier is 1,024 blocks: 64.0 GiB of memory), or --config with your block_bytes and cpu_bytes_to_use."
+        "blocks: 512 tokens, 16.0 KiB of payload (32 B/token); scaled down: a Llama-3.1-8B block of 512 tokens "
+        "(bf16) is 64.0 MiB (128.0 KiB/token); replay with real sizes: --block-bytes 64MiB (the primary tier is "
+        "1,024 blocks: 64.0 GiB of memory), or --config with your block_bytes and cpu_bytes_to_use."
     )
 
 

@@ -49,7 +49,13 @@ def _never() -> bool:
 
 @dataclasses.dataclass
 class ReplayReport:
-    """What a replay measured. Byte counts are bytes; times are seconds unless named ``_us``."""
+    """What a replay measured. Byte counts are payload bytes; times are seconds unless named ``_us``.
+
+    ``block_lookups`` / ``hits`` count blocks; ``tokens_looked_up`` /
+    ``token_hits`` count the same in tokens (a prompt's last block may be
+    partial). ``tier_stats`` holds each tier's ``stats()`` at the end, the
+    primary tier's under ``"primary"``.
+    """
 
     requests: int = 0
     block_lookups: int = 0

@@ -56,6 +56,12 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
         )
     else:
         how = "block_bytes and cpu_bytes_to_use of the --config (or --block-bytes)"
+    scale = (
+        f"a Llama-3.1-8B block of {tokens} tokens (bf16) is {format_bytes(real)} "
+        f"({format_bytes(LLAMA_3_1_8B_BYTES_PER_TOKEN)}/token)"
+    )
+    if block < real:
+        scale = f"scaled down: {scale}; replay with real sizes: {how}"
     return "\n".join(
         [
             f"tiering bench: trace {trace}, {requests:,} requests",
@@ -64,9 +70,7 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
             "and stores the rest (primary, then every secondary tier), as an engine's offloading connector would.",
             f"stack: CPU primary tier {primary:,} blocks = {format_bytes(primary * block)} ({stack['eviction_policy']})"
             + "".join(f" -> {t}" for t in tiers),
-            f"blocks: {tokens} tokens, {format_bytes(block)} of payload ({block / tokens:,.0f} B/token). Real KV "
-            f"blocks are larger: a Llama-3.1-8B block of {tokens} tokens (bf16) is {format_bytes(real)} "
-            f"({format_bytes(LLAMA_3_1_8B_BYTES_PER_TOKEN)}/token). Replay with real sizes: {how}.",
+            f"blocks: {tokens} tokens, {format_bytes(block)} of payload ({block / tokens:,.0f} B/token); {scale}.",
         ]
     )
 
