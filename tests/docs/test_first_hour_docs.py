@@ -50,3 +50,23 @@ def test_guide_conformance_example_tests_the_guides_own_tier_and_passes(tmp_path
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(r"\b\d+ passed\b", proc.stdout) and " failed" not in proc.stdout
+
+
+def test_guide_inspector_sample_flips_a_payload_byte_that_verification_catches(tmp_path):
+    import pytest
+
+    from tiering.core.format import HEADER_SIZE, CorruptBlockError, encode_block, verify_block
+    from tiering.core.inspection import BlockInfo
+
+    namespace = {}
+    exec(next(b for b in fenced("python") if "class TestMyInspector" in b), namespace)
+    key, digest, payload = b"k" * 32, b"d" * 16, bytes(range(256)) * 16
+    path = tmp_path / "block.kvb"
+    path.write_bytes(encode_block(digest, key, payload))
+    block = BlockInfo(name=str(path), key=key, size=path.stat().st_size, mtime=0.0)
+    namespace["TestMyInspector"]().corrupt_block({}, digest.hex(), block, "flip")
+    data = path.read_bytes()
+    assert len(data) == HEADER_SIZE + len(payload)
+    assert [i for i, (a, b) in enumerate(zip(data, encode_block(digest, key, payload))) if a != b] == [HEADER_SIZE + 10]
+    with pytest.raises(CorruptBlockError, match="payload checksum"):
+        verify_block(data[:HEADER_SIZE], data[HEADER_SIZE:], digest, key)

@@ -58,7 +58,9 @@ def test_bench_without_arguments_replays_the_shipped_trace_in_a_removed_temporar
     ((name, where),) = report["locations"].items()
     assert name == f"0:{LOCAL}" and where["temporary"] is True
     assert where["location"].startswith(env["TMPDIR"])
-    assert f"blocks written to: 0:{LOCAL} at {where['location']} (temporary, removed after the run)" in proc.stdout
+    assert f"0:{LOCAL} (capped at 256.0 MiB), blocks written to {where['location']} (temporary, removed after" in (
+        proc.stdout
+    )
     assert PROGRESS in proc.stderr  # stderr is a pipe here: plain progress lines
     assert os.listdir(env["TMPDIR"]) == []  # the temporary directory is gone
 
@@ -149,7 +151,7 @@ def test_plot_without_matplotlib_fails_before_the_replay(env, tmp_path):
     proc = tiering("bench", "--plot", tmp_path / "p.png", env=env)
     assert proc.returncode == 2
     assert "--plot needs matplotlib: pip install 'tiering-core[plot]'" in proc.stderr
-    assert "blocks written to" not in proc.stderr + proc.stdout  # nothing replayed
+    assert "measured: the storage path only" not in proc.stderr + proc.stdout  # nothing replayed
 
 
 def test_version_lists_every_installed_tiering_distribution(env):
@@ -169,7 +171,7 @@ def test_root_form_of_ls_stat_verify_gc_sees_what_bench_root_wrote(env, tmp_path
     root = tmp_path / "bench"
     proc = tiering("bench", "--root", root, "--requests", "100", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert f"blocks written to: 0:{LOCAL} at {root}" in proc.stdout
+    assert f"0:{LOCAL} (capped at 256.0 MiB), blocks written to {root}\n" in proc.stdout
     assert root.is_dir()  # --root is kept
     ls = tiering("ls", "--root", root, "--json", env=env)
     assert ls.returncode == 0, ls.stderr

@@ -65,13 +65,13 @@ def test_abandon_ends_the_waits_and_marks_the_report():
 
 def test_progress_prints_lines_every_interval_when_not_a_terminal():
     out = io.StringIO()
-    figures = iter([(10, 3, 12, 2_500_000_000), (20, 6, 24, 5_000_000_000)])
+    figures = iter([(10, 3, 12, 5 << 29), (20, 6, 24, 5 << 30)])
     with Progress(40, lambda: next(figures), stream=out, interval_s=0.0, label="b") as progress:
         progress.update()
         progress.update()
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("b: 10/40 requests, hit ratio 25.0%, 2.50 GB moved, ")
-    assert lines[1].startswith("b: 20/40 requests, hit ratio 25.0%, 5.00 GB moved, ")
+    assert lines[0].startswith("b: 10/40 requests, hit ratio 25.0%, 2.5 GiB moved, ")
+    assert lines[1].startswith("b: 20/40 requests, hit ratio 25.0%, 5.0 GiB moved, ")
 
 
 def test_progress_is_quiet_between_intervals():

@@ -69,3 +69,17 @@ def test_filesystem_type_takes_the_longest_mount_point(tmp_path, monkeypatch):
     assert filesystem_type("/tmp/my dir/kv") == "tmpfs"
     monkeypatch.setattr(root, "MOUNTS", str(tmp_path / "missing"))
     assert filesystem_type("/proc") is None
+def test_capacity_with_a_unit_reaches_the_tier_as_bytes(tmp_path, capsys):
+    from tiering.core import TieringOffloadingSpec
+
+    entry = {"type": "fs", "root": str(tmp_path / "kv"), "capacity_bytes": "256MiB"}
+    spec = TieringOffloadingSpec({"cpu_bytes_to_use": "1MiB", "block_bytes": "16KiB", "secondary_tiers": [entry]})
+    manager = spec.get_manager()
+    try:
+        assert manager.secondary_tiers[0].stats()["capacity_bytes"] == 256 << 20
+    finally:
+        manager.shutdown()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"cpu_bytes_to_use": "1MiB", "secondary_tiers": [entry]}))
+    assert main(["check", str(path), "--probe"]) == 0
+    assert main(["ls", str(path)]) == 0

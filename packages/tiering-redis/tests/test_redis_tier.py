@@ -390,3 +390,11 @@ def test_with_server_eviction_the_index_forgets_beyond_maxmemory_and_deletes_not
             client.close()
         finally:
             tier.shutdown()
+
+
+def test_capacity_with_a_unit_reaches_the_tier_as_bytes(redis_server, prefix):
+    tier, _ = make_tier({"url": redis_server.url, "prefix": prefix, "eviction": "process", "capacity_bytes": "1MiB"})
+    try:
+        assert tier.stats()["capacity_bytes"] == 1 << 20
+    finally:
+        tier.shutdown()

@@ -70,3 +70,20 @@ def test_probe_errors_name_the_entry_as_plain_check_does(tmp_path, capsys, monke
     err = capsys.readouterr().err
     assert "secondary_tiers[0].endpoint_url: refused by the probe (tier 's3')" in err
     assert "tier 's3': endpoint_url" not in err
+
+
+def test_capacity_with_a_unit_reaches_the_tier_as_bytes(s3):
+    from s3_helpers import build
+
+    tier, _ = build(s3.tier_config(capacity_bytes="1MiB"))
+    try:
+        assert tier.capacity_bytes == 1 << 20
+        assert tier.stats()["capacity_bytes"] == 1 << 20
+    finally:
+        tier.shutdown()
+
+
+def test_a_bad_capacity_size_is_refused_by_plain_check(tmp_path, capsys):
+    status, _, err = _check(tmp_path, capsys, capacity_bytes="a lot")
+    assert status == 2
+    assert "secondary_tiers[0].capacity_bytes: must be an integer >= 1 (bytes) or a size with a unit" in err

@@ -99,3 +99,34 @@ def test_schema_rejects_duplicate_and_reserved_names():
         ConfigSchema("t", [ConfigKey("a", (int,)), ConfigKey("a", (int,))])
     with pytest.raises(ValueError, match="reserved names: type"):
         ConfigSchema("t", [ConfigKey("type", (str,))])
+
+
+SIZES = ConfigSchema("t", [ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True)])
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("4GiB", 4 << 30), ("500MB", 500_000_000), ("256 MiB", 256 << 20), ("65536", 65536), (1024, 1024), (None, None)],
+)
+def test_size_keys_accept_a_unit_and_are_normalized_to_bytes(given, expected):
+    assert SIZES.validate({"capacity_bytes": given}) == {"capacity_bytes": expected}
+    assert SIZES.parse_sizes({"capacity_bytes": given, "other": "4GiB"}) == {
+        "capacity_bytes": expected,
+        "other": "4GiB",
+    }
+
+
+def test_a_bad_size_names_the_key_and_shows_what_a_size_looks_like():
+    with pytest.raises(InvalidValueError) as err:
+        SIZES.validate({"capacity_bytes": "lots"}, entry="secondary_tiers[0]")
+    assert str(err.value) == (
+        "secondary_tiers[0].capacity_bytes: must be an integer >= 1 (bytes) or a size with a unit "
+        "(e.g. '4GiB', '500MB') or null, got 'lots' (tier 't')"
+    )
+    with pytest.raises(InvalidValueError, match="must be an integer >= 1"):
+        SIZES.validate({"capacity_bytes": "0MiB"})
+
+
+def test_keys_not_declared_size_still_refuse_strings():
+    with pytest.raises(InvalidTypeError, match="capacity_bytes: must be an integer >= 1 or null, got '4GiB'"):
+        SCHEMA.validate({"root": "/x", "capacity_bytes": "4GiB"})

@@ -164,14 +164,14 @@ def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> No
     from tiering.core.inspection import inspector_for
     from tiering.core.primary.memory import format_bytes
 
-    cls, tier_type, _ = resolve_tier(tier_config, index)
+    cls, tier_type, kwargs = resolve_tier(tier_config, index)
     inspector = inspector_for(tier_config, index)
     where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
     free = None if inspector is None else inspector.free_bytes()
     found = cls.probe(tier_config)
     head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
     tail = "" if where else " (in memory, nothing kept)"
-    capacity = tier_config.get("capacity_bytes")
+    capacity = kwargs.get("capacity_bytes")  # in bytes, also where the config wrote "4GiB"
     if free is not None and isinstance(capacity, int) and capacity > free:
         echo(
             f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "

@@ -302,7 +302,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     corrupt_total = 0
     for index, tier_config, inspector in _inspectors(_config(args)):
         label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
-        for digest in inspector.namespaces():
+        digests = list(inspector.namespaces())
+        if not digests:
+            print(f"{label}: no namespace found, nothing to verify (see `tiering ls`)")
+        for digest in digests:
             blocks = _walk(inspector, digest, label)
             if args.sample is not None and args.sample < len(blocks):
                 blocks = random.Random(0).sample(blocks, args.sample)

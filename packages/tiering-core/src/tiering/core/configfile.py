@@ -24,6 +24,7 @@ from typing import Any
 
 from tiering.core import redact
 from tiering.core.factory import SecondaryTierFactory
+from tiering.core.units import parse_size
 from tiering.core.vllm.entry import split_binding_keys
 
 VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
@@ -82,6 +83,7 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(f"cannot read config {path}: {exc}") from exc
     if isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict):
         config = config["kv_connector_extra_config"]
+        _check_vllm_byte_counts(path, config)
     if not isinstance(config, dict):
         raise ValueError(f"config {path} must hold a JSON object")
     lines = plain_spec(config) + plain_tier_entries(config)
@@ -91,6 +93,20 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
     else:
         notes.extend(lines)
     return config
+
+
+def _check_vllm_byte_counts(path: str, config: dict[str, Any]) -> None:
+    """Refuse a size with a unit where vLLM, not tiering, reads the key (vLLM takes an integer of bytes only)."""
+    value = config.get("cpu_bytes_to_use")
+    if isinstance(value, str):
+        try:
+            hint = f"write {parse_size(value)}"
+        except ValueError:
+            hint = "write an integer of bytes"
+        raise ValueError(
+            f"config {path}: cpu_bytes_to_use: {value!r}: vLLM reads this key of kv_connector_extra_config itself "
+            f"and takes an integer of bytes only; {hint}"
+        )
 
 
 VLLM_SPEC = ("TieringSpec", "tiering.core.vllm.spec")

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, parse_header, verify_block
+from tiering.core.units import parse_size as parse_size  # re-exported: callers import it from here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,23 +156,6 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
-
-
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``"500000000"``, ``"500M"``, ``"100GB"`` (powers of 1000) or ``"64GiB"`` (powers of 1024) -> bytes.
-
-    Raises:
-        ValueError: another form; the message names the value.
-    """
-    match = _SIZE.match(text.strip())
-    if not match:
-        raise ValueError(f"size {text!r} is not a number of bytes with an optional unit (e.g. 500M, 64GiB)")
-    number, unit, binary = match.groups()
-    power = "kmgtp".find(unit.lower()) + 1 if unit else 0
-    return int(float(number) * (1024 if binary else 1000) ** power)
 
 
 def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector | None:

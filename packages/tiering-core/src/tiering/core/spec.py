@@ -22,6 +22,7 @@ from tiering.core.primary.memory import allocation_error, check_primary_fits
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
 from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
+from tiering.core.units import SIZE_EXAMPLES, parse_size
 
 if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
@@ -122,6 +123,20 @@ def _int_key(config: Mapping[str, Any], key: str, default: int | None, minimum: 
     return value
 
 
+def _bytes_key(config: Mapping[str, Any], key: str, default: int | None, minimum: int, why: str = "") -> int:
+    """:func:`_int_key` for a byte count, which may also be written with a unit (``"4GiB"``, ``"500MB"``)."""
+    value = config.get(key, default)
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError:
+            raise ValueError(
+                f"config key {key!r} must be an integer of bytes >= {minimum} or a size with a unit "
+                f"({SIZE_EXAMPLES}), got {value!r}"
+            ) from None
+    return _int_key({key: value}, key, default, minimum, why)
+
+
 def _str_key(config: Mapping[str, Any], key: str, default: str) -> str:
     value = config.get(key, default)
     if not isinstance(value, str) or not value:
@@ -138,6 +153,8 @@ class OffloadingSpec:
     - ``block_size`` (int, tokens, default 16) and ``block_bytes`` (int,
       bytes per block for all layers, default 65536; an engine binding
       supplies the real figure).
+    - Both byte counts may be written with a unit (``"4GiB"``, ``"500MB"``;
+      :func:`tiering.core.units.parse_size`).
     - ``model`` (default ``"unknown"``), ``model_revision`` (``"main"``),
       ``kv_dtype`` (``"bfloat16"``), ``kv_layout`` (``"opaque"``), ``rank`` (0),
       ``world_size`` (1): namespace fields.
@@ -167,8 +184,8 @@ class OffloadingSpec:
         self.extra_config: Mapping[str, Any] = extra_config
         self.engine_config = engine_config
         self.block_size = _int_key(extra_config, "block_size", DEFAULT_BLOCK_SIZE, 1)
-        self.block_bytes = _int_key(extra_config, "block_bytes", DEFAULT_BLOCK_BYTES, 1)
-        self.cpu_bytes_to_use = _int_key(
+        self.block_bytes = _bytes_key(extra_config, "block_bytes", DEFAULT_BLOCK_BYTES, 1)
+        self.cpu_bytes_to_use = _bytes_key(
             extra_config,
             "cpu_bytes_to_use",
             None,

@@ -207,7 +207,8 @@ def resolve_tier(
 
     Returns:
         ``(class, tier_type, constructor keywords)``: ``type`` and
-        ``module_path`` removed, every other key checked against the class.
+        ``module_path`` removed, every other key checked against the class
+        (sizes the schema declares, such as ``"capacity_bytes": "4GiB"``, as integers of bytes).
 
     The entry is checked against the tier's ``config_schema`` when it declares
     one (no side effects: ``tiering check`` relies on it), else its keys
@@ -231,6 +232,8 @@ def resolve_tier(
         raise label_error(exc, f"secondary_tiers[{index}]", Redactor(tier_config))  # noqa: B904 - relabelled in place
     if cls.config_schema is not None:
         cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+        # The tier is given integers of bytes even where the config wrote "4GiB".
+        kwargs = cls.config_schema.parse_sizes(kwargs, entry=f"secondary_tiers[{index}]")
     else:
         check_tier_keys(cls, kwargs, f"secondary_tiers[{index}] (type {tier_type!r})")
     return cls, tier_type, kwargs

@@ -141,7 +141,7 @@ FS_SCHEMA = ConfigSchema(
         ConfigKey("n_read_threads", (int,), default=8, minimum=1, doc="threads serving loads and probes"),
         ConfigKey("n_write_threads", (int,), default=4, minimum=1, doc="threads serving stores"),
         ConfigKey("fsync", (bool,), default=False, doc="fsync each block file and its directory at publish"),
-        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, doc="cap on the namespace's bytes"),
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on the namespace's bytes"),
         _seconds("stale_temp_s", 600.0, "age after which any temporary is removed"),
         _seconds("rescan_interval_s", 30.0, "seconds between rescans (with capacity_bytes; 0: none)"),
         ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),

@@ -166,7 +166,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("eviction", (str,), default="server", choices=EVICTION,
                   doc="eviction authority: server (maxmemory + allkeys-lru), tier (capacity_bytes for the whole "
                       "fleet, a shared LRU on the server) or process (capacity_bytes per process)"),
-        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1,
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True,
                   doc="eviction tier: bytes the fleet keeps in this namespace; process: bytes this process keeps "
                       "(headers included)"),
         ConfigKey("startup_scan", (bool,), default=True,

@@ -73,7 +73,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("read_timeout", (float,), default=30.0, minimum=0, exclusive_minimum=True, doc="seconds"),
         ConfigKey("request_checksum_calculation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
         ConfigKey("response_checksum_validation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
-        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, doc="cap on object bytes; null: none"),
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on object bytes; null: none"),
         ConfigKey("head_fallback", (bool,), default=True, doc="on an index miss, ask the server with HEAD"),
     ],
     checks=[_credentials_paired, _ca_bundle_usable],

@@ -147,7 +147,7 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         settings = {k: v for k, v in locals().items() if k in ConnectionSettings.__dataclass_fields__}
         self._conn = conn = ConnectionSettings(**settings)
         conn.validate()
-        SCHEMA.check_value("capacity_bytes", capacity_bytes)
+        capacity_bytes = SCHEMA.check_value("capacity_bytes", capacity_bytes)
         SCHEMA.check_value("head_fallback", head_fallback)
         self.object_bytes = HEADER_SIZE + self.block_bytes
         if capacity_bytes is not None and capacity_bytes < self.object_bytes:

@@ -24,15 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tiering.core.bench.arguments import check_output_dir, check_output_file, positive_size
 from tiering.core.bench.interrupt import StopOnSignal
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
-from tiering.core.bench.report import format_report
+from tiering.core.bench.report import describe_stack, format_header, format_report
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
 from tiering.core.bench.workload import (
     DEFAULT_TRACE,
     SHIPPED_TRACES,
     TRACE_FORMAT,
+    Request,
     load_mooncake_trace,
     resolve_trace,
 )
@@ -87,8 +89,11 @@ def add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument(
         "--block-bytes",
-        type=positive_int,
-        help=f"bytes per block (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the default stack)",
+        type=positive_size,
+        help=(
+            f"bytes per block, e.g. 16KiB or 64MiB (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the "
+            "default stack, whose primary tier holds 1,024 blocks)"
+        ),
     )
     bench.add_argument("--json", help="also write the report as JSON to this file")
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
@@ -174,6 +179,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.config and args.root:
         raise ValueError("--root places the default stack's tier; with --config the config's tiers say where")
+    # Paths are checked before the replay, not after it: a typo must not cost the run.
+    if args.root is not None:
+        check_output_dir("--root", args.root)
+    if args.json:
+        check_output_file("--json", args.json)
+    if args.plot:
+        check_output_file("--plot", args.plot)
     if args.root is not None and default_local_tier(args.root) is None:
         raise ValueError(
             f"--root {args.root}: no installed tier keeps blocks in a local directory, so nothing would be kept "
@@ -205,7 +217,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 serve(manager, args.metrics_port)
                 print(f"serving metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr)
             names = [f"{i}:{t.tier_type}" for i, t in enumerate(manager.secondary_tiers)]
-            header = _header(args, len(requests), spec, names, locations, temporary)
+            stack = _stack(spec, manager, names, locations, temporary, requests, default_stack=not args.config)
+            header = format_header(args.trace, len(requests), stack)
             print(header, file=sys.stderr, flush=True)
             replayer = Replayer(manager, names, abandon=stopper.abandon)
 
@@ -222,6 +235,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             manager.shutdown()
         data = report.to_dict()
         data["trace"] = args.trace
+        data["stack"] = stack
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}
         data["config"] = redact_offloading_config(config)
         print(format_report(data, header))
@@ -236,22 +250,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return stopper.exit_status or 0
 
 
-def _header(
-    args: argparse.Namespace,
-    n_requests: int,
+def _stack(
     spec: Any,
+    manager: Any,
     names: list[str],
     locations: dict[str, str | None],
     temporary: bool,
-) -> str:
-    where = []
-    for name in names:
-        loc = locations.get(name)
-        if loc is None:
-            where.append(f"{name} (nothing persistent)")
-        else:
-            where.append(f"{name} at {loc}" + (" (temporary, removed after the run)" if temporary else ""))
-    return (
-        f"{LABEL}: trace {args.trace}, {n_requests} requests; primary {spec.num_primary_blocks} x "
-        f"{spec.block_bytes} B ({spec.eviction_policy}); blocks written to: {', '.join(where) or 'primary only'}"
-    )
+    requests: list[Request],
+    default_stack: bool,
+) -> dict[str, Any]:
+    tiers = [
+        {
+            "name": name,
+            "capacity_bytes": int(tier.stats().get("capacity_bytes", 0)),
+            "location": locations.get(name),
+            "temporary": temporary and locations.get(name) is not None,
+        }
+        for name, tier in zip(names, manager.secondary_tiers, strict=True)
+    ]
+    block_tokens = requests[0].block_tokens if requests else spec.block_size
+    return describe_stack(spec, tiers, block_tokens, default_stack)

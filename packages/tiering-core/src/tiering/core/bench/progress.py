@@ -2,7 +2,7 @@
 
 Logs of CI jobs, ``nohup`` runs and pipes get plain lines such as::
 
-    tiering bench: 812/2000 requests, hit ratio 27.3%, 0.41 GB moved, 9 s
+    tiering bench: 812/2000 requests, hit ratio 27.3%, 412.3 MiB moved, 9 s
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TextIO
 
+from tiering.core.units import format_bytes
+
 PROGRESS_INTERVAL_S = 3.0
 """Seconds between progress lines when stderr is not a terminal."""
 
@@ -22,7 +24,8 @@ class Progress:
 
     Args:
         total: requests to replay.
-        figures: returns ``(requests done, hits, block lookups, bytes moved)``.
+        figures: returns ``(requests done, hits, block lookups, bytes moved)``; bytes moved: the payload
+            requests loaded plus stored (:attr:`~tiering.core.bench.ReplayReport.request_bytes`).
         stream: where to write (default stderr).
         interval_s: seconds between lines when ``stream`` is not a terminal.
         label: prefix of each line.
@@ -50,7 +53,7 @@ class Progress:
         done, hits, lookups, moved = self.figures()
         ratio = hits / lookups if lookups else 0.0
         return (
-            f"{self.label}: {done}/{self.total} requests, hit ratio {ratio:.1%}, {moved / 1e9:.2f} GB moved, "
+            f"{self.label}: {done}/{self.total} requests, hit ratio {ratio:.1%}, {format_bytes(moved)} moved, "
             f"{time.monotonic() - self._start:.0f} s"
         )
 

@@ -22,6 +22,7 @@ from tiering.core.bench.series import ReplaySeries
 from tiering.core.bench.workload import Request
 from tiering.core.manager import PRIMARY, LoadResult, TieringManager
 from tiering.core.metrics import snapshot, tier_labels
+from tiering.core.primary import CPUPrimaryTier
 
 T = TypeVar("T")
 
@@ -48,10 +49,18 @@ def _never() -> bool:
 
 @dataclasses.dataclass
 class ReplayReport:
-    """What a replay measured. Byte counts are bytes; times are seconds unless named ``_us``."""
+    """What a replay measured. Byte counts are payload bytes; times are seconds unless named ``_us``.
+
+    ``block_lookups`` / ``hits`` count blocks; ``tokens_looked_up`` /
+    ``token_hits`` count the same in tokens (a prompt's last block may be
+    partial). ``tier_stats`` holds each tier's ``stats()`` at the end, the
+    primary tier's under ``"primary"``.
+    """
 
     requests: int = 0
     block_lookups: int = 0
+    tokens_looked_up: int = 0
+    token_hits: int = 0
     hits: Counter[str] = dataclasses.field(default_factory=Counter)
     blocks_stored: int = 0
     store_rejected: int = 0
@@ -73,6 +82,15 @@ class ReplayReport:
         """Blocks served by any tier."""
         return sum(self.hits.values())
 
+    @property
+    def request_bytes(self) -> int:
+        """Payload bytes the requests moved: loaded from any tier plus stored into the primary tier.
+
+        A stored block counts once, not again for each secondary tier it is
+        written to (those writes are in :attr:`bytes_stored` per tier).
+        """
+        return sum(self.bytes_loaded.values()) + self.bytes_stored["primary"]
+
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
         lat = sorted(self.scheduler_call_s)
@@ -80,7 +98,7 @@ class ReplayReport:
         def pct(p: float) -> float:
             return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1e6 if lat else 0.0
 
-        moved = sum(self.bytes_loaded.values()) + sum(self.bytes_stored.values())
+        request_bytes = self.request_bytes
         misses = self.block_lookups - self.total_hits
         return {
             "partial": self.partial,
@@ -91,6 +109,9 @@ class ReplayReport:
             "hits_total": self.total_hits,
             "misses": misses,
             "miss_ratio": misses / self.block_lookups if self.block_lookups else 0.0,
+            "tokens_looked_up": self.tokens_looked_up,
+            "token_hits": self.token_hits,
+            "token_hit_ratio": self.token_hits / self.tokens_looked_up if self.tokens_looked_up else 0.0,
             "blocks_stored": self.blocks_stored,
             "store_rejected": self.store_rejected,
             "bytes_loaded": dict(self.bytes_loaded),
@@ -98,7 +119,8 @@ class ReplayReport:
             "verified_blocks": self.verified_blocks,
             "short_loads": self.short_loads,
             "wall_s": self.wall_s,
-            "throughput_gb_s": moved / self.wall_s / 1e9 if self.wall_s else 0.0,
+            "request_bytes": request_bytes,
+            "throughput_bytes_per_s": request_bytes / self.wall_s if self.wall_s else 0.0,
             "scheduler_calls": len(lat),
             "scheduler_call_us": {
                 "p50": pct(50),
@@ -112,6 +134,25 @@ class ReplayReport:
             "latency": self.latency,
             "metrics": self.metrics,
         }
+
+
+def primary_stats(primary: CPUPrimaryTier, rejected: int) -> dict[str, int]:
+    """The primary tier's figures under the stats vocabulary's names (bytes, blocks).
+
+    Args:
+        primary: the stack's CPU primary tier.
+        rejected: blocks whose store found no free slot (``store_failed_no_free_slot``).
+    """
+    resident = primary.num_resident * primary.block_bytes
+    return {
+        "capacity_bytes": primary.num_blocks * primary.block_bytes,
+        "resident_blocks": primary.num_resident,
+        "resident_bytes": resident,
+        "used_bytes": resident,
+        "evictions": primary.evictions,
+        "evicted_bytes": primary.evictions * primary.block_bytes,
+        "store_failed_no_free_slot": rejected,
+    }
 
 
 class Replayer:
@@ -146,11 +187,8 @@ class Replayer:
             raise ReplayAbandoned("replay abandoned")
 
     def bytes_moved(self) -> int:
-        """Bytes loaded by requests plus bytes written into every tier so far (primary included)."""
-        stored = sum(
-            int(self.manager.metrics.value("stored_bytes_total", index=str(idx))) for idx in range(len(self.tier_names))
-        )
-        return sum(self.report.bytes_loaded.values()) + self.report.bytes_stored["primary"] + stored
+        """:attr:`ReplayReport.request_bytes` so far: payload bytes loaded plus stored into the primary tier."""
+        return self.report.request_bytes
 
     def _timed(self, fn: Callable[[], T]) -> T:
         start = time.perf_counter()
@@ -195,6 +233,7 @@ class Replayer:
         ctx = ReqContext(req.req_id)
         rep.requests += 1
         rep.block_lookups += len(req.keys)
+        rep.tokens_looked_up += req.prompt_tokens
         hits_before = Counter(rep.hits)
         n = self._wait_lookup(req, ctx)
         loaded = 0
@@ -213,6 +252,7 @@ class Replayer:
             rep.verified_blocks += len(result.keys)
             rep.short_loads += len(result.keys) < n
             loaded = len(result.keys)
+            rep.token_hits += req.tokens_of(loaded)
             self._timed(lambda: self.manager.complete_load(ctx))
         rest = req.keys[loaded:]
         if rest:
@@ -302,6 +342,7 @@ class Replayer:
             self.report.partial = True
             self.report.stopped_by = self.report.stopped_by or (stop() if stop is not None else None) or "abandoned"
         self.report.wall_s = time.perf_counter() - start
+        self.report.tier_stats["primary"] = primary_stats(self.manager.primary, self.report.store_rejected)
         for idx, name in enumerate(self.tier_names):
             self.report.bytes_stored[name] += int(self.manager.metrics.value("stored_bytes_total", index=str(idx)))
             tier = self.manager.secondary_tiers[idx]

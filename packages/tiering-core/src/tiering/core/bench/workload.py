@@ -64,11 +64,27 @@ class Request:
         req_id: unique id within the workload.
         keys: the prompt's block keys, in order.
         timestamp_ms: arrival time in milliseconds since the workload start.
+        tokens: the prompt's length in tokens (a trace's ``input_length``); None: every block full.
+        block_tokens: tokens per block.
     """
 
     req_id: str
     keys: tuple[OffloadKey, ...]
     timestamp_ms: float = 0.0
+    tokens: int | None = None
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of the prompt: :attr:`tokens` when it fits the blocks (the last may be partial), else all full."""
+        full = len(self.keys) * self.block_tokens
+        if self.tokens is not None and full - self.block_tokens < self.tokens <= full:
+            return self.tokens
+        return full
+
+    def tokens_of(self, blocks: int) -> int:
+        """Tokens of the first ``blocks`` blocks of the prompt."""
+        return min(blocks * self.block_tokens, self.prompt_tokens)
 
 
 TRACE_FORMAT = (
@@ -77,8 +93,9 @@ TRACE_FORMAT = (
     '"hash_ids", a list of integers, one per 512-token block of the prompt, in order; an id names a block '
     "with everything before it (Mooncake's ids are prefix hashes), so an id seen before is a cache hit. "
     'Optional: "timestamp" (ms since the trace start, kept in the report\'s series; requests are replayed '
-    'in file order, not paced); "input_length" and "output_length" are read by Mooncake\'s tools and '
-    "ignored here. Other keys are ignored."
+    'in file order, not paced); "input_length" (the prompt\'s tokens, which may end in a partial block) '
+    'gives the token counts of the report (default: 512 per id); "output_length" is ignored. Other keys '
+    "are ignored."
 )
 """What a trace file holds (``tiering bench --help`` and the docs say the same)."""
 
@@ -118,12 +135,14 @@ def load_mooncake_trace(path: str | Path | Traversable, limit: int | None = None
                 ):
                     raise TypeError(f"'hash_ids' must be a list of integers, got {hash_ids!r:.60}")
                 timestamp = float(record.get("timestamp", 0))
+                tokens = record.get("input_length")
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(
                     f"{path}:{lineno}: not a Mooncake trace record ({exc}); a record looks like "
                     '{"timestamp": 0, "hash_ids": [0, 1, 2]} (see tiering bench --help)'
                 ) from exc
-            yield Request(f"trace-{lineno}", tuple(trace_block_key(h) for h in hash_ids), timestamp)
+            keys = tuple(trace_block_key(h) for h in hash_ids)
+            yield Request(f"trace-{lineno}", keys, timestamp, tokens if isinstance(tokens, int) else None)
 
 
 def synthetic_chat(
@@ -158,4 +177,4 @@ def synthetic_chat(
         chats[c].extend(rng.randrange(32000) for _ in range(rng.randint(*turn_tokens)))
         if len(chats[c]) > max_tokens:
             chats[c] = list(system)
-        yield Request(f"chat-{i}", tuple(block_keys(chats[c], block_size)), float(i))
+        yield Request(f"chat-{i}", tuple(block_keys(chats[c], block_size)), float(i), block_tokens=block_size)

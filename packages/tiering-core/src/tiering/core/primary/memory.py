@@ -15,20 +15,12 @@ import dataclasses
 import os
 from pathlib import Path
 
+from tiering.core.units import format_bytes as format_bytes  # re-exported: callers import it from here
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 """Where the cgroup hierarchy is mounted."""
 PROC_CGROUP = Path("/proc/self/cgroup")
 """This process's cgroup membership (``hierarchy:controllers:path`` lines)."""
-
-
-def format_bytes(n: int) -> str:
-    """``34359738368`` -> ``"32.0 GiB"`` (binary units, one decimal)."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@ A schema lists every key of a ``secondary_tiers`` entry (name, type,
 required or default, range or choices, secret). :meth:`ConfigSchema.validate`
 checks an entry without side effects (no file, socket or thread is touched:
 ``tiering check`` without ``--probe`` relies on it) and returns it normalized
-(defaults filled in, ints given for floats widened). Each kind of mistake has
+(defaults filled in, ints given for floats widened, sizes written with a
+unit such as ``"4GiB"`` as integers of bytes). Each kind of mistake has
 its own exception type, all subclasses of :class:`TierConfigError` (a
 ``ValueError``):
 
@@ -32,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.redact import REDACTED
+from tiering.core.units import parse_size
 
 RESERVED_KEYS = frozenset({"type", "module_path"})
 """Keys of a ``secondary_tiers`` entry that select the class; never part of a tier's schema."""
@@ -113,6 +115,9 @@ class ConfigKey:
         choices: the allowed values (compared with ``==``).
         non_empty: strings (and containers) must not be empty.
         secret: a credential: redacted from every output.
+        size: a byte count: besides an integer, a size with a unit
+            (``"4GiB"``, ``"500MB"``; :func:`tiering.core.units.parse_size`)
+            is accepted and normalized to an integer of bytes.
         check: extra check, returns a problem text or None (must be side-effect free).
         doc: one line for docs and ``tiering check``.
     """
@@ -128,6 +133,7 @@ class ConfigKey:
     choices: tuple[Any, ...] = ()
     non_empty: bool = False
     secret: bool = False
+    size: bool = False
     check: Callable[[Any], str | None] | None = None
     doc: str = ""
 
@@ -146,6 +152,8 @@ class ConfigKey:
                 bounds.append(f"<= {_show(self.maximum)}")
             if bounds:
                 text += " " + " and ".join(bounds)
+            if self.size:
+                text += " (bytes) or a size with a unit (e.g. '4GiB', '500MB')"
         return text + (" or null" if self.nullable else "")
 
 
@@ -238,8 +246,21 @@ class ConfigSchema:
                 raise InvalidValueError(self.tier, key, problem, entry)
         return out
 
+    def parse_sizes(self, config: Mapping[str, Any], entry: str | None = None) -> dict[str, Any]:
+        """A copy of ``config`` in which every size written with a unit (``"4GiB"``) is an integer of bytes.
+
+        Only keys declared with ``size=True`` are read; everything else is kept as given.
+
+        Raises:
+            InvalidValueError: such a key's string is not a size.
+        """
+        return {
+            k: self.check_value(k, v, entry) if isinstance(v, str) and k in self.keys and self.keys[k].size else v
+            for k, v in config.items()
+        }
+
     def check_value(self, name: str, value: Any, entry: str | None = None) -> Any:
-        """Check one value of key ``name``; returns it normalized.
+        """Check one value of key ``name``; returns it normalized (a size with a unit as an integer of bytes).
 
         Raises:
             UnknownKeyError: ``name`` is not declared.
@@ -255,6 +276,11 @@ class ConfigSchema:
             if spec.nullable:
                 return None
             raise InvalidTypeError(self.tier, name, f"must be {expected}, got null", entry)
+        if spec.size and isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError:
+                raise InvalidValueError(self.tier, name, f"must be {expected}, got {shown}", entry) from None
         if not _type_ok(value, spec.types):
             raise InvalidTypeError(self.tier, name, f"must be {expected}, got {shown}", entry)
         if float in spec.types and int not in spec.types and isinstance(value, int) and not isinstance(value, bool):

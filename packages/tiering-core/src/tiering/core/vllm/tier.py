@@ -140,6 +140,9 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             kv_layout=tier_kwargs.pop("kv_layout", None),
         )
         check_tier_keys(inner_cls, tier_kwargs, f"secondary tier {tier_type!r} (tiering {self.tiering_name!r})")
+        if inner_cls.config_schema is not None:
+            # The tier is given integers of bytes even where the config wrote "4GiB".
+            tier_kwargs = inner_cls.config_schema.parse_sizes(tier_kwargs, entry=f"secondary tier {tier_type!r}")
         self.tier: TieringTierManager = inner_cls(self.tiering_spec, view, self.tiering_name, **tier_kwargs)
         self._view = view
         # Every job vLLM handed over and that was not yet reported back to it, by id.

@@ -1,0 +1,59 @@
+"""Arguments of ``tiering bench`` checked before a replay: sizes with a unit, and the paths it will write.
+
+A replay takes seconds to minutes; a path that cannot be written is reported
+at once, naming its flag, instead of after the replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from tiering.core.units import parse_size
+
+
+def positive_size(text: str) -> int:
+    """An argparse type: a byte count >= 1, with an optional unit (``"64MiB"``; :func:`tiering.core.units.parse_size`).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """Fail now, before a replay, when ``path`` could not be written at the end.
+
+    Raises:
+        ValueError: ``path`` is a directory, or its directory is missing or not writable; the message names ``flag``.
+    """
+    target = Path(path)
+    parent = target.parent
+    if target.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{flag} {path}: cannot write there (permission denied)")
+
+
+def check_output_dir(flag: str, path: str) -> None:
+    """Fail now, before a replay, when directory ``path`` could not be created or written.
+
+    Raises:
+        ValueError: ``path`` or the nearest existing directory above it is not a writable directory;
+            the message names ``flag``.
+    """
+    target = Path(path)
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {existing} (permission denied)")

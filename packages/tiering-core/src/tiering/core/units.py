@@ -1,0 +1,42 @@
+"""Byte sizes, read and written one way everywhere: ``"4GiB"`` in, ``"4.0 GiB"`` out.
+
+:func:`parse_size` reads what a person writes (``gc --to-bytes 100MB``, a
+config's ``"cpu_bytes_to_use": "4GiB"``); :func:`format_bytes` is how every
+report prints a size (binary units: KiB, MiB, GiB, TiB).
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?$", re.IGNORECASE)
+
+SIZE_EXAMPLES = "e.g. 4GiB, 256MiB, 500MB or 65536"
+"""What a size looks like, for messages."""
+
+
+def parse_size(text: str) -> int:
+    """``"500000000"``, ``"500M"``, ``"100GB"`` (powers of 1000) or ``"64GiB"`` (powers of 1024) -> bytes.
+
+    Raises:
+        ValueError: another form; the message names the value.
+    """
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise ValueError(f"size {text!r} is not a number of bytes with an optional unit ({SIZE_EXAMPLES})")
+    number, unit, binary = match.groups()
+    power = "kmgtp".find(unit.lower()) + 1 if unit else 0
+    return int(float(number) * (1024 if binary else 1000) ** power)
+
+
+def format_bytes(n: float) -> str:
+    """``34359738368`` -> ``"32.0 GiB"``, ``20480`` -> ``"20.0 KiB"``, ``512`` -> ``"512 B"``.
+
+    Binary units (KiB, MiB, GiB, TiB), one decimal.
+    """
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        value /= 1024
+    raise AssertionError("unreachable")
