@@ -69,6 +69,8 @@ def test_filesystem_type_takes_the_longest_mount_point(tmp_path, monkeypatch):
     assert filesystem_type("/tmp/my dir/kv") == "tmpfs"
     monkeypatch.setattr(root, "MOUNTS", str(tmp_path / "missing"))
     assert filesystem_type("/proc") is None
+
+
 def test_capacity_with_a_unit_reaches_the_tier_as_bytes(tmp_path, capsys):
     from tiering.core import TieringOffloadingSpec
 

@@ -154,6 +154,8 @@ def test_c26_ls_stat_verify_escape_control_and_bidi_characters(tmp_path, capsys)
     assert out.splitlines() == [
         f"secondary_tiers[0] fs at {tmp_path}/kv\\x1b[2J\\u202eroot: namespace {digest}: 3 checked, 3 sound, 0 corrupt"
     ]
+
+
 def test_verify_on_a_root_without_namespace_says_nothing_was_found(tmp_path, capsys):
     (tmp_path / "kv").mkdir()
     config = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "fs", "root": str(tmp_path / "kv")}]}
