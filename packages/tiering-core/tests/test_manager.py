@@ -129,12 +129,7 @@ def test_pending_secondary_answer_returns_none(stack):
     tiers[0].data.clear()
     tiers[0].lookup_answer = False
     tiers[1].lookup_answer = None
-
-    class Pending(FakeTier):
-        def lookup(self, key, ctx):
-            return None
-
-    manager.secondary_tiers[1] = Pending(manager.secondary_tiers[1].offloading_spec, manager.primary.kv_view)
+    tiers[1].lookup = lambda key, ctx: None  # answer pending
     assert manager.lookup([make_key(1)], ReqContext("a")) is None
 
 
