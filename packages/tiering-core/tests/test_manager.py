@@ -330,7 +330,7 @@ def test_c18_submit_load_raising_keeps_what_other_tiers_delivered():
 @pytest.mark.parametrize("raise_in", ["lookup", "get_finished", "submit_store"])
 def test_c18_other_tier_calls_raising_never_escape(raise_in):
     manager, tiers, keys = _c18_stack(raise_in, times=1 if raise_in == "get_finished" else 10**9)
-    result, n = _c18_run(manager, tiers, keys, "first")
+    result, _ = _c18_run(manager, tiers, keys, "first")
     if raise_in == "lookup":  # tier 0 is a miss: tier 1 serves every block
         assert result.keys == keys and result.sources == [1, 1, 1, 1]
     elif raise_in == "get_finished":  # tier 0's job stayed in flight until the tier reported it
