@@ -345,6 +345,71 @@ def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.Monke
         assert stats["vllm:kv_offload_tiering_backend_stat:('tiering_flaky', 'binding_errors')"] >= 2
 
 
+C18_CALLS = ["submit_load", "lookup", "get_finished", "take_events", "submit_store", "shutdown"]
+
+
+@needs_vllm
+@pytest.mark.parametrize("raise_in", C18_CALLS)
+def test_c18_a_tier_call_that_raises_never_reaches_vllm(raise_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.core import SecondaryTierFactory
+    from tiering.core.vllm import compat, testing, tiers
+    from tiering.example import ExampleSecondaryTierManager
+
+    left = {"raises": 0}  # how many more calls of ``raise_in`` raise
+    original = getattr(ExampleSecondaryTierManager, raise_in)
+
+    def raising(self: Any, *args: Any) -> Any:
+        if left["raises"]:
+            left["raises"] -= 1
+            raise RuntimeError(f"{raise_in} broke")
+        return original(self, *args)
+
+    module = types.ModuleType("tiering_test_c18_tier")
+    module.Raising = type("Raising", (ExampleSecondaryTierManager,), {raise_in: raising})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    name = "c18" + raise_in.replace("_", "")  # one name per case: vLLM-side classes are made once per name
+    monkeypatch.setitem(SecondaryTierFactory._lazy, name, (module.__name__, "Raising"))
+    assert getattr(tiers, f"tiering_{name}").tiering_class is module.Raising  # type: ignore[attr-defined]
+    entry = {"type": f"tiering_{name}", "module_path": MODULE}
+    label = f"('1:tiering_{name}',)"
+    with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
+        tier = manager.secondary_tiers[0]
+        keys = [testing.make_key(i, b"c18") for i in range(3)]
+        payloads = [testing.payload(k, driver.row_bytes) for k in keys]
+        if raise_in == "submit_store":
+            left["raises"] = 10**6
+            driver.finish(driver.store([keys], lambda k: testing.payload(k, driver.row_bytes)))
+            driver.evict_all()  # drains the tier: the refused cascade is reported failed, never hangs
+            assert manager.get_stats().reduce()[f"vllm:kv_offload_tiering_cascade_job_failures:{label}"] >= 1
+            left["raises"] = 0
+        driver.finish(driver.store([keys], lambda k: testing.payload(k, driver.row_bytes)))
+        driver.evict_all()
+        if raise_in != "shutdown":
+            left["raises"] = 1 if raise_in == "get_finished" else 10**6
+        first = driver.new_context("first")
+        hits = driver.lookup([keys], [first], max_rounds=2000, timeout_s=60).hits
+        if raise_in in ("submit_load", "lookup"):
+            assert hits == [0]  # a refused load and a raising lookup are misses: the engine recomputes
+        else:
+            assert hits == [3] and driver.read(keys, first) == payloads
+        if raise_in == "take_events":
+            assert list(tier.take_events()) == []
+        driver.finish([first])
+        with compat.manager_lock(manager):
+            assert not manager.has_pending_work()
+        if raise_in != "shutdown":
+            errors = manager.get_stats().reduce()[
+                f"vllm:kv_offload_tiering_backend_stat:('tiering_{name}', 'binding_errors')"
+            ]
+            assert errors >= 1
+        left["raises"] = 10**6 if raise_in == "shutdown" else 0
+        second = driver.new_context("second")
+        assert driver.lookup([keys], [second], max_rounds=2000, timeout_s=60).hits == [3]
+        assert driver.read(keys, second) == payloads
+        driver.finish([second])
+    # the manager shut down on leaving the block: a raising tier shutdown did not escape either
+
+
 @needs_vllm
 def test_namespace_covers_revision_and_layout() -> None:
     from tiering.core.vllm import testing
