@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey
+from tiering.core.toolkit.stats import VERIFY_CAUSES
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class JobState:
 
     __slots__ = (
         "_causes",
+        "_distrusted",
         "_done",
         "_failed_at",
         "_lock",
@@ -85,6 +87,8 @@ class JobState:
         self._ok = True
         self._reported = False
         self._failed_at: int | None = None
+        # A block of this load failed verification: the tier's copies of the rest of the chain are suspect.
+        self._distrusted = False
         self._causes: dict[str, int] | None = None  # cause -> failed blocks, from the first failure on
 
     @property
@@ -118,10 +122,15 @@ class JobState:
 
         The request recomputes from the first failed block, so blocks after it
         are never used; skipping them gives each key at most one read attempt
-        per job. Always False for stores (every block is worth storing).
+        per job. Except after a block that failed verification (a cause of
+        :data:`~tiering.core.toolkit.stats.VERIFY_CAUSES`): damage seldom
+        comes alone, so the rest of the job is still read and verified, and a
+        tier removes every bad copy it finds; the request's recompute then
+        stores them again instead of finding them "already present". Always
+        False for stores (every block is worth storing).
         """
         failed_at = self._failed_at
-        return self.meta.is_promotion and failed_at is not None and index > failed_at
+        return self.meta.is_promotion and failed_at is not None and index > failed_at and not self._distrusted
 
     def block_done(self, index: int, ok: bool, cause: str = "") -> JobResult | None:
         """Record one block's outcome; see :meth:`record`."""
@@ -151,6 +160,8 @@ class JobState:
                 self._remaining -= 1
                 if not ok:
                     self._ok = False
+                    if cause in VERIFY_CAUSES:  # set before _failed_at: should_skip reads both without the lock
+                        self._distrusted = True
                     if self._failed_at is None or index < self._failed_at:
                         self._failed_at = index
                     if cause:
