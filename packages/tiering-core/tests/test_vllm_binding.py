@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -425,6 +426,55 @@ def test_namespace_covers_revision_and_layout() -> None:
     assert base == digest(model_revision="a", kv_layout="nhd")
     assert base != digest(model_revision="b", kv_layout="nhd")
     assert base != digest(model_revision="a", kv_layout="hnd")
+
+
+class _Override:
+    """``obj`` with some attributes replaced (vLLM's spec and config objects are not ours to mutate)."""
+
+    def __init__(self, obj: Any, **fields: Any) -> None:
+        self._obj = obj
+        self.__dict__.update(fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._obj, name)
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    "field",
+    [
+        "cpu_page_size_per_worker",
+        "config.worker_kv_bytes_per_block",
+        "config.parallel.tp_size",
+        "config.parallel.rank",
+        "config.cache.blocks_per_chunk",
+        "config.model.name",
+        "config.model.dtype",
+        "config.canonical_layout",
+    ],
+)
+def test_namespace_field_of_a_fake_spec_is_refused_naming_it(field: str) -> None:
+    from unittest.mock import MagicMock
+
+    from tiering.core.vllm import testing, translate
+
+    entry = {"type": "tiering_example"}
+    config = testing.offloading_config(extra(entry), worker_kv_bytes_per_block=ROW, engine_id="ns")
+    spec = testing.tiering_offloading_spec(config)
+    view = memoryview(bytearray(4 * ROW)).cast("B", (4, ROW))
+    good = translate.tiering_spec_from_vllm(spec, view, model_revision="r1")
+    assert good.namespace.block_bytes == ROW and "MagicMock" not in good.namespace.kv_layout
+
+    *path, name = field.split(".")
+
+    def replaced(obj: Any, path: list[str]) -> Any:  # obj with path[0]...name replaced by a MagicMock
+        if not path:
+            return _Override(obj, **{name: MagicMock()})
+        return _Override(obj, **{path[0]: replaced(getattr(obj, path[0]), path[1:])})
+
+    expected = rf"field '{re.escape(field)}' must be an? (int|str|bool|torch.dtype).*MagicMock"
+    with pytest.raises(TypeError, match=expected):
+        translate.tiering_spec_from_vllm(replaced(spec, path), view, model_revision="r1")
 
 
 @needs_vllm
