@@ -190,9 +190,7 @@ class GuardedTier:
             if job_id not in reported:
                 logger.error("%s did not report job %d by shutdown; counted as failed", self.label, job_id)
                 self._ready.append(JobResult(job_id, False))
-        finished = self.get_finished()
-        self._ready = []  # a result the tier reported after the poll above is for no one
-        return finished
+        return self.get_finished()
 
     # -- everything else ----------------------------------------------------------------------
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
