@@ -129,12 +129,7 @@ def test_pending_secondary_answer_returns_none(stack):
     tiers[0].data.clear()
     tiers[0].lookup_answer = False
     tiers[1].lookup_answer = None
-
-    class Pending(FakeTier):
-        def lookup(self, key, ctx):
-            return None
-
-    manager.secondary_tiers[1] = Pending(manager.secondary_tiers[1].offloading_spec, manager.primary.kv_view)
+    tiers[1].lookup = lambda key, ctx: None  # answer pending
     assert manager.lookup([make_key(1)], ReqContext("a")) is None
 
 
@@ -263,3 +258,94 @@ def test_promotion_from_the_first_tier_writes_nothing(stack):
     (result,) = finish(manager, tiers)
     assert result.sources == [0, 0]
     assert tiers[1].data == {} and not manager.has_pending_work()
+
+
+def _c18_stack(raise_in: str, times: int = 10**9):
+    """Tier 0 holds keys 0, 1 and raises in ``raise_in`` (``times`` times); tier 1 holds keys 0..3."""
+    spec = OffloadingSpec({"cpu_bytes_to_use": 8 * BLOCK, "block_bytes": BLOCK})
+    primary = CPUPrimaryTier(8, BLOCK, LRUCachePolicy(8))
+    tiers = [FakeTier(spec, primary.kv_view, "t0"), FakeTier(spec, primary.kv_view, "t1")]
+    keys = [make_key(i, b"c18") for i in range(4)]
+    for tier, held in zip(tiers, (keys[:2], keys)):
+        tier.data.update({k: block_payload(k, BLOCK) for k in held})
+    original = getattr(tiers[0], raise_in)
+
+    def raising(*args):
+        if tiers[0].raising:
+            tiers[0].raising -= 1
+            raise RuntimeError(f"{raise_in} broke")
+        return original(*args)
+
+    tiers[0].raising = times
+    setattr(tiers[0], raise_in, raising)
+    return TieringManager(primary, tiers), tiers, keys
+
+
+def _c18_run(manager, tiers, keys, req_id):
+    """Look ``keys`` up, load the run found, wait for the load's report; returns (result, run length)."""
+    ctx = ReqContext(req_id)
+    n = manager.lookup(keys, ctx)
+    manager.prepare_load(keys[:n], ctx)
+    results = []
+    for _ in range(3):
+        results += finish(manager, tiers)
+    (result,) = results
+    for k, b in zip(result.keys, result.block_ids):
+        assert block_view(manager.primary.kv_view, b).tobytes() == block_payload(k, BLOCK)
+    manager.complete_load(ctx)
+    manager.on_request_finished(ctx)
+    return result, n
+
+
+def test_c18_submit_load_raising_reports_the_load_once_and_the_next_request_works(caplog):
+    manager, tiers, keys = _c18_stack("submit_load")
+    result, n = _c18_run(manager, tiers, keys, "first")
+    # Tier 0 was asked for keys 0, 1 and refused: nothing before them loaded, the rest is recomputed.
+    assert n == 4 and result.keys == [] and result.requested == 4
+    assert manager.primary.num_pinned == 0 and not manager.has_pending_work()
+    assert manager.metrics.value("tier_errors_total", index="0") == 1
+    assert manager.metrics.value("jobs_total", index="0", kind="load", outcome="failed") == 1
+    assert len([r for r in caplog.records if "refused job" in r.getMessage()]) == 1
+    tiers[0].raising = 0
+    result, _ = _c18_run(manager, tiers, keys, "second")
+    # keys 2, 3 came from tier 1 in the first request and stayed in the primary tier
+    assert result.keys == keys and result.sources == [0, 0, PRIMARY, PRIMARY]
+    assert manager.primary.num_pinned == 0
+
+
+def test_c18_submit_load_raising_keeps_what_other_tiers_delivered():
+    manager, tiers, keys = _c18_stack("submit_load")
+    alloc = manager.primary.allocate(keys[:1])  # key 0 resident in the primary tier
+    block_view(manager.primary.kv_view, alloc.block_ids[0])[:] = block_payload(keys[0], BLOCK)
+    manager.primary.complete_write(keys[:1], True)
+    del tiers[0].data[keys[0]]
+    for k in keys[:2]:
+        del tiers[1].data[k]  # key 1 only in tier 0 (which refuses), keys 2, 3 only in tier 1
+    result, n = _c18_run(manager, tiers, keys, "first")
+    assert n == 4 and result.keys == keys[:1] and result.sources == [PRIMARY]
+    assert manager.primary.num_pinned == 0 and not manager.has_pending_work()
+    assert [manager.primary.lookup(k) for k in keys] == [True, False, True, True]
+
+
+@pytest.mark.parametrize("raise_in", ["lookup", "get_finished", "submit_store"])
+def test_c18_other_tier_calls_raising_never_escape(raise_in):
+    manager, tiers, keys = _c18_stack(raise_in, times=1 if raise_in == "get_finished" else 10**9)
+    result, _ = _c18_run(manager, tiers, keys, "first")
+    if raise_in == "lookup":  # tier 0 is a miss: tier 1 serves every block
+        assert result.keys == keys and result.sources == [1, 1, 1, 1]
+    elif raise_in == "get_finished":  # tier 0's job stayed in flight until the tier reported it
+        assert result.keys == keys and manager.metrics.value("tier_errors_total", index="0") == 1
+    else:
+        assert result.keys == keys and result.sources == [0, 0, 1, 1]
+    fresh = [make_key(i, b"c18-new") for i in range(2)]
+    store(manager, fresh, ReqContext("store"))  # a store cascades to tier 0 as well
+    for _ in range(2):
+        finish(manager, tiers)
+    tiers[0].raising = 0
+    finish(manager, tiers)
+    assert manager.primary.num_pinned == 0 and not manager.has_pending_work()
+    stored = all(k in tiers[0].data for k in fresh)
+    assert stored is (raise_in != "submit_store")
+    if raise_in == "submit_store":
+        # the fill of keys 2, 3 (loaded from tier 1) and the new store: both refused, both reported failed
+        assert manager.metrics.value("jobs_total", index="0", kind="store", outcome="failed") == 2

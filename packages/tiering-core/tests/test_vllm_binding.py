@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -345,6 +346,71 @@ def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.Monke
         assert stats["vllm:kv_offload_tiering_backend_stat:('tiering_flaky', 'binding_errors')"] >= 2
 
 
+C18_CALLS = ["submit_load", "lookup", "get_finished", "take_events", "submit_store", "shutdown"]
+
+
+@needs_vllm
+@pytest.mark.parametrize("raise_in", C18_CALLS)
+def test_c18_a_tier_call_that_raises_never_reaches_vllm(raise_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.core import SecondaryTierFactory
+    from tiering.core.vllm import compat, testing, tiers
+    from tiering.example import ExampleSecondaryTierManager
+
+    left = {"raises": 0}  # how many more calls of ``raise_in`` raise
+    original = getattr(ExampleSecondaryTierManager, raise_in)
+
+    def raising(self: Any, *args: Any) -> Any:
+        if left["raises"]:
+            left["raises"] -= 1
+            raise RuntimeError(f"{raise_in} broke")
+        return original(self, *args)
+
+    module = types.ModuleType("tiering_test_c18_tier")
+    module.Raising = type("Raising", (ExampleSecondaryTierManager,), {raise_in: raising})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    name = "c18" + raise_in.replace("_", "")  # one name per case: vLLM-side classes are made once per name
+    monkeypatch.setitem(SecondaryTierFactory._lazy, name, (module.__name__, "Raising"))
+    assert getattr(tiers, f"tiering_{name}").tiering_class is module.Raising  # type: ignore[attr-defined]
+    entry = {"type": f"tiering_{name}", "module_path": MODULE}
+    label = f"('1:tiering_{name}',)"
+    with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
+        tier = manager.secondary_tiers[0]
+        keys = [testing.make_key(i, b"c18") for i in range(3)]
+        payloads = [testing.payload(k, driver.row_bytes) for k in keys]
+        if raise_in == "submit_store":
+            left["raises"] = 10**6
+            driver.finish(driver.store([keys], lambda k: testing.payload(k, driver.row_bytes)))
+            driver.evict_all()  # drains the tier: the refused cascade is reported failed, never hangs
+            assert manager.get_stats().reduce()[f"vllm:kv_offload_tiering_cascade_job_failures:{label}"] >= 1
+            left["raises"] = 0
+        driver.finish(driver.store([keys], lambda k: testing.payload(k, driver.row_bytes)))
+        driver.evict_all()
+        if raise_in != "shutdown":
+            left["raises"] = 1 if raise_in == "get_finished" else 10**6
+        first = driver.new_context("first")
+        hits = driver.lookup([keys], [first], max_rounds=2000, timeout_s=60).hits
+        if raise_in in ("submit_load", "lookup"):
+            assert hits == [0]  # a refused load and a raising lookup are misses: the engine recomputes
+        else:
+            assert hits == [3] and driver.read(keys, first) == payloads
+        if raise_in == "take_events":
+            assert list(tier.take_events()) == []
+        driver.finish([first])
+        with compat.manager_lock(manager):
+            assert not manager.has_pending_work()
+        if raise_in != "shutdown":
+            errors = manager.get_stats().reduce()[
+                f"vllm:kv_offload_tiering_backend_stat:('tiering_{name}', 'binding_errors')"
+            ]
+            assert errors >= 1
+        left["raises"] = 10**6 if raise_in == "shutdown" else 0
+        second = driver.new_context("second")
+        assert driver.lookup([keys], [second], max_rounds=2000, timeout_s=60).hits == [3]
+        assert driver.read(keys, second) == payloads
+        driver.finish([second])
+    # the manager shut down on leaving the block: a raising tier shutdown did not escape either
+
+
 @needs_vllm
 def test_namespace_covers_revision_and_layout() -> None:
     from tiering.core.vllm import testing
@@ -360,6 +426,55 @@ def test_namespace_covers_revision_and_layout() -> None:
     assert base == digest(model_revision="a", kv_layout="nhd")
     assert base != digest(model_revision="b", kv_layout="nhd")
     assert base != digest(model_revision="a", kv_layout="hnd")
+
+
+class _Override:
+    """``obj`` with some attributes replaced (vLLM's spec and config objects are not ours to mutate)."""
+
+    def __init__(self, obj: Any, **fields: Any) -> None:
+        self._obj = obj
+        self.__dict__.update(fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._obj, name)
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    "field",
+    [
+        "cpu_page_size_per_worker",
+        "config.worker_kv_bytes_per_block",
+        "config.parallel.tp_size",
+        "config.parallel.rank",
+        "config.cache.blocks_per_chunk",
+        "config.model.name",
+        "config.model.dtype",
+        "config.canonical_layout",
+    ],
+)
+def test_namespace_field_of_a_fake_spec_is_refused_naming_it(field: str) -> None:
+    from unittest.mock import MagicMock
+
+    from tiering.core.vllm import testing, translate
+
+    entry = {"type": "tiering_example"}
+    config = testing.offloading_config(extra(entry), worker_kv_bytes_per_block=ROW, engine_id="ns")
+    spec = testing.tiering_offloading_spec(config)
+    view = memoryview(bytearray(4 * ROW)).cast("B", (4, ROW))
+    good = translate.tiering_spec_from_vllm(spec, view, model_revision="r1")
+    assert good.namespace.block_bytes == ROW and "MagicMock" not in good.namespace.kv_layout
+
+    *path, name = field.split(".")
+
+    def replaced(obj: Any, path: list[str]) -> Any:  # obj with path[0]...name replaced by a MagicMock
+        if not path:
+            return _Override(obj, **{name: MagicMock()})
+        return _Override(obj, **{path[0]: replaced(getattr(obj, path[0]), path[1:])})
+
+    expected = rf"field '{re.escape(field)}' must be an? (int|str|bool|torch.dtype).*MagicMock"
+    with pytest.raises(TypeError, match=expected):
+        translate.tiering_spec_from_vllm(replaced(spec, path), view, model_revision="r1")
 
 
 @needs_vllm

@@ -15,6 +15,7 @@ from tiering.core import (
     TieringOffloadingSpec,
 )
 from tiering.core.base import JobMetadata, block_view
+from tiering.core.cli import main
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 
@@ -228,4 +229,89 @@ def test_load_jobs_joined_in_one_share_fail_alone(tmp_path, open_tier, monkeypat
     for slot in (0, 1, 4):
         assert block_view(view, slot).tobytes() == block_payload(keys[slot], BB)
     s = tier.stats()
-    assert s["load_failed_checksum"] == 1 and s["blocks_loaded"] == 3 and not path.exists()
+    # keys[3], read in the same share after the damaged block, verified: kept and counted as loaded
+    assert s["load_failed_checksum"] == 1 and s["blocks_loaded"] == 4 and not path.exists()
+    assert block_view(view, 3).tobytes() == block_payload(keys[3], BB)
+
+
+# -- a corrupted chain heals in one request ----------------------------------------------------------
+
+
+def _c24_manager(config):
+    return TieringOffloadingSpec(config).get_manager()
+
+
+def _c24_load(manager, keys, ctx, deadline):
+    """Look ``keys`` up and load the run found; returns the load's result (once reported)."""
+    n = None
+    while n is None and time.monotonic() < deadline:
+        n = manager.lookup(keys, ctx)
+    manager.prepare_load(keys[:n], ctx)
+    results = []
+    while not results and time.monotonic() < deadline:
+        results = manager.get_finished()
+        time.sleep(0.005)
+    (result,) = results
+    assert result.requested == n
+    return result
+
+
+def test_c24_a_corrupted_chain_is_replaced_by_the_recompute_of_one_request(tmp_path, capsys):
+    bb, n = 64 * 1024, 31
+    config = {
+        "cpu_bytes_to_use": 2 * n * bb,
+        "block_bytes": bb,
+        "secondary_tiers": [{"type": "fs", "root": str(tmp_path / "kv")}],
+    }
+    keys = [make_key(i, b"c24") for i in range(n)]
+    deadline = time.monotonic() + 60
+    manager = _c24_manager(config)
+    try:
+        _manager_store(manager, keys, bb, deadline)
+        paths = [manager.secondary_tiers[0].block_path(k) for k in keys]
+    finally:
+        manager.shutdown()
+    for path in paths:  # one payload byte flipped in every block file
+        with open(path, "r+b") as f:
+            f.seek(bb // 2)
+            byte = f.read(1)[0]
+            f.seek(bb // 2)
+            f.write(bytes([byte ^ 0x20]))
+
+    # A fresh stack: the request finds the chain, its load fails, it recomputes and stores every block.
+    manager = _c24_manager(config)
+    try:
+        ctx = ReqContext("c24")
+        result = _c24_load(manager, keys, ctx, deadline)
+        assert result.requested == n and result.keys == []
+        alloc = manager.prepare_store(keys, ctx)
+        assert sorted(alloc.keys) == sorted(keys)  # none of them reached the primary tier
+        for key, slot in zip(alloc.keys, alloc.block_ids):
+            block_view(manager.primary.kv_view, slot)[:] = block_payload(key, bb)
+        manager.complete_store(alloc.keys, ctx)
+        while manager.has_pending_work() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        manager.on_request_finished(ctx)
+        s = manager.secondary_tiers[0].stats()
+        assert (s["load_failed_checksum"], s["bad_blocks_removed"]) == (n, n)
+        assert (s["stores_already_present"], s["blocks_stored"]) == (0, n)
+    finally:
+        manager.shutdown()
+
+    # The next fresh stack loads all of them, verified.
+    manager = _c24_manager(config)
+    try:
+        ctx = ReqContext("c24-again")
+        result = _c24_load(manager, keys, ctx, deadline)
+        assert result.keys == keys
+        for key, slot in zip(result.keys, result.block_ids):
+            assert block_view(manager.primary.kv_view, slot).tobytes() == block_payload(key, bb)
+        manager.complete_load(ctx)
+        assert manager.secondary_tiers[0].stats()["load_failures"] == 0
+    finally:
+        manager.shutdown()
+    capsys.readouterr()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["verify", str(path)]) == 0
+    assert f"{n} checked, {n} sound, 0 corrupt" in capsys.readouterr().out

@@ -77,6 +77,16 @@ def test_should_skip_blocks_after_a_failed_one_on_loads_only():
     assert not any(store.should_skip(i) for i in range(4))
 
 
+@pytest.mark.parametrize("cause", ["checksum", "truncated", "foreign", "corrupt"])
+def test_c24_a_load_still_reads_the_rest_after_a_block_fails_verification(cause):
+    tracker = JobTracker()
+    load = tracker.start(job(11, 4))
+    load.block_done(1, False, "missing")
+    assert load.should_skip(3)  # a miss: the rest is not worth reading
+    load.block_done(2, False, cause)
+    assert not any(load.should_skip(i) for i in range(4))  # damage: every block of the chain is verified
+
+
 def test_fail_all_reports_each_unfinished_job_once_and_ignores_late_outcomes():
     tracker = JobTracker()
     a = tracker.start(job(9, 2))

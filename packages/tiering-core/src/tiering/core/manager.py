@@ -20,6 +20,7 @@ nothing: build the stack after forking.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -27,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.guard import FinishedJob, GuardedTier
 from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
@@ -56,10 +58,19 @@ class TieringManager:
         self._loads: dict[str, PendingLoad] = {}
         self._finished_loads: list[LoadResult] = []
         self._held: dict[str, list[OffloadKey]] = {}
-        self._failed_keys: dict[str, set[OffloadKey]] = defaultdict(set)
         self.metrics = StackMetrics()
         self._primary_labels = tier_labels("primary", None)
         self._tier_labels = [tier_labels(t.tier_type, i) for i, t in enumerate(self.secondary_tiers)]
+        # Every call into a secondary tier goes through its guard: no exception escapes, each is logged
+        # and counted, and the keys whose load failed are remembered per request.
+        self._guards = [
+            GuardedTier(
+                tier,
+                f"secondary tier {i} ({tier.tier_type})",
+                functools.partial(self.metrics.inc, "tier_errors_total", self._tier_labels[i]),
+            )
+            for i, tier in enumerate(self.secondary_tiers)
+        ]
         # Label tuples of the per-block lookup counters, made once (scheduler hot path).
         self._lookup_labels = {
             (idx, outcome): label_key({**labels, "outcome": outcome})
@@ -72,16 +83,16 @@ class TieringManager:
         """Length of the leading run of ``keys`` found in any tier.
 
         Primary first, then secondary tiers in config order. Keys whose load
-        already failed for this request are misses.
+        already failed for this request (from any tier) are misses.
 
         Returns:
             The run length, or None when a secondary tier's answer for the
             first key not found elsewhere is still pending (ask again).
         """
         self._poll_tiers()
-        failed = self._failed_keys.get(req_context.req_id, ())
+        failed = [f for g in self._guards if (f := g.failed_keys(req_context.req_id))]
         for n, key in enumerate(keys):
-            if key in failed:
+            if any(key in f for f in failed):
                 return n
             hit = self.primary.lookup(key)
             self.metrics.inc("lookups_total", self._lookup_labels[PRIMARY, "hit" if hit else "miss"])
@@ -98,13 +109,8 @@ class TieringManager:
         self, key: OffloadKey, req_context: ReqContext, record: bool = False
     ) -> tuple[bool | None, int]:
         pending = False
-        for idx, tier in enumerate(self.secondary_tiers):
-            try:
-                verdict = tier.lookup(key, req_context)
-            except Exception:
-                logger.exception("secondary tier %d (%s) lookup raised; treated as a miss", idx, tier.tier_type)
-                self.metrics.inc("tier_errors_total", self._tier_labels[idx])
-                verdict = False
+        for idx, guard in enumerate(self._guards):
+            verdict = guard.lookup(key, req_context)
             if record:
                 outcome = "in_flight" if verdict is None else "hit" if verdict else "miss"
                 self.metrics.inc("lookups_total", self._lookup_labels[idx, outcome])
@@ -237,12 +243,9 @@ class TieringManager:
             self._submit(idx, job)
 
     def _tier_holds(self, idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
-        try:
-            return self.secondary_tiers[idx].lookup(key, req_context) is True
-        except Exception:
-            logger.exception("secondary tier %d lookup raised; the block is stored again", idx)
-            self.metrics.inc("tier_errors_total", self._tier_labels[idx])
-            return False
+        # A block whose load from this tier failed for the request is stored again (the tier decides
+        # whether it still holds it); so is a block whose lookup raised.
+        return self._guards[idx].lookup(key, req_context) is True
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
@@ -255,52 +258,37 @@ class TieringManager:
             self._touch_tier(idx, keys, req_context)
 
     def _touch_tier(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        tier = self.secondary_tiers[idx]
-        try:
-            tier.touch(keys, req_context)
-        except Exception:
-            logger.exception("secondary tier %d (%s) touch raised", idx, tier.tier_type)
-            self.metrics.inc("tier_errors_total", self._tier_labels[idx])
+        self._guards[idx].touch(keys, req_context)
 
     # -- jobs ---------------------------------------------------------------
     def _submit(self, idx: int, job: JobMetadata) -> None:
-        tier = self.secondary_tiers[idx]
-        try:
-            (tier.submit_load if job.is_promotion else tier.submit_store)(job)
-        except Exception:
-            logger.exception("secondary tier %d (%s) failed to accept job %d", idx, tier.tier_type, job.job_id)
-            self.metrics.inc("tier_errors_total", self._tier_labels[idx])
-            self._on_result(idx, JobResult(job.job_id, False))
+        # A job the tier refuses is reported failed by the next poll, never from inside this call:
+        # the caller's records of the job are complete before its result is acted on.
+        self._guards[idx].submit(job)
 
     def _poll_tiers(self) -> None:
         self._owner.check()  # every other public method starts here: a forked child's copy fails at once
-        for idx, tier in enumerate(self.secondary_tiers):
-            try:
-                results = list(tier.get_finished())
-            except Exception:
-                logger.exception("secondary tier %d (%s) get_finished raised", idx, tier.tier_type)
-                self.metrics.inc("tier_errors_total", self._tier_labels[idx])
-                continue
-            for result in results:
-                self._on_result(idx, result)
+        for idx, guard in enumerate(self._guards):
+            for finished in guard.get_finished():
+                self._on_result(idx, finished)
 
-    def _on_result(self, idx: int, result: JobResult) -> None:
-        state = self._jobs.get(result.job_id)
-        if state is None or state.context.tier_idx != idx:
-            logger.error("secondary tier %d reported unknown job %d; ignored", idx, result.job_id)
+    def _on_result(self, idx: int, finished: FinishedJob) -> None:
+        meta = finished.job
+        state = self._jobs.get(meta.job_id)
+        if state is None or state.meta is not meta:  # the guard returns only jobs it was given: a defect
+            logger.error("secondary tier %d reported unknown job %d; ignored", idx, meta.job_id)
             return
-        if self._jobs.report(result) is None:  # finished concurrently (cannot happen on one thread)
+        if self._jobs.report(JobResult(meta.job_id, finished.success, finished.loaded or None)) is None:
             return
-        meta = state.meta
         ctx: JobContext = state.context
-        self._record_job(idx, state, result.success)
+        self._record_job(idx, state, finished.success)
         if not meta.is_promotion:
             self.primary.unpin(meta.keys)
             return
         load = ctx.load
         assert load is not None
         load.jobs.discard(meta.job_id)
-        kept = set(meta.keys) if result.success else set(result.successful_keys or ()) & set(meta.keys)
+        kept = set(meta.keys) if finished.success else set(finished.loaded)
         ok = [key for key in meta.keys if key in kept]
         failed = [key for key in meta.keys if key not in kept]
         self.primary.complete_write(ok, True)
@@ -308,8 +296,6 @@ class TieringManager:
         self.primary.pin(ok, record_access=False)
         load.pinned.extend(ok)
         if failed:
-            if not load.abandoned:
-                self._failed_keys[meta.req_context.req_id].update(failed)
             first = min(load.keys.index(k) for k in failed)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
         if ok and idx > 0:
@@ -344,18 +330,14 @@ class TieringManager:
         at :meth:`shutdown`), and it is never reported (case C10).
         """
         req_id = req_context.req_id
-        self._failed_keys.pop(req_id, None)
         self.complete_load(req_context)
         if any(r.req_context.req_id == req_id for r in self._finished_loads):
             self._finished_loads = [r for r in self._finished_loads if r.req_context.req_id != req_id]
         load = self._loads.pop(req_id, None)
         if load is not None:
             load.abandoned = True
-        for tier in self.secondary_tiers:
-            try:
-                tier.on_request_finished(req_context)
-            except Exception:
-                logger.exception("secondary tier %s on_request_finished raised", tier.tier_type)
+        for guard in self._guards:
+            guard.on_request_finished(req_context)
 
     def has_pending_work(self) -> bool:
         """Whether any job is still in flight (polls the tiers first, so a wait loop on it ends)."""
@@ -371,19 +353,12 @@ class TieringManager:
         """
         if self._owner.forked:
             return  # a forked child's copy: the tiers' threads, files and connections are the parent's
-        for tier in self.secondary_tiers:
-            try:
-                tier.shutdown()
-            except Exception:
-                logger.exception("secondary tier %s shutdown raised", tier.tier_type)
-        self._poll_tiers()
-        for state in self._jobs.in_flight_states():
-            logger.error(
-                "secondary tier %d did not report job %d by shutdown; counted as failed",
-                state.context.tier_idx,
-                state.meta.job_id,
-            )
-            self._on_result(state.context.tier_idx, JobResult(state.meta.job_id, False))
+        for guard in self._guards:
+            guard.shutdown()
+        # Lowest tier first: the fills a promotion from tier N still starts for tiers 0..N-1 are failed with them.
+        for idx in reversed(range(len(self._guards))):
+            for finished in self._guards[idx].fail_unreported():
+                self._on_result(idx, finished)
         for req_id in list(self._held):
             self.primary.unpin(self._held.pop(req_id))
         self._finished_loads = []

@@ -303,9 +303,11 @@ class Transfers:
     def _load_batch(self, items: Sequence[LoadItem]) -> None:
         """Read and verify one share (blocks of one or more load jobs); a key evicted meanwhile stays out (C13).
 
-        A job's blocks after its first failed one are reported failed without
-        a cause (the request recomputes from the earlier block), here and in
-        the job's other shares (:meth:`JobState.should_skip`).
+        Every block read is settled on its own: a verified one is kept (and
+        reported loaded), a bad one removed, also after an earlier failure of
+        its job in this share. A job's blocks that :meth:`JobState.should_skip`
+        names (after a failed one, unless that one failed verification) are
+        not read and are reported failed without a cause.
         """
         outcomes: list[Outcome] = []
         found: list[tuple[OffloadKey, int]] = []
@@ -321,15 +323,11 @@ class Transfers:
             keys = [state.meta.keys[i] for state, i in todo]
             block_ids = [state.meta.block_ids[i] for state, i in todo]
             results = self.files.read_many(keys, block_ids, self.slot)  # one call; past a failure too
-            failed: set[int] = set()  # jobs (ids of their states) with a failed block in this share
             for (state, i), key, exc in zip(todo, keys, results, strict=True):
-                if id(state) in failed:
-                    outcomes.append((state, i, False, ""))
-                elif exc is None:
+                if exc is None:
                     found.append((key, self.stored_block_bytes))
                     outcomes.append((state, i, True, ""))
                 else:
-                    failed.add(id(state))
                     outcomes.append((state, i, False, self._load_failure(key, exc)))
             self.index.adopt_many(found, ticket)
         if found:

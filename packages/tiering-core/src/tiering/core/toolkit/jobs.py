@@ -32,6 +32,7 @@ from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey
 from tiering.core.toolkit.forks import ProcessOwner
+from tiering.core.toolkit.stats import VERIFY_CAUSES
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +46,12 @@ _UNRECORDED, _MOVED, _FAILED = 0, 1, 2
 class JobState:
     """The outcome book of one job; created by :meth:`JobTracker.start`.
 
-    Worker threads call :meth:`record` (or :meth:`block_done`) once per block
-    index; the call that completes the job hands the result to the tracker.
-    A block recorded twice, or after the job was reported, is ignored (and
+    Worker threads call :meth:`record` (or :meth:`block_done`) once per block index; the call that completes the
+    job hands the result to the tracker. A block recorded twice, or after the job was reported, is ignored (and
     logged): the job is reported exactly once.
 
-    Built on the scheduler thread for every submitted job, so it allocates
-    only what every job needs (its lock and one list slot per block); the
-    failure causes are kept only once a block failed.
+    Built on the scheduler thread for every submitted job, so it allocates only what every job needs (its lock
+    and one list slot per block); the failure causes are kept only once a block failed.
 
     Attributes:
         meta: the job as submitted.
@@ -62,6 +61,7 @@ class JobState:
 
     __slots__ = (
         "_causes",
+        "_distrusted",
         "_done",
         "_failed_at",
         "_lock",
@@ -86,6 +86,7 @@ class JobState:
         self._ok = True
         self._reported = False
         self._failed_at: int | None = None
+        self._distrusted = False  # a block failed verification: the rest of the chain is suspect
         self._causes: dict[str, int] | None = None  # cause -> failed blocks, from the first failure on
 
     @property
@@ -115,14 +116,14 @@ class JobState:
         return self._reported
 
     def should_skip(self, index: int) -> bool:
-        """Whether block ``index`` of a load need not be read: an earlier block already failed.
+        """Whether block ``index`` of a load need not be read: an earlier block failed (never for stores).
 
-        The request recomputes from the first failed block, so blocks after it
-        are never used; skipping them gives each key at most one read attempt
-        per job. Always False for stores (every block is worth storing).
+        Later blocks are not used (the request recomputes from the failed one); but after a block failed
+        verification (:data:`~tiering.core.toolkit.stats.VERIFY_CAUSES`) the rest of the chain is suspect and
+        still read, so the tier removes every bad copy and the recompute's stores replace them.
         """
         failed_at = self._failed_at
-        return self.meta.is_promotion and failed_at is not None and index > failed_at
+        return self.meta.is_promotion and failed_at is not None and index > failed_at and not self._distrusted
 
     def block_done(self, index: int, ok: bool, cause: str = "") -> JobResult | None:
         """Record one block's outcome; see :meth:`record`."""
@@ -152,6 +153,7 @@ class JobState:
                 self._remaining -= 1
                 if not ok:
                     self._ok = False
+                    self._distrusted |= cause in VERIFY_CAUSES  # before _failed_at: should_skip reads both unlocked
                     if self._failed_at is None or index < self._failed_at:
                         self._failed_at = index
                     if cause:
@@ -224,15 +226,13 @@ class JobTracker:
         ...
         return self.jobs.take_finished()        # get_finished (scheduler thread)
 
-    Figures for :meth:`stats` (names from :mod:`tiering.core.toolkit.stats`):
-    ``in_flight_jobs``, ``store_jobs_failed``, ``load_jobs_failed``, and per
-    failed block ``store_failed_<cause>`` / ``load_failed_<cause>``
-    (:data:`SHUTDOWN` is not counted as a cause).
+    Figures for :meth:`stats` (names from :mod:`tiering.core.toolkit.stats`): ``in_flight_jobs``,
+    ``store_jobs_failed``, ``load_jobs_failed``, and per failed block ``store_failed_<cause>`` /
+    ``load_failed_<cause>`` (:data:`SHUTDOWN` is not counted as a cause).
 
     Args:
-        queue_results: keep finished results for :meth:`take_finished`
-            (a tier); False when the owner acts on :meth:`report`'s return
-            value instead (the manager) and never takes them.
+        queue_results: keep finished results for :meth:`take_finished` (a tier); False when the owner acts on
+            :meth:`report`'s return value instead (the manager) and never takes them.
     """
 
     def __init__(self, queue_results: bool = True) -> None:

@@ -20,9 +20,11 @@ successful_keys, transfer_bytes)``            successful_keys)``
 ============================================  ==========================================
 
 The wrapper never lets an exception of the tiering tier reach vLLM's
-scheduler: a failing ``lookup`` is a miss, a ``submit_*`` that raises is a
-failed job, and a job id the tier did not get from vLLM is dropped with an
-error log (vLLM's manager would ``assert`` on it).
+scheduler: every call goes through :class:`~tiering.core.guard.GuardedTier`
+(the same guard the standalone manager uses): a failing ``lookup`` is a
+miss, a ``submit_*`` that raises is a failed job, and a job id the tier did
+not get from vLLM is dropped with an error log (vLLM's manager would
+``assert`` on it).
 """
 
 from __future__ import annotations
@@ -33,16 +35,15 @@ from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 from tiering.core.base import JobMetadata
-from tiering.core.base import JobResult as TieringJobResult
 from tiering.core.base import OffloadKey as TieringOffloadKey
 from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
+from tiering.core.guard import GuardedTier
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
     Locality,
-    LookupResult,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -145,15 +146,11 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             tier_kwargs = inner_cls.config_schema.parse_sizes(tier_kwargs, entry=f"secondary tier {tier_type!r}")
         self.tier: TieringTierManager = inner_cls(self.tiering_spec, view, self.tiering_name, **tier_kwargs)
         self._view = view
-        # Every job vLLM handed over and that was not yet reported back to it, by id.
-        self._inflight: dict[int, JobMetadata] = {}
-        # Keys whose promotion failed, per request: MISS for the rest of the request (else a tier
-        # that still answers HIT would be asked to load the same block again every step, forever).
-        self._failed_keys: dict[str, set[bytes]] = {}
-        # Results already taken from the tier (by drain_jobs, or synthesized) but not yet given to vLLM.
-        self._ready: list[TieringJobResult] = []
+        # Every call into the tier: no exception reaches vLLM; keys whose promotion failed are MISS for
+        # the rest of their request (else a tier that still answers HIT would be asked to load the same
+        # block again every step, forever).
+        self._guard = GuardedTier(self.tier, f"tiering tier {self.tiering_name!r}")
         self._contexts: dict[str, TieringReqContext] = {}
-        self._errors = 0
         logger.info(
             "tiering tier %r (%s.%s) serving vLLM tier %r, namespace %s",
             self.tiering_name,
@@ -181,23 +178,6 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             req_context=self._context(job.req_context),
         )
 
-    def _submit(self, job: Any, promotion: bool) -> None:
-        meta = self._job(job)
-        self._inflight[meta.job_id] = meta
-        try:
-            (self.tier.submit_load if promotion else self.tier.submit_store)(meta)
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r refused job %d; reported failed", self.tiering_name, meta.job_id)
-            self._ready.append(TieringJobResult(meta.job_id, False))
-
-    def _collect(self) -> None:
-        try:
-            self._ready.extend(self.tier.get_finished())
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r get_finished raised", self.tiering_name)
-
     # -- vLLM SecondaryTierManager ----------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
         """HIT, MISS or RETRY for ``key``.
@@ -205,24 +185,15 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         An exception of the tier is a MISS, and so is a key whose promotion
         already failed for this request.
         """
-        failed = self._failed_keys.get(req_context.req_id)
-        if failed is not None and key in failed:
-            return LookupResult.MISS
-        try:
-            verdict = self.tier.lookup(TieringOffloadKey(bytes(key)), self._context(req_context))
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r lookup raised; treated as a miss", self.tiering_name)
-            return LookupResult.MISS
-        return to_lookup_result(verdict)
+        return to_lookup_result(self._guard.lookup(TieringOffloadKey(bytes(key)), self._context(req_context)))
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Hand a cascade (primary -> tier) to the tiering tier; returns at once."""
-        self._submit(job_metadata, promotion=False)
+        self._guard.submit(self._job(job_metadata))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Hand a promotion (tier -> primary) to the tiering tier; returns at once."""
-        self._submit(job_metadata, promotion=True)
+        self._guard.submit(self._job(job_metadata))
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """Jobs finished since the last call, as vLLM ``JobResult`` with ``transfer_bytes``.
@@ -234,66 +205,29 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         Results for job ids vLLM never submitted, or reported twice, are
         dropped with an error log.
         """
-        self._collect()
-        ready, self._ready = self._ready, []
         results = []
-        for result in ready:
-            job = self._inflight.pop(result.job_id, None)
-            if job is None:
-                self._errors += 1
-                logger.error("tiering tier %r reported unknown job %d; dropped", self.tiering_name, result.job_id)
-                continue
-            loaded = self._successful_keys(job, result)
-            if job.is_promotion and not result.success:
-                failed = set(job.keys).difference(loaded)
-                self._failed_keys.setdefault(job.req_context.req_id, set()).update(failed)
-            moved = len(job.keys) if result.success else len(loaded)
+        for done in self._guard.get_finished():
+            moved = len(done.job.keys) if done.success else len(done.loaded)
             results.append(
                 JobResult(
-                    job_id=result.job_id,
-                    success=bool(result.success),
-                    successful_keys=[OffloadKey(k) for k in loaded] if loaded else None,
+                    job_id=done.job.job_id,
+                    success=done.success,
+                    successful_keys=[OffloadKey(k) for k in done.loaded] if done.loaded else None,
                     transfer_bytes=moved * self.block_size_bytes if moved else None,
                 )
             )
         return results
 
-    def _successful_keys(self, job: JobMetadata, result: TieringJobResult) -> list[bytes]:
-        """The keys of a failed promotion that reached the primary tier anyway (none for a success or store).
-
-        Keys the tier names that are not in the job are dropped with an error
-        log (vLLM's manager asserts that they are a subset).
-        """
-        if result.success or not job.is_promotion or not result.successful_keys:
-            return []
-        in_job = set(job.keys)
-        loaded = [bytes(k) for k in result.successful_keys if bytes(k) in in_job]
-        if len(loaded) != len(result.successful_keys):
-            self._errors += 1
-            logger.error(
-                "tiering tier %r reported successful keys outside job %d; ignored", self.tiering_name, job.job_id
-            )
-        return loaded
-
     def on_new_request(self, req_context: ReqContext) -> Any:
         """Forward to the tier; tiering tiers offload per chunk (vLLM's ``CHUNK_LEVEL``)."""
-        try:
-            self.tier.on_new_request(self._context(req_context))
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r on_new_request raised", self.tiering_name)
+        self._guard.on_new_request(self._context(req_context))
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Forward to the tier and forget the request's context and failed keys."""
         ctx = self._context(req_context)
         del self._contexts[req_context.req_id]
-        self._failed_keys.pop(req_context.req_id, None)
-        try:
-            self.tier.on_request_finished(ctx)
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r on_request_finished raised", self.tiering_name)
+        self._guard.on_request_finished(ctx)
 
     def take_events(self) -> Iterable[Any]:
         """The tier's KV events as vLLM's ``OffloadingEvent`` (``enable_kv_events`` and vLLM's KV events on).
@@ -306,27 +240,18 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         ``type``, so vLLM tracks our residency apart from the primary tier's;
         stored events set ``removal_expected`` (a removal will follow).
         """
-        try:
-            events = self.tier.take_events()
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r take_events raised", self.tiering_name)
-            return []
+        events = self._guard.take_events()
         if not self._events_enabled:
             return []
         return to_offloading_events(events, self.medium, self.locality, self.tier_type)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Forward a use of ``keys`` to the tier's recency order."""
-        try:
-            self.tier.touch([TieringOffloadKey(bytes(k)) for k in keys], self._context(req_context))
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r touch raised", self.tiering_name)
+        self._guard.touch([TieringOffloadKey(bytes(k)) for k in keys], self._context(req_context))
 
     def has_pending_work(self) -> bool:
         """Whether a job vLLM submitted has not been reported back to it yet."""
-        return bool(self._inflight)
+        return self._guard.in_flight() > 0
 
     def drain_jobs(self) -> None:
         """Block until the tier has reported every submitted job (none is aborted).
@@ -336,9 +261,9 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """
         delay, started, warned = 0.0005, time.monotonic(), 0.0
         while True:
-            self._collect()
-            reported = {r.job_id for r in self._ready}
-            if all(job_id in reported for job_id in self._inflight):
+            self._guard.poll()
+            waiting = self._guard.unreported()
+            if not waiting:
                 return
             waited = time.monotonic() - started
             if waited - warned >= _DRAIN_WARN_S:
@@ -346,7 +271,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
                 logger.warning(
                     "tiering tier %r: drain_jobs still waiting for %d job(s) after %.0f s",
                     self.tiering_name,
-                    len(set(self._inflight) - reported),
+                    waiting,
                     waited,
                 )
             time.sleep(delay)
@@ -359,7 +284,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         cleans up right after; a view the tier still exports (e.g. through
         numpy) keeps the mapping alive, which vLLM reports and tolerates.
         """
-        self.tier.shutdown()
+        self._guard.shutdown()
         try:
             self._view.release()
         except BufferError:
@@ -372,13 +297,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def get_stats(self) -> Any:
         """The tier's ``stats()`` (plus ``binding_errors``) as gauges (see :mod:`~tiering.core.vllm.observability`)."""
-        try:
-            stats = dict(self.tier.stats())
-        except Exception:
-            self._errors += 1
-            logger.exception("tiering tier %r stats raised", self.tiering_name)
-            stats = {}
-        stats["binding_errors"] = self._errors
+        stats = self._guard.stats()
+        stats["binding_errors"] = self._guard.errors
         return stats_payload(self.tier_type, stats)
 
     @classmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import numbers
 from typing import Any
 
 from tiering.core.primary.buffer import as_block_view
@@ -52,14 +53,69 @@ def primary_block_view(primary_kv_view: memoryview, vllm_spec: Any) -> memoryvie
     return as_block_view(primary_kv_view, primary_kv_view.nbytes // row_bytes, row_bytes)
 
 
+def _int_field(value: Any, name: str) -> int:
+    """A namespace field that must be an integer (a bool is not one).
+
+    Raises:
+        TypeError: ``value`` is not an integer (e.g. a ``MagicMock`` of a
+            test's fake spec, whose repr would differ between ranks); names
+            the field.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"vLLM offloading spec field {name!r} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _str_field(value: Any, name: str) -> str:
+    """A namespace field that must be a str.
+
+    Raises:
+        TypeError: ``value`` is not a str; names the field.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"vLLM offloading spec field {name!r} must be a str, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _bool_field(value: Any, name: str) -> bool:
+    """A namespace field that must be a bool.
+
+    Raises:
+        TypeError: ``value`` is not a bool; names the field.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"vLLM offloading spec field {name!r} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _dtype_name(value: Any) -> str:
+    """``config.model.dtype`` (a ``torch.dtype`` or its name) as a name without ``torch.``.
+
+    Raises:
+        TypeError: neither a str nor a ``torch.dtype``; names the field.
+    """
+    kind = type(value)
+    if not isinstance(value, str) and (kind.__module__, kind.__name__) != ("torch", "dtype"):
+        raise TypeError(
+            "vLLM offloading spec field 'config.model.dtype' must be a torch.dtype or str, "
+            f"got {kind.__name__} {value!r}"
+        )
+    return str(value).removeprefix("torch.")
+
+
 def is_replicated(vllm_spec: Any) -> bool:
     """Whether vLLM lays rows out replicated: one copy of the KV, the same on every rank (e.g. MLA).
 
     vLLM's spec decides it (``replicated_layout``: the config asks for it and
     the primary region is shared); a spec without the attribute falls back to
     the config's flag.
+
+    Raises:
+        TypeError: the flag is not a bool.
     """
-    return bool(getattr(vllm_spec, "replicated_layout", vllm_spec.config.replicated_layout))
+    if hasattr(vllm_spec, "replicated_layout"):
+        return _bool_field(vllm_spec.replicated_layout, "replicated_layout")
+    return _bool_field(vllm_spec.config.replicated_layout, "config.replicated_layout")
 
 
 def layout_descriptor(vllm_spec: Any, kv_layout: str | None) -> str:
@@ -74,25 +130,37 @@ def layout_descriptor(vllm_spec: Any, kv_layout: str | None) -> str:
     With vLLM's replicated layout (:func:`is_replicated`: every rank holds
     the same KV, one copy per row) the parallel sizes are left out, as
     vLLM's own ``FileMapper`` does, so engines of any TP size share blocks.
+
+    Raises:
+        TypeError: a field is not of its type (int, str, bool), e.g. a
+            ``MagicMock`` spec of a test; the error names the field.
     """
     config = vllm_spec.config
     parallel = config.parallel
     replicated = is_replicated(vllm_spec)
-    groups = [[g.tokens_per_block, list(g.layer_names), g.group_id] for g in config.groups]
+    groups = [
+        [
+            _int_field(g.tokens_per_block, f"config.groups[{i}].tokens_per_block"),
+            [_str_field(name, f"config.groups[{i}].layer_names") for name in g.layer_names],
+            _int_field(g.group_id, f"config.groups[{i}].group_id"),
+        ]
+        for i, g in enumerate(config.groups)
+    ]
     groups_digest = hashlib.sha256(json.dumps(groups, sort_keys=True).encode()).hexdigest()[:12]
+    layout = config.kv_cache_layout
     facts = {
         "engine": "vllm",
-        "kv_cache_layout": config.kv_cache_layout or "default",
-        "worker_bytes": config.worker_kv_bytes_per_block,
-        "slot_bytes": getattr(vllm_spec, "cpu_page_size_per_worker", 0),
-        "tp": 1 if replicated else parallel.tp_size,
-        "pp": 1 if replicated else parallel.pp_size,
-        "pcp": 1 if replicated else parallel.pcp_size,
-        "dcp": 1 if replicated else parallel.dcp_size,
+        "kv_cache_layout": _str_field(layout, "config.kv_cache_layout") if layout else "default",
+        "worker_bytes": _int_field(config.worker_kv_bytes_per_block, "config.worker_kv_bytes_per_block"),
+        "slot_bytes": _int_field(getattr(vllm_spec, "cpu_page_size_per_worker", 0), "cpu_page_size_per_worker"),
+        **{
+            name: 1 if replicated else _int_field(getattr(parallel, f"{name}_size"), f"config.parallel.{name}_size")
+            for name in ("tp", "pp", "pcp", "dcp")
+        },
         "replicated": int(replicated),
-        "canonical": int(bool(config.canonical_layout)),
-        "blocks_per_chunk": config.cache.blocks_per_chunk,
-        "tokens_per_hash": config.cache.tokens_per_hash,
+        "canonical": int(_bool_field(config.canonical_layout, "config.canonical_layout")),
+        "blocks_per_chunk": _int_field(config.cache.blocks_per_chunk, "config.cache.blocks_per_chunk"),
+        "tokens_per_hash": _int_field(config.cache.tokens_per_hash, "config.cache.tokens_per_hash"),
         "groups": groups_digest,
     }
     described = ",".join(f"{k}={v}" for k, v in facts.items())
@@ -124,6 +192,10 @@ def tiering_spec_from_vllm(
         replicated layout, whose rows are the same on every rank), and whose
         ``extra_config`` is vLLM's ``kv_connector_extra_config`` with those
         keys set. ``engine_config`` is vLLM's ``OffloadingConfig``.
+
+    Raises:
+        TypeError: a namespace field of ``vllm_spec`` is not of its type
+            (see :func:`layout_descriptor`); the error names the field.
     """
     config = vllm_spec.config
     extra: dict[str, Any] = dict(config.extra_config)
@@ -140,17 +212,21 @@ def tiering_spec_from_vllm(
         extra["model_revision"] = str(revision)
     assert view.shape is not None  # a memoryview over a buffer always has a shape
     num_blocks, block_bytes = int(view.shape[0]), int(view.shape[1])
-    tokens_per_block = config.groups[0].tokens_per_block if config.groups else int(extra.get("block_size", 16))
+    if config.groups:
+        tokens_per_block = _int_field(config.groups[0].tokens_per_block, "config.groups[0].tokens_per_block")
+    else:
+        tokens_per_block = _int_field(extra.get("block_size", 16), "kv_connector_extra_config.block_size")
+    replicated = is_replicated(vllm_spec)
     extra.update(
         {
-            "block_size": int(tokens_per_block) * int(config.cache.blocks_per_chunk),
+            "block_size": tokens_per_block * _int_field(config.cache.blocks_per_chunk, "config.cache.blocks_per_chunk"),
             "block_bytes": block_bytes,
             "cpu_bytes_to_use": num_blocks * block_bytes,
-            "model": config.model.name,
-            "kv_dtype": str(config.model.dtype).removeprefix("torch."),
+            "model": _str_field(config.model.name, "config.model.name"),
+            "kv_dtype": _dtype_name(config.model.dtype),
             "kv_layout": layout_descriptor(vllm_spec, None if layout is None else str(layout)),
-            "rank": 0 if is_replicated(vllm_spec) else config.parallel.rank,
-            "world_size": 1 if is_replicated(vllm_spec) else config.parallel.world_size,
+            "rank": 0 if replicated else _int_field(config.parallel.rank, "config.parallel.rank"),
+            "world_size": 1 if replicated else _int_field(config.parallel.world_size, "config.parallel.world_size"),
         }
     )
     return OffloadingSpec(extra, engine_config=config, strict=False)
