@@ -108,3 +108,80 @@ def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_pri
             assert stats["verify_failures"] == 0
         finally:
             tier.shutdown()
+
+
+def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_the_failover_is_counted(prefix):
+    """SIGKILL of the primary under store/load traffic: the promoted replica's blocks stay known, stores resume."""
+    # down-after 1.5 s: a quick promotion, yet long enough that a loaded 2-core machine does not fail over by itself
+    with LocalSentinel(service_name="c23", replicas=1, down_after_ms=1500) as sentinel:
+        old_primary = sentinel.primary
+        config = {
+            "type": "redis", "mode": "sentinel", "sentinels": sentinel.sentinels, "service_name": "c23",
+            "prefix": prefix, "socket_timeout_s": 2, "socket_connect_timeout_s": 1, "retries": 2,
+        }  # fmt: skip
+        view = allocate_host_buffer(SLOTS, BLOCK)
+        spec = OffloadingSpec({"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": "redis/c23"})
+        tier = create_secondary_tier(config, view, spec)
+        try:
+            assert tier.wait_for_scan(30)
+            before = [make_key(i, b"c23-before") for i in range(96)]
+            for start in range(0, len(before), 16):
+                assert store(tier, view, before[start : start + 16])
+            with old_primary.client() as client:
+                assert client.wait(1, 10_000) == 1  # the replica holds every block before the kill
+            traffic_keys = before[:4]  # loaded during the failover; the other 92 are not touched by the traffic
+
+            durations, wrong, outcomes = [], [], []
+            stop = threading.Event()
+
+            def traffic():
+                for n in itertools.count():
+                    if stop.is_set():
+                        return
+                    started = time.monotonic()
+                    outcomes.append(("store", store(tier, view, [make_key(n * 4 + j, b"c23-during") for j in range(4)])))
+                    ok, slots = load(tier, view, traffic_keys)
+                    durations.append(time.monotonic() - started)
+                    outcomes.append(("load", ok))
+                    if ok and slots != [block_payload(k, BLOCK) for k in traffic_keys]:
+                        wrong.append(n)
+
+            thread = threading.Thread(target=traffic)
+            thread.start()
+            try:
+                time.sleep(0.3)
+                new_primary = sentinel.kill_primary(timeout_s=90)
+                promoted = len(outcomes)  # jobs finished from here on ran after the old primary died
+                deadline = time.monotonic() + 60  # stores resume: a store job through the new primary succeeds
+                while ("store", True) not in outcomes[promoted:]:
+                    assert time.monotonic() < deadline, "no store succeeded after the promotion"
+                    time.sleep(0.1)
+            finally:
+                stop.set()
+                thread.join(120)
+            assert not thread.is_alive(), "a job hung through the failover"
+            assert new_primary.port != old_primary.port
+            assert not wrong, "a load returned other bytes"
+            assert max(durations) < 2 * JOB_BOUND_S, max(durations)
+
+            # Kept: every block the replica held answers True at once, without asking the server.
+            pending = tier.stats()["lookups_pending"]
+            assert [tier.lookup(k, CTX) for k in before] == [True] * len(before)
+            stats = tier.stats()
+            assert stats["lookups_pending"] == pending
+            assert stats.get("failovers") == 1 and stats["server_restarts"] == 0, stats
+            assert tier.wait_for_scan(60)  # the re-scan of the new primary agrees
+            assert all(k in tier.index for k in before)
+            for start in range(0, len(before), 16):  # and they load, verified, with their exact bytes
+                keys = before[start : start + 16]
+                ok, slots = load(tier, view, keys)
+                assert ok and slots == [block_payload(k, BLOCK) for k in keys]
+
+            after = [make_key(i, b"c23-after") for i in range(8)]
+            assert store(tier, view, after)
+            with new_primary.client() as client:
+                assert client.exists(*(tier.block_key(k) for k in after)) == len(after)
+            stats = tier.stats()
+            assert stats["verify_failures"] == 0 and stats["failovers"] == 1 and stats["server_restarts"] == 0
+        finally:
+            tier.shutdown()

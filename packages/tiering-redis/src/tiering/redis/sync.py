@@ -43,6 +43,8 @@ class RedisServerSync:
     _client: Any
     _closed: bool
     _recheck: bool
+    _recheck_lock: threading.Lock
+    _namespace_record: bytes
     _run_ids: frozenset[str]
     _presence: PresenceQuery
     _is_cluster: bool
@@ -106,30 +108,76 @@ class RedisServerSync:
         return self._client.pipeline(transaction=False)
 
     def _check_restart(self) -> None:
-        """After connection trouble: if the server restarted or failed over, forget what it held.
+        """After connection trouble: did the primary change (new ``run_id``)? Keep or forget what it held.
 
-        A server without persistence comes back empty; this process would
-        otherwise answer lookups True and skip stores of blocks that are gone.
-        Writes in flight are kept (see :meth:`CapacityIndex.reconcile`).
+        A new primary that still holds this namespace (its record, or any of a
+        sample of the blocks this process knows) is a promoted replica, or a
+        restart that reloaded persisted data: the index is kept and a re-scan
+        of the new primary (when ``startup_scan`` is on) forgets the blocks it
+        lacks (writes that did not reach the replica) and adopts the others
+        (``failovers``). A new primary without any of it came back empty: every
+        known block is forgotten at once (``server_restarts``), so lookups do
+        not answer True and stores are not skipped for blocks that are gone,
+        and the namespace record is written again. Writes in flight are kept
+        (see :meth:`CapacityIndex.reconcile`). One I/O thread checks at a time,
+        so a change is handled and counted once.
         """
-        with self.index.reading() as ticket:
-            try:
-                ids = run_ids(self._client)
-            except Exception:
-                return  # still down: the batch fails, and the next one asks again
-            self._recheck = False
-            if not ids or ids == self._run_ids:
-                return
-            self._run_ids = ids
-            report = self.index.reconcile({}, ticket)
+        with self._recheck_lock:
+            if not self._recheck:
+                return  # another I/O thread checked meanwhile
+            with self.index.reading() as ticket:
+                try:
+                    ids = run_ids(self._client)
+                    changed = bool(ids) and ids != self._run_ids
+                    kept = changed and self._holds_namespace()
+                except Exception:
+                    return  # still down (or no primary yet): the batch fails, and the next one asks again
+                self._recheck = False
+                if not changed:
+                    return
+                self._run_ids = ids
+                if not kept:
+                    report = self.index.reconcile({}, ticket)
+        if kept:
+            self.counters.inc("failovers")
+            logger.warning(
+                "redis tier: %s failed over (new run_id); the new primary holds this namespace: keeping the %d "
+                "known blocks%s",
+                self.location,
+                len(self.index),
+                ", re-scanning it to forget those it lacks" if self.settings["startup_scan"] else "",
+            )
+            if self.settings["startup_scan"]:
+                self._scan_done.clear()
+                self.pool.submit_call("read", lambda: self._scan(replace=True))
+            return
         self.counters.inc("server_restarts")
         self.lookups.invalidate(report.vanished)
         self.events.record_removed(report.vanished, "server_restart")
+        try:
+            self._client.set(self.layout.namespace_key(self.digest), self._namespace_record, nx=True)
+        except Exception as exc:
+            self._count_error(exc, "writing the namespace record again")
         logger.warning(
-            "redis tier: %s restarted or failed over (new run_id); forgot %d blocks it may no longer hold",
+            "redis tier: %s restarted empty (new run_id, none of this namespace); forgot %d blocks",
             self.location,
             len(report.vanished),
         )
+
+    def _holds_namespace(self) -> bool:
+        """Whether the server holds this namespace's record or any of up to 64 known blocks, spread over the index.
+
+        The record alone could have been evicted by the server's LRU (it is
+        never read), so known blocks are asked too (``EXISTS``: no access).
+
+        Raises:
+            redis.exceptions.RedisError: the server did not answer.
+        """
+        if self._client.exists(self.layout.namespace_key(self.digest)):
+            return True
+        known = self.index.keys()
+        sample = known[:: max(1, len(known) // 64)][:64]
+        return bool(sample) and any(self._presence(sample, False))
 
     def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
         """Keys known gone (a load found them missing): out of the index and the lookup cache."""
@@ -144,11 +192,14 @@ class RedisServerSync:
             except Exception as exc:
                 self._count_error(exc, f"removing {len(keys)} gone blocks from the fleet's LRU")
 
-    def _startup_scan(self) -> None:
+    def _scan(self, replace: bool = False) -> None:
         """Learn which blocks of the namespace the server holds (``SCAN`` + ``EXISTS``: no access), on an I/O thread.
 
-        Blocks of the right size join the index (adopted under a ticket, so a
-        key changed meanwhile keeps its newer state); with ``eviction:
+        At start-up (``replace`` False) the blocks found join the index; after
+        a failover (``replace`` True) the index is replaced by them
+        (:meth:`CapacityIndex.reconcile`: known blocks the new primary lacks
+        are forgotten). Either way under a ticket, so a key changed meanwhile
+        keeps its newer state; with ``eviction:
         "process"`` the least recently used beyond ``capacity_bytes`` are then
         deleted; with ``eviction: "tier"`` the fleet's LRU is repaired from the
         scan (:meth:`~tiering.redis.fleet.FleetCap.reconcile`) and its surplus
@@ -170,7 +221,13 @@ class RedisServerSync:
                     for key, flag in zip(batch, self._present(batch, touch=False), strict=True):
                         if flag:
                             found[key] = self.object_bytes
-                self.index.adopt_many(found.items(), ticket)
+                vanished: tuple[OffloadKey, ...] = ()
+                if replace:
+                    vanished = self.index.reconcile(found, ticket).vanished
+                else:
+                    self.index.adopt_many(found.items(), ticket)
+            self.lookups.invalidate(vanished)
+            self.events.record_removed(vanished, "vanished")
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
             if self.fleet is not None:
@@ -179,7 +236,7 @@ class RedisServerSync:
                 self._fleet_evict(self.fleet.evict_surplus())
             self._trim_known()
         except Exception as exc:
-            self._count_error(exc, "the start-up scan")
+            self._count_error(exc, "the re-scan after a failover" if replace else "the start-up scan")
         finally:
             self._scan_done.set()
 

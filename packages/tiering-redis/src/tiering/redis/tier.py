@@ -75,6 +75,7 @@ _COUNTERS = (
     "bad_blocks_removed",
     "pipelines",
     "server_restarts",
+    "failovers",
     "scanned_blocks",
     "forgotten_blocks",
     "fleet_evictions",
@@ -146,6 +147,8 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         self._close_lock = threading.Lock()
         self._run_ids = self.server.run_ids
         self._recheck = False  # set by connection errors: was the server restarted meanwhile?
+        self._recheck_lock = threading.Lock()
+        self._namespace_record = record
         self._is_cluster = settings["mode"] == "cluster"
         self._presence = PresenceQuery(
             self._client, self.layout.base(self.digest) + ":", self.object_bytes, self._is_cluster
@@ -177,7 +180,7 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
             parallel=1,
         )
         if settings["startup_scan"]:
-            self.pool.submit_call("read", self._startup_scan)
+            self.pool.submit_call("read", self._scan)
         else:
             self._scan_done.set()
         logger.info(
@@ -314,7 +317,10 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         self.pool.submit("read", self._load_batch, tasks, self._tasks_failed, merge=True)  # pipelines join across jobs
 
     def wait_for_scan(self, timeout_s: float | None = None) -> bool:
-        """Wait until the start-up scan has finished (``tiering stat`` calls it); False on timeout."""
+        """Wait until the latest scan (at start-up, or after a failover) has finished; False on timeout.
+
+        ``tiering stat`` calls it.
+        """
         return self._scan_done.wait(timeout_s)
 
     # -- reporting ----------------------------------------------------------------
