@@ -10,7 +10,7 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.redis.servers import LocalSentinel, have_redis_server
 
 pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
@@ -129,7 +129,12 @@ def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_th
                 assert store(tier, view, before[start : start + 16])
             with old_primary.client() as client:
                 assert client.wait(1, 10_000) == 1  # the replica holds every block before the kill
-            traffic_keys = before[:4]  # loaded during the failover; the other 92 are not touched by the traffic
+            # Writes that never reached the replica: 8 blocks taken off it (a replica that lags looks the same).
+            kept, lost = before[:-8], before[-8:]
+            with sentinel.replicas[0].client() as client:
+                client.config_set("replica-read-only", "no")
+                assert client.delete(*(tier.block_key(k) for k in lost)) == len(lost)
+            traffic_keys = before[:4]  # loaded during the failover; the others are not touched by the traffic
 
             durations, wrong, outcomes = [], [], []
             stop = threading.Event()
@@ -166,14 +171,16 @@ def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_th
 
             # Kept: every block the replica held answers True at once, without asking the server.
             pending = tier.stats()["lookups_pending"]
-            assert [tier.lookup(k, CTX) for k in before] == [True] * len(before)
+            assert [tier.lookup(k, CTX) for k in kept] == [True] * len(kept)
             stats = tier.stats()
             assert stats["lookups_pending"] == pending
             assert stats.get("failovers") == 1 and stats["server_restarts"] == 0, stats
-            assert tier.wait_for_scan(60)  # the re-scan of the new primary agrees
-            assert all(k in tier.index for k in before)
-            for start in range(0, len(before), 16):  # and they load, verified, with their exact bytes
-                keys = before[start : start + 16]
+            # The re-scan of the new primary forgets what it lacks (a lookup asks the server: absent).
+            assert tier.wait_for_scan(60)
+            assert all(k in tier.index for k in kept) and not any(k in tier.index for k in lost)
+            assert [wait_for_lookup(tier, k, CTX) for k in lost] == [False] * len(lost)
+            for start in range(0, len(kept), 16):  # the kept ones load, verified, with their exact bytes
+                keys = kept[start : start + 16]
                 ok, slots = load(tier, view, keys)
                 assert ok and slots == [block_payload(k, BLOCK) for k in keys]
 

@@ -264,7 +264,10 @@ def test_server_killed_mid_run_gives_failed_jobs_then_recovers(prefix):
         ok, slots = load(tier, view, fresh)
         assert ok and slots == [block_payload(k, BLOCK) for k in fresh]
         assert load(tier, view, keys)[0] is False  # lost with the server's memory: a miss, then forgotten
-        assert tier.stats()["server_restarts"] == 1 and tier.stats()["load_failed_missing"] >= 1
+        stats = tier.stats()
+        assert stats["server_restarts"] == 1 and stats["failovers"] == 0 and stats["load_failed_missing"] >= 1
+        with server.client() as client:  # the empty server describes the namespace again
+            assert client.exists(tier.layout.namespace_key(tier.digest)) == 1
         assert store(tier, view, keys)
         ok, slots = load(tier, view, keys)
         assert ok and slots == [block_payload(k, BLOCK) for k in keys]
