@@ -106,6 +106,7 @@ def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_pri
             assert ok and slots == [block_payload(k, BLOCK) for k in before[8:]]
             stats = tier.stats()
             assert stats["verify_failures"] == 0
+            assert stats["failovers"] == 1 and stats["server_restarts"] == 0  # the new primary held the blocks
         finally:
             tier.shutdown()
 
@@ -144,7 +145,8 @@ def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_th
                     if stop.is_set():
                         return
                     started = time.monotonic()
-                    outcomes.append(("store", store(tier, view, [make_key(n * 4 + j, b"c23-during") for j in range(4)])))
+                    keys = [make_key(n * 4 + j, b"c23-during") for j in range(4)]
+                    outcomes.append(("store", store(tier, view, keys)))
                     ok, slots = load(tier, view, traffic_keys)
                     durations.append(time.monotonic() - started)
                     outcomes.append(("load", ok))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,17 @@ from tiering.redis.errors import classify_error
 from tiering.redis.fleet import FleetCap
 from tiering.redis.layout import KeyLayout
 from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import run_ids
+from tiering.redis.probe import Primaries, primaries
 
 logger = logging.getLogger(__name__)
+
+RUN_ID_CHECK_S = 1.0
+"""Seconds between checks of the primary's ``run_id`` (one ``INFO``) while the tier sends pipelines, errors or not.
+
+redis-py re-makes a pooled connection that the server closed without raising,
+so a failover (the sentinel names the new primary) or a quick restart may
+show no error at all.
+"""
 
 
 class RedisServerSync:
@@ -43,9 +52,10 @@ class RedisServerSync:
     _client: Any
     _closed: bool
     _recheck: bool
-    _recheck_lock: threading.Lock
+    _check_lock: threading.Lock
+    _next_check: float
     _namespace_record: bytes
-    _run_ids: frozenset[str]
+    _primaries: Primaries
     _presence: PresenceQuery
     _is_cluster: bool
     _scan_done: threading.Event
@@ -102,82 +112,72 @@ class RedisServerSync:
         return cause
 
     def _pipeline(self) -> Any:
-        if self._recheck:
-            self._check_restart()
+        self._check_server()
         self.counters.inc("pipelines")
         return self._client.pipeline(transaction=False)
 
-    def _check_restart(self) -> None:
-        """After connection trouble: did the primary change (new ``run_id``)? Keep or forget what it held.
+    def _check_server(self) -> None:
+        """Before a pipeline: after connection trouble, and at most every :data:`RUN_ID_CHECK_S`, see whether
+        the primary changed (:meth:`_check_restart`).
+        """  # noqa: D205
+        if self._recheck or time.monotonic() >= self._next_check:
+            self._check_restart()
 
-        A new primary that still holds this namespace (its record, or any of a
-        sample of the blocks this process knows) is a promoted replica, or a
-        restart that reloaded persisted data: the index is kept and a re-scan
-        of the new primary (when ``startup_scan`` is on) forgets the blocks it
-        lacks (writes that did not reach the replica) and adopts the others
-        (``failovers``). A new primary without any of it came back empty: every
-        known block is forgotten at once (``server_restarts``), so lookups do
-        not answer True and stores are not skipped for blocks that are gone,
-        and the namespace record is written again. Writes in flight are kept
-        (see :meth:`CapacityIndex.reconcile`). One I/O thread checks at a time,
-        so a change is handled and counted once.
+    def _check_restart(self) -> None:
+        """Did the primary change (new ``run_id``)? Keep the index when the new one continues its data set.
+
+        A promoted replica continues the old primary's replication history
+        (:meth:`~tiering.redis.probe.Primaries.continues`): the index is kept
+        (``failovers``). Any other new primary (a restart, empty unless it
+        reloaded persisted data) makes the tier forget every known block at
+        once (``server_restarts``), so lookups do not answer True and stores
+        are not skipped for blocks that are gone; the namespace record is
+        written again. Either way a re-scan of the new primary (when
+        ``startup_scan`` is on) then forgets the blocks it lacks (writes that
+        did not reach the replica) and adopts those it holds. Writes in
+        flight are kept (see :meth:`CapacityIndex.reconcile`). One I/O thread
+        checks at a time (the others go on with their pipelines), so a change
+        is handled and counted once.
         """
-        with self._recheck_lock:
-            if not self._recheck:
-                return  # another I/O thread checked meanwhile
+        if not self._check_lock.acquire(blocking=False):
+            return  # another I/O thread is checking
+        try:
+            self._next_check = time.monotonic() + RUN_ID_CHECK_S
             with self.index.reading() as ticket:
                 try:
-                    ids = run_ids(self._client)
-                    changed = bool(ids) and ids != self._run_ids
-                    kept = changed and self._holds_namespace()
+                    now = primaries(self._client)
                 except Exception:
                     return  # still down (or no primary yet): the batch fails, and the next one asks again
                 self._recheck = False
-                if not changed:
+                if not now.run_ids or now.run_ids == self._primaries.run_ids:
                     return
-                self._run_ids = ids
-                if not kept:
-                    report = self.index.reconcile({}, ticket)
+                kept = now.continues(self._primaries)
+                self._primaries = now
+                vanished = () if kept else self.index.reconcile({}, ticket).vanished
+        finally:
+            self._check_lock.release()
+        self.counters.inc("failovers" if kept else "server_restarts")
         if kept:
-            self.counters.inc("failovers")
             logger.warning(
-                "redis tier: %s failed over (new run_id); the new primary holds this namespace: keeping the %d "
-                "known blocks%s",
+                "redis tier: %s failed over (new run_id) to a replica of the old primary; keeping the %d known blocks",
                 self.location,
                 len(self.index),
-                ", re-scanning it to forget those it lacks" if self.settings["startup_scan"] else "",
             )
-            if self.settings["startup_scan"]:
-                self._scan_done.clear()
-                self.pool.submit_call("read", lambda: self._scan(replace=True))
-            return
-        self.counters.inc("server_restarts")
-        self.lookups.invalidate(report.vanished)
-        self.events.record_removed(report.vanished, "server_restart")
-        try:
-            self._client.set(self.layout.namespace_key(self.digest), self._namespace_record, nx=True)
-        except Exception as exc:
-            self._count_error(exc, "writing the namespace record again")
-        logger.warning(
-            "redis tier: %s restarted empty (new run_id, none of this namespace); forgot %d blocks",
-            self.location,
-            len(report.vanished),
-        )
-
-    def _holds_namespace(self) -> bool:
-        """Whether the server holds this namespace's record or any of up to 64 known blocks, spread over the index.
-
-        The record alone could have been evicted by the server's LRU (it is
-        never read), so known blocks are asked too (``EXISTS``: no access).
-
-        Raises:
-            redis.exceptions.RedisError: the server did not answer.
-        """
-        if self._client.exists(self.layout.namespace_key(self.digest)):
-            return True
-        known = self.index.keys()
-        sample = known[:: max(1, len(known) // 64)][:64]
-        return bool(sample) and any(self._presence(sample, False))
+        else:
+            self.lookups.invalidate(vanished)
+            self.events.record_removed(vanished, "server_restart")
+            logger.warning(
+                "redis tier: %s restarted (new run_id, a new data set); forgot %d blocks it may no longer hold",
+                self.location,
+                len(vanished),
+            )
+            try:
+                self._client.set(self.layout.namespace_key(self.digest), self._namespace_record, nx=True)
+            except Exception as exc:
+                self._count_error(exc, "writing the namespace record again")
+        if self.settings["startup_scan"]:
+            self._scan_done.clear()
+            self.pool.submit_call("read", lambda: self._scan(replace=True))
 
     def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
         """Keys known gone (a load found them missing): out of the index and the lookup cache."""
@@ -196,7 +196,7 @@ class RedisServerSync:
         """Learn which blocks of the namespace the server holds (``SCAN`` + ``EXISTS``: no access), on an I/O thread.
 
         At start-up (``replace`` False) the blocks found join the index; after
-        a failover (``replace`` True) the index is replaced by them
+        a change of primary (``replace`` True) the index is replaced by them
         (:meth:`CapacityIndex.reconcile`: known blocks the new primary lacks
         are forgotten). Either way under a ticket, so a key changed meanwhile
         keeps its newer state; with ``eviction:
@@ -236,12 +236,11 @@ class RedisServerSync:
                 self._fleet_evict(self.fleet.evict_surplus())
             self._trim_known()
         except Exception as exc:
-            self._count_error(exc, "the re-scan after a failover" if replace else "the start-up scan")
+            self._count_error(exc, "the re-scan of a new primary" if replace else "the start-up scan")
         finally:
             self._scan_done.set()
 
     def _present(self, keys: Sequence[OffloadKey], touch: bool = True) -> list[bool]:
-        if self._recheck:
-            self._check_restart()
+        self._check_server()
         self.counters.inc("pipelines")
         return self._presence(keys, touch)

@@ -145,9 +145,10 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
 
         self._closed = False
         self._close_lock = threading.Lock()
-        self._run_ids = self.server.run_ids
+        self._primaries = self.server.identity
         self._recheck = False  # set by connection errors: was the server restarted meanwhile?
-        self._recheck_lock = threading.Lock()
+        self._check_lock = threading.Lock()
+        self._next_check = 0.0  # monotonic time of the next run_id check (connection trouble asks at once)
         self._namespace_record = record
         self._is_cluster = settings["mode"] == "cluster"
         self._presence = PresenceQuery(
