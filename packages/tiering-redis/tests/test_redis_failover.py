@@ -113,8 +113,8 @@ def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_pri
 
 def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_the_failover_is_counted(prefix):
     """SIGKILL of the primary under store/load traffic: the promoted replica's blocks stay known, stores resume."""
-    # down-after 1.5 s: a quick promotion, yet long enough that a loaded 2-core machine does not fail over by itself
-    with LocalSentinel(service_name="c23", replicas=1, down_after_ms=1500) as sentinel:
+    # down-after 2 s: a quick promotion, yet long enough that a loaded 2-core machine does not fail over by itself
+    with LocalSentinel(service_name="c23", replicas=1, down_after_ms=2000) as sentinel:
         old_primary = sentinel.primary
         config = {
             "type": "redis", "mode": "sentinel", "sentinels": sentinel.sentinels, "service_name": "c23",

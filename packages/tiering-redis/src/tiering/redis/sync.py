@@ -1,4 +1,4 @@
-"""What this process knows, kept in line with the server: restarts, forgotten and vanished blocks, the start-up scan.
+"""What this process knows, kept in line with the server: restarts and failovers, forgotten and vanished blocks, scans.
 
 :class:`RedisServerSync` is the base of :class:`~tiering.redis.io.RedisBlockIO`: it holds
 the shared state (set by :class:`~tiering.redis.tier.RedisSecondaryTierManager`) and the
