@@ -11,6 +11,7 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
+from tiering.redis.probe import Primaries
 from tiering.redis.servers import LocalSentinel, have_redis_server
 
 pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
@@ -39,6 +40,20 @@ def load(tier, view, keys, timeout_s=60.0):
     tier.submit_load(job)
     ok = wait_for_jobs(tier, [job.job_id], timeout_s)[job.job_id]
     return ok, [block_view(view, i).tobytes() for i in block_ids]
+
+
+def test_a_new_primary_continues_the_old_data_set_only_when_promoted_from_its_replica():
+    def primaries(*nodes):  # (run_id, master_replid, master_replid2) per primary, as INFO gives them
+        return Primaries.from_info([{"run_id": r, "master_replid": a, "master_replid2": b} for r, a, b in nodes])
+
+    old = primaries(("run-a", "repl-a", "0"))
+    assert primaries(("run-b", "repl-b", "repl-a")).continues(old)  # a replica of a, promoted
+    assert not primaries(("run-c", "repl-c", "0")).continues(old)  # restarted empty: a new history
+    assert not primaries(("run-d", "repl-d", "repl-x")).continues(old)  # promoted from another server's replica
+    assert not primaries(("run-b", "repl-b", "repl-a")).continues(Primaries())  # nothing known before
+    cluster = primaries(("r1", "p1", "0"), ("r2", "p2", "0"), ("r3", "p3", "0"))
+    assert primaries(("r1", "p1", "0"), ("r2", "p2", "0"), ("r4", "p4", "p3")).continues(cluster)
+    assert not primaries(("r1", "p1", "0"), ("r2", "p2", "0"), ("r5", "p5", "0")).continues(cluster)
 
 
 def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_primary_serves(prefix):

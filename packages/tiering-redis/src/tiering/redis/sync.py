@@ -118,9 +118,9 @@ class RedisServerSync:
 
     def _check_server(self) -> None:
         """Before a pipeline: after connection trouble, and at most every :data:`RUN_ID_CHECK_S`, see whether
-        the primary changed (:meth:`_check_restart`).
+        the primary changed (:meth:`_check_restart`); never when the start-up probe could not read ``INFO`` (ACL).
         """  # noqa: D205
-        if self._recheck or time.monotonic() >= self._next_check:
+        if self._primaries.run_ids and (self._recheck or time.monotonic() >= self._next_check):
             self._check_restart()
 
     def _check_restart(self) -> None:

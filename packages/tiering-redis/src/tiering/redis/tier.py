@@ -318,7 +318,7 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         self.pool.submit("read", self._load_batch, tasks, self._tasks_failed, merge=True)  # pipelines join across jobs
 
     def wait_for_scan(self, timeout_s: float | None = None) -> bool:
-        """Wait until the latest scan (at start-up, or after a failover) has finished; False on timeout.
+        """Wait until the latest scan (at start-up, or after a change of primary) has finished; False on timeout.
 
         ``tiering stat`` calls it.
         """
@@ -332,7 +332,11 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         Keys: every :mod:`tiering.core.toolkit.stats` name that applies
         (lookups, blocks/bytes stored and loaded, ``resident_*`` = blocks this
         process knows are stored, capacity, evictions, failures by cause),
-        ``pipelines`` (round trips sent), ``errors_<class>`` per
+        ``pipelines`` (round trips sent), ``failovers`` (a new primary that
+        continued the old one's data: what this process knew was kept),
+        ``server_restarts`` (a new primary with a new data set: what this
+        process knew was forgotten), ``scanned_blocks`` (blocks found by the
+        scans), ``errors_<class>`` per
         :data:`tiering.redis.errors.ERROR_CLASSES`, ``server_maxmemory_bytes``
         (-1: unknown) and ``server_evicts`` (1/0). With ``eviction: "server"``
         the tier evicts nothing: ``capacity_bytes`` is 0 and, instead of
