@@ -156,6 +156,8 @@ class RedisServerSync:
                 vanished = () if kept else self.index.reconcile({}, ticket).vanished
         finally:
             self._check_lock.release()
+        if self.settings["startup_scan"]:
+            self._scan_done.clear()  # before the counter moves: whoever sees the change also waits for the scan
         self.counters.inc("failovers" if kept else "server_restarts")
         if kept:
             logger.warning(
@@ -176,7 +178,6 @@ class RedisServerSync:
             except Exception as exc:
                 self._count_error(exc, "writing the namespace record again")
         if self.settings["startup_scan"]:
-            self._scan_done.clear()
             self.pool.submit_call("read", lambda: self._scan(replace=True))
 
     def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
