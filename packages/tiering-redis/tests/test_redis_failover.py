@@ -11,7 +11,6 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
-from tiering.redis.probe import Primaries
 from tiering.redis.servers import LocalSentinel, have_redis_server
 
 pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
@@ -52,6 +51,8 @@ def wait_for_primary_change(tier, view, keys, timeout_s=30.0):
 
 
 def test_a_new_primary_continues_the_old_data_set_only_when_promoted_from_its_replica():
+    from tiering.redis.probe import Primaries
+
     def primaries(*nodes):  # (run_id, master_replid, master_replid2) per primary, as INFO gives them
         return Primaries.from_info([{"run_id": r, "master_replid": a, "master_replid2": b} for r, a, b in nodes])
 
