@@ -44,7 +44,7 @@ def load(tier, view, keys, timeout_s=60.0):
 def wait_for_primary_change(tier, view, keys, timeout_s=30.0):
     """Load ``keys`` until the tier has seen the new primary (it checks before a pipeline, at most once a second)."""
     deadline = time.monotonic() + timeout_s
-    while tier.stats()["failovers"] + tier.stats()["server_restarts"] == 0:
+    while tier.stats().get("failovers", 0) + tier.stats()["server_restarts"] == 0:
         assert time.monotonic() < deadline, "the tier did not see the new primary"
         load(tier, view, keys)
         time.sleep(0.1)
