@@ -240,6 +240,30 @@ def test_server_lru_evictions_are_misses_never_errors_or_wrong_bytes(prefix):
 
 
 # -- failures ----------------------------------------------------------------------------
+def test_c23_a_quick_restart_that_raises_no_error_is_seen_and_the_blocks_forgotten(prefix):
+    """Killed and restarted empty between two jobs: redis-py reconnects silently; the run_id check still sees it."""
+    with LocalRedis() as server:
+        tier, view = make_tier({"url": server.url, "prefix": prefix})
+        try:
+            keys = [make_key(i, b"quick") for i in range(8)]
+            assert store(tier, view, keys) and all(k in tier.index for k in keys)
+            server.kill()
+            server.start()  # same port, empty: the pooled connections are re-made without an error
+            deadline = time.monotonic() + 20  # the check runs at most once a second, before a pipeline
+            for n in itertools.count():
+                assert store(tier, view, [make_key(n, b"quick-after")])
+                if tier.stats()["server_restarts"]:
+                    break
+                assert time.monotonic() < deadline, "the restart was not seen"
+                time.sleep(0.2)
+            stats = tier.stats()
+            assert stats["server_restarts"] == 1 and stats["failovers"] == 0 and stats["errors_connection"] == 0
+            assert not any(k in tier.index for k in keys)
+            assert [wait_for_lookup(tier, k, CTX) for k in keys] == [False] * len(keys)
+        finally:
+            tier.shutdown()
+
+
 def test_server_killed_mid_run_gives_failed_jobs_then_recovers(prefix):
     server = LocalRedis().start()
     try:
@@ -264,7 +288,10 @@ def test_server_killed_mid_run_gives_failed_jobs_then_recovers(prefix):
         ok, slots = load(tier, view, fresh)
         assert ok and slots == [block_payload(k, BLOCK) for k in fresh]
         assert load(tier, view, keys)[0] is False  # lost with the server's memory: a miss, then forgotten
-        assert tier.stats()["server_restarts"] == 1 and tier.stats()["load_failed_missing"] >= 1
+        stats = tier.stats()
+        assert stats["server_restarts"] == 1 and stats["failovers"] == 0 and stats["load_failed_missing"] >= 1
+        with server.client() as client:  # the empty server describes the namespace again
+            assert client.exists(tier.layout.namespace_key(tier.digest)) == 1
         assert store(tier, view, keys)
         ok, slots = load(tier, view, keys)
         assert ok and slots == [block_payload(k, BLOCK) for k in keys]

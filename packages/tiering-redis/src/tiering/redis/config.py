@@ -170,7 +170,8 @@ SCHEMA = ConfigSchema(
                   doc="eviction tier: bytes the fleet keeps in this namespace; process: bytes this process keeps "
                       "(headers included)"),
         ConfigKey("startup_scan", (bool,), default=True,
-                  doc="at start, SCAN the namespace's keys in the background to learn what is stored"),
+                  doc="at start and after a change of primary, SCAN the namespace's keys in the background to "
+                      "learn what is stored"),
         ConfigKey("lookup_negative_ttl_s", (float,), default=2.0, minimum=0, exclusive_minimum=True,
                   doc="seconds a 'not there' lookup answer is trusted (another replica may store it)"),
     ],

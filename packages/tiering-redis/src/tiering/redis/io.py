@@ -168,8 +168,7 @@ class RedisBlockIO(RedisServerSync):
         sent as they are (:mod:`tiering.redis.wire`); a cluster: redis-py's
         cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
         """
-        if self._recheck:
-            self._check_restart()
+        self._check_server()
         self.counters.inc("pipelines")
         digest = self._digest_bytes
         if self._is_cluster:
@@ -241,8 +240,7 @@ class RedisBlockIO(RedisServerSync):
         """  # noqa: D205
         if not todo:
             return []
-        if self._recheck:
-            self._check_restart()
+        self._check_server()
         self.counters.inc("pipelines")
         names = [self.block_key(state.meta.keys[i]) for state, i in todo]
         if self._is_cluster:

@@ -3,8 +3,9 @@
 Run by the tier's constructor (so ``tiering check --probe`` runs it too):
 
 1. ``PING`` (reachability, credentials, TLS);
-2. ``INFO memory`` of every primary: ``maxmemory`` and ``maxmemory_policy``,
-   which say whether the server evicts (the eviction authority check);
+2. ``INFO`` of every primary: ``maxmemory`` and ``maxmemory_policy``,
+   which say whether the server evicts (the eviction authority check), and
+   who the primaries are (``run_id``, replication ids: :class:`Primaries`);
 3. ``SET NX`` of the namespace record, then a write / read / delete probe of a
    throw-away key (``SET EX 60``, ``GET``, ``UNLINK``).
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -31,6 +32,38 @@ EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 
 @dataclasses.dataclass(frozen=True)
+class Primaries:
+    """Which servers are the primaries, and the history of their data sets (``INFO``).
+
+    Attributes:
+        run_ids: the ``run_id`` of every primary (empty when INFO is not
+            permitted); a change means a restart or a failover.
+        lineage: per primary ``(master_replid, master_replid2)``: the
+            replication id of its data set, and the one it continued when it was
+            promoted from replica (``0`` otherwise).
+    """
+
+    run_ids: frozenset[str] = frozenset()
+    lineage: frozenset[tuple[str, str]] = frozenset()
+
+    @classmethod
+    def from_info(cls, infos: Sequence[Mapping[str, Any]]) -> Primaries:
+        """From the ``INFO`` (sections server and replication) of every primary."""
+        return cls(
+            frozenset(str(i.get("run_id", "")) for i in infos),
+            frozenset((str(i.get("master_replid", "")), str(i.get("master_replid2", ""))) for i in infos),
+        )
+
+    def continues(self, old: Primaries) -> bool:
+        """Whether every primary's data set continues one of ``old``'s: unchanged, or a promoted replica of it.
+
+        A server restarted empty starts a new replication history, so it does not.
+        """
+        known = {replid for replid, _ in old.lineage} - {"", "0"}
+        return bool(self.lineage) and all(r in known or r2 in known for r, r2 in self.lineage)
+
+
+@dataclasses.dataclass(frozen=True)
 class ServerInfo:
     """What the probe learnt about the server(s).
 
@@ -41,15 +74,14 @@ class ServerInfo:
             ``"mixed"`` when primaries differ).
         primaries: number of primaries answering INFO (1 for a single server).
         version: ``redis_version`` of the first primary (``"unknown"`` when not permitted).
-        run_ids: the ``run_id`` of every primary (empty when not permitted); a
-            change means a restart or failover: what the server held may be gone.
+        identity: who the primaries are (:class:`Primaries`; empty when not permitted).
     """
 
     maxmemory: int
     policy: str
     primaries: int
     version: str
-    run_ids: frozenset[str] = frozenset()
+    identity: Primaries = Primaries()
 
     @property
     def server_evicts(self) -> bool:
@@ -67,42 +99,47 @@ def _info(client: Any, section: str) -> list[dict[str, Any]]:
     return [client.info(section)]
 
 
-def server_info(client: Any) -> ServerInfo:
-    """``INFO memory`` / ``INFO server`` of every primary, summarized; INFO refused (ACL) gives unknowns.
+def _default_info(client: Any) -> list[dict[str, Any]] | None:
+    """``INFO`` (the default sections: server, memory, replication, ...) of every primary; None when not permitted.
 
     Raises:
         redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the server is unreachable.
     """
     try:
-        memory = _info(client, "memory")
-        server = _info(client, "server")
+        return _info(client, "default")
     except Exception as exc:
         if classify_error(exc) not in ("credentials", "other"):
             raise
-        logger.warning("redis tier: INFO is not permitted (%s); cannot tell whether the server evicts", type(exc))
+        return None
+
+
+def server_info(client: Any) -> ServerInfo:
+    """``INFO`` of every primary, summarized; INFO refused (ACL) gives unknowns.
+
+    Raises:
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the server is unreachable.
+    """
+    infos = _default_info(client)
+    if infos is None:
+        logger.warning("redis tier: INFO is not permitted; cannot tell whether the server evicts")
         return ServerInfo(-1, "unknown", 0, "unknown")
-    run_ids = frozenset(str(s.get("run_id", "")) for s in server)
-    limits = [int(m.get("maxmemory", 0)) for m in memory]
-    policies = {str(m.get("maxmemory_policy", "unknown")) for m in memory}
+    limits = [int(i.get("maxmemory", 0)) for i in infos]
+    policies = {str(i.get("maxmemory_policy", "unknown")) for i in infos}
     limited = [x for x in limits if x > 0]
     maxmemory = min(limited) if len(limited) == len(limits) and limited else 0
     policy = policies.pop() if len(policies) == 1 else "mixed"
-    version = str(server[0].get("redis_version", "unknown")) if server else "unknown"
-    return ServerInfo(maxmemory, policy, len(memory), version, run_ids)
+    version = str(infos[0].get("redis_version", "unknown")) if infos else "unknown"
+    return ServerInfo(maxmemory, policy, len(infos), version, Primaries.from_info(infos))
 
 
-def run_ids(client: Any) -> frozenset[str]:
-    """The ``run_id`` of every primary (``INFO server``); empty when INFO is not permitted.
+def primaries(client: Any) -> Primaries:
+    """Who the primaries are now (one ``INFO`` of each); empty when INFO is not permitted.
 
     Raises:
         redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the server is unreachable.
     """
-    try:
-        return frozenset(str(s.get("run_id", "")) for s in _info(client, "server"))
-    except Exception as exc:
-        if classify_error(exc) not in ("credentials", "other"):
-            raise
-        return frozenset()
+    infos = _default_info(client)
+    return Primaries() if infos is None else Primaries.from_info(infos)
 
 
 def probe(

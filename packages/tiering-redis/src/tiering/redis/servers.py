@@ -244,14 +244,19 @@ class LocalSentinel:
 
     Args:
         service_name: the master name the sentinel monitors.
-        replicas: replica servers (``--replicaof`` the primary); needed for :meth:`failover`.
+        replicas: replica servers (``--replicaof`` the primary); needed for :meth:`failover`
+            and :meth:`kill_primary`.
+        down_after_ms: milliseconds without an answer after which the sentinel holds the primary
+            down (``down-after-milliseconds``); with a quorum of 1 the failover starts then.
     """
 
-    def __init__(self, service_name: str = "tiering", replicas: int = 0) -> None:
+    def __init__(self, service_name: str = "tiering", replicas: int = 0, down_after_ms: int = 5000) -> None:
         self.service_name = service_name
+        self.down_after_ms = down_after_ms
         self.primary = LocalRedis()
         self.replicas = [LocalRedis(args=["--replicaof", "127.0.0.1", str(self.primary.port)]) for _ in range(replicas)]
         self.sentinel = LocalRedis(binary="redis-sentinel")
+        self.dead: list[LocalRedis] = []  # primaries killed by kill_primary (their directories go at stop)
 
     @property
     def sentinels(self) -> list[list[str | int]]:
@@ -288,7 +293,7 @@ class LocalSentinel:
                     )
             (self.sentinel.directory / "sentinel.conf").write_text(
                 f"sentinel monitor {self.service_name} 127.0.0.1 {self.primary.port} 1\n"
-                f"sentinel down-after-milliseconds {self.service_name} 5000\n"
+                f"sentinel down-after-milliseconds {self.service_name} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.service_name} 10000\n"
             )
             self.sentinel.start()
@@ -333,10 +338,34 @@ class LocalSentinel:
         self.primary = new
         return new
 
+    def kill_primary(self, timeout_s: float = 60.0) -> LocalRedis:
+        """Kill the primary's process (SIGKILL) and wait until the sentinel has promoted a replica; returns it.
+
+        The sentinel notices after ``down_after_ms`` and then promotes; the old
+        primary stays dead. Writes it acknowledged but had not yet sent to the
+        replica are lost (Redis replicates asynchronously).
+
+        Raises:
+            RuntimeError: no replica, or no replica was promoted within ``timeout_s``.
+        """
+        if not self.replicas:
+            raise RuntimeError("a failover needs a replica (LocalSentinel(replicas=1))")
+        old = self.primary
+        old.kill()
+        self.dead.append(old)
+        self._wait(lambda: self.master_port() not in (None, old.port), "no replica was promoted", timeout_s)
+        port = self.master_port()
+        new = next(r for r in self.replicas if r.port == port)
+        with contextlib.closing(new.client(socket_timeout=2)) as c:
+            self._wait(lambda: c.info("replication").get("role") == "master", "the new primary is not a master")
+        self.replicas = [r for r in self.replicas if r is not new]
+        self.primary = new
+        return new
+
     def stop(self) -> None:
         """Stop the sentinel, the replicas and the primary; idempotent."""
         self.sentinel.stop()
-        for replica in self.replicas:
+        for replica in [*self.replicas, *self.dead]:
             replica.stop()
         self.primary.stop()
 

@@ -1,4 +1,4 @@
-"""What this process knows, kept in line with the server: restarts, forgotten and vanished blocks, the start-up scan.
+"""What this process knows, kept in line with the server: restarts and failovers, forgotten and vanished blocks, scans.
 
 :class:`RedisServerSync` is the base of :class:`~tiering.redis.io.RedisBlockIO`: it holds
 the shared state (set by :class:`~tiering.redis.tier.RedisSecondaryTierManager`) and the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,17 @@ from tiering.redis.errors import classify_error
 from tiering.redis.fleet import FleetCap
 from tiering.redis.layout import KeyLayout
 from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import run_ids
+from tiering.redis.probe import Primaries, primaries
 
 logger = logging.getLogger(__name__)
+
+RUN_ID_CHECK_S = 1.0
+"""Seconds between checks of the primary's ``run_id`` (one ``INFO``) while the tier sends pipelines, errors or not.
+
+redis-py re-makes a pooled connection that the server closed without raising,
+so a failover (the sentinel names the new primary) or a quick restart may
+show no error at all.
+"""
 
 
 class RedisServerSync:
@@ -43,7 +52,10 @@ class RedisServerSync:
     _client: Any
     _closed: bool
     _recheck: bool
-    _run_ids: frozenset[str]
+    _check_lock: threading.Lock
+    _next_check: float
+    _namespace_record: bytes
+    _primaries: Primaries
     _presence: PresenceQuery
     _is_cluster: bool
     _scan_done: threading.Event
@@ -100,36 +112,73 @@ class RedisServerSync:
         return cause
 
     def _pipeline(self) -> Any:
-        if self._recheck:
-            self._check_restart()
+        self._check_server()
         self.counters.inc("pipelines")
         return self._client.pipeline(transaction=False)
 
-    def _check_restart(self) -> None:
-        """After connection trouble: if the server restarted or failed over, forget what it held.
+    def _check_server(self) -> None:
+        """Before a pipeline: after connection trouble, and at most every :data:`RUN_ID_CHECK_S`, see whether
+        the primary changed (:meth:`_check_restart`); never when the start-up probe could not read ``INFO`` (ACL).
+        """  # noqa: D205
+        if self._primaries.run_ids and (self._recheck or time.monotonic() >= self._next_check):
+            self._check_restart()
 
-        A server without persistence comes back empty; this process would
-        otherwise answer lookups True and skip stores of blocks that are gone.
-        Writes in flight are kept (see :meth:`CapacityIndex.reconcile`).
+    def _check_restart(self) -> None:
+        """Did the primary change (new ``run_id``)? Keep the index when the new one continues its data set.
+
+        A promoted replica continues the old primary's replication history
+        (:meth:`~tiering.redis.probe.Primaries.continues`): the index is kept
+        (``failovers``). Any other new primary (a restart, empty unless it
+        reloaded persisted data) makes the tier forget every known block at
+        once (``server_restarts``), so lookups do not answer True and stores
+        are not skipped for blocks that are gone; the namespace record is
+        written again. Either way a re-scan of the new primary (when
+        ``startup_scan`` is on) then forgets the blocks it lacks (writes that
+        did not reach the replica) and adopts those it holds. Writes in
+        flight are kept (see :meth:`CapacityIndex.reconcile`). One I/O thread
+        checks at a time (the others go on with their pipelines), so a change
+        is handled and counted once.
         """
-        with self.index.reading() as ticket:
+        if not self._check_lock.acquire(blocking=False):
+            return  # another I/O thread is checking
+        try:
+            self._next_check = time.monotonic() + RUN_ID_CHECK_S
+            with self.index.reading() as ticket:
+                try:
+                    now = primaries(self._client)
+                except Exception:
+                    return  # still down (or no primary yet): the batch fails, and the next one asks again
+                self._recheck = False
+                if not now.run_ids or now.run_ids == self._primaries.run_ids:
+                    return
+                kept = now.continues(self._primaries)
+                self._primaries = now
+                vanished = () if kept else self.index.reconcile({}, ticket).vanished
+        finally:
+            self._check_lock.release()
+        if self.settings["startup_scan"]:
+            self._scan_done.clear()  # before the counter moves: whoever sees the change also waits for the scan
+        self.counters.inc("failovers" if kept else "server_restarts")
+        if kept:
+            logger.warning(
+                "redis tier: %s failed over (new run_id) to a replica of the old primary; keeping the %d known blocks",
+                self.location,
+                len(self.index),
+            )
+        else:
+            self.lookups.invalidate(vanished)
+            self.events.record_removed(vanished, "server_restart")
+            logger.warning(
+                "redis tier: %s restarted (new run_id, a new data set); forgot %d blocks it may no longer hold",
+                self.location,
+                len(vanished),
+            )
             try:
-                ids = run_ids(self._client)
-            except Exception:
-                return  # still down: the batch fails, and the next one asks again
-            self._recheck = False
-            if not ids or ids == self._run_ids:
-                return
-            self._run_ids = ids
-            report = self.index.reconcile({}, ticket)
-        self.counters.inc("server_restarts")
-        self.lookups.invalidate(report.vanished)
-        self.events.record_removed(report.vanished, "server_restart")
-        logger.warning(
-            "redis tier: %s restarted or failed over (new run_id); forgot %d blocks it may no longer hold",
-            self.location,
-            len(report.vanished),
-        )
+                self._client.set(self.layout.namespace_key(self.digest), self._namespace_record, nx=True)
+            except Exception as exc:
+                self._count_error(exc, "writing the namespace record again")
+        if self.settings["startup_scan"]:
+            self.pool.submit_call("read", lambda: self._scan(replace=True))
 
     def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
         """Keys known gone (a load found them missing): out of the index and the lookup cache."""
@@ -144,11 +193,14 @@ class RedisServerSync:
             except Exception as exc:
                 self._count_error(exc, f"removing {len(keys)} gone blocks from the fleet's LRU")
 
-    def _startup_scan(self) -> None:
+    def _scan(self, replace: bool = False) -> None:
         """Learn which blocks of the namespace the server holds (``SCAN`` + ``EXISTS``: no access), on an I/O thread.
 
-        Blocks of the right size join the index (adopted under a ticket, so a
-        key changed meanwhile keeps its newer state); with ``eviction:
+        At start-up (``replace`` False) the blocks found join the index; after
+        a change of primary (``replace`` True) the index is replaced by them
+        (:meth:`CapacityIndex.reconcile`: known blocks the new primary lacks
+        are forgotten). Either way under a ticket, so a key changed meanwhile
+        keeps its newer state; with ``eviction:
         "process"`` the least recently used beyond ``capacity_bytes`` are then
         deleted; with ``eviction: "tier"`` the fleet's LRU is repaired from the
         scan (:meth:`~tiering.redis.fleet.FleetCap.reconcile`) and its surplus
@@ -170,7 +222,13 @@ class RedisServerSync:
                     for key, flag in zip(batch, self._present(batch, touch=False), strict=True):
                         if flag:
                             found[key] = self.object_bytes
-                self.index.adopt_many(found.items(), ticket)
+                vanished: tuple[OffloadKey, ...] = ()
+                if replace:
+                    vanished = self.index.reconcile(found, ticket).vanished
+                else:
+                    self.index.adopt_many(found.items(), ticket)
+            self.lookups.invalidate(vanished)
+            self.events.record_removed(vanished, "vanished")
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
             if self.fleet is not None:
@@ -179,12 +237,11 @@ class RedisServerSync:
                 self._fleet_evict(self.fleet.evict_surplus())
             self._trim_known()
         except Exception as exc:
-            self._count_error(exc, "the start-up scan")
+            self._count_error(exc, "the re-scan of a new primary" if replace else "the start-up scan")
         finally:
             self._scan_done.set()
 
     def _present(self, keys: Sequence[OffloadKey], touch: bool = True) -> list[bool]:
-        if self._recheck:
-            self._check_restart()
+        self._check_server()
         self.counters.inc("pipelines")
         return self._presence(keys, touch)

@@ -75,6 +75,7 @@ _COUNTERS = (
     "bad_blocks_removed",
     "pipelines",
     "server_restarts",
+    "failovers",
     "scanned_blocks",
     "forgotten_blocks",
     "fleet_evictions",
@@ -144,8 +145,11 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
 
         self._closed = False
         self._close_lock = threading.Lock()
-        self._run_ids = self.server.run_ids
+        self._primaries = self.server.identity
         self._recheck = False  # set by connection errors: was the server restarted meanwhile?
+        self._check_lock = threading.Lock()
+        self._next_check = 0.0  # monotonic time of the next run_id check (connection trouble asks at once)
+        self._namespace_record = record
         self._is_cluster = settings["mode"] == "cluster"
         self._presence = PresenceQuery(
             self._client, self.layout.base(self.digest) + ":", self.object_bytes, self._is_cluster
@@ -177,7 +181,7 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
             parallel=1,
         )
         if settings["startup_scan"]:
-            self.pool.submit_call("read", self._startup_scan)
+            self.pool.submit_call("read", self._scan)
         else:
             self._scan_done.set()
         logger.info(
@@ -314,7 +318,10 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         self.pool.submit("read", self._load_batch, tasks, self._tasks_failed, merge=True)  # pipelines join across jobs
 
     def wait_for_scan(self, timeout_s: float | None = None) -> bool:
-        """Wait until the start-up scan has finished (``tiering stat`` calls it); False on timeout."""
+        """Wait until the latest scan (at start-up, or after a change of primary) has finished; False on timeout.
+
+        ``tiering stat`` calls it.
+        """
         return self._scan_done.wait(timeout_s)
 
     # -- reporting ----------------------------------------------------------------
@@ -325,7 +332,11 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         Keys: every :mod:`tiering.core.toolkit.stats` name that applies
         (lookups, blocks/bytes stored and loaded, ``resident_*`` = blocks this
         process knows are stored, capacity, evictions, failures by cause),
-        ``pipelines`` (round trips sent), ``errors_<class>`` per
+        ``pipelines`` (round trips sent), ``failovers`` (a new primary that
+        continued the old one's data: what this process knew was kept),
+        ``server_restarts`` (a new primary with a new data set: what this
+        process knew was forgotten), ``scanned_blocks`` (blocks found by the
+        scans), ``errors_<class>`` per
         :data:`tiering.redis.errors.ERROR_CLASSES`, ``server_maxmemory_bytes``
         (-1: unknown) and ``server_evicts`` (1/0). With ``eviction: "server"``
         the tier evicts nothing: ``capacity_bytes`` is 0 and, instead of
