@@ -131,8 +131,9 @@ class Transfers:
         """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
         while True:
             res = self.index.reserve(key, self.stored_block_bytes)
-            undeleted = bool(res.victims) and not self.delete(res.victims, "eviction")
-            if res.admit is Admit.RESERVED and not res.ready and not self._room_for([key], undeleted)[0]:
+            if res.victims:
+                self.delete(res.victims, "eviction")
+            if res.admit is Admit.RESERVED and not res.ready and not self._room_for([key])[0]:
                 self.index.commit(key, False)  # the room was not freed after all: refuse rather than exceed the cap
                 return Admit.NO_SPACE
             if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping or not res.can_wait:
@@ -162,11 +163,12 @@ class Transfers:
         waiting: list[tuple[JobState, int]] = []
         try:
             victims = [v for res in reservations for v in res.victims]
-            undeleted = bool(victims) and not self.delete(victims, "eviction")
+            if victims:
+                self.delete(victims, "eviction")
             # A reservation that took victims' room is written only once their files are gone (the cap holds on
             # disk); when a delete failed the room is not there: that reservation is given up.
             unready = [key for key, res in zip(keys, reservations, strict=True) if not res.ready]
-            room = dict(zip(unready, self._room_for(unready, undeleted), strict=True)) if unready else {}
+            room = dict(zip(unready, self._room_for(unready), strict=True)) if unready else {}
             present = 0
             for task, key, res in zip(items, keys, reservations, strict=True):
                 if res.admit is Admit.PRESENT:
@@ -321,13 +323,12 @@ class Transfers:
         self.forget(gone, reason)
         return len(gone) == len(outcomes)
 
-    def _room_for(self, keys: Sequence[OffloadKey], undeleted: bool) -> list[bool]:
+    def _room_for(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Wait for the room of reservations made on victims' room, once this thread deleted its victims.
 
-        Only other threads' unlinks can still be in flight (they take microseconds): a short wait, and
-        none when one of this thread's own deletes failed (that room will not come).
+        Only other threads' unlinks can still be in flight (they take microseconds): a short wait.
         """
-        return self.index.wait_for_room(keys, 0.0 if undeleted or self._stopping else ROOM_WAIT_S)
+        return self.index.wait_for_room(keys, 0.0 if self._stopping else ROOM_WAIT_S)
 
     def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
         if keys:

@@ -235,16 +235,19 @@ class BlockIO:
         return {key: self._index.lookup(key, touch=False) is KeyState.RESIDENT for key in keys}
 
     def store_batch(self, tasks: Sequence[Task]) -> None:
-        record_tasks([(state, i, *self._store_one(key, slot, reserved)) for state, i, key, slot, reserved in tasks])
+        deadline = time.monotonic() + ROOM_WAIT_S  # one bound for the share's waits for room
+        record_tasks(
+            [(state, i, *self._store_one(key, slot, reserved, deadline)) for state, i, key, slot, reserved in tasks]
+        )
 
-    def _store_one(self, key: OffloadKey, slot: int, reserved: bool) -> tuple[bool, str]:
+    def _store_one(self, key: OffloadKey, slot: int, reserved: bool, deadline: float) -> tuple[bool, str]:
         try:
             if not reserved:
                 admit = self._reserve_after_delete(key)
                 if admit is not Admit.RESERVED:
                     return (True, "") if admit is Admit.PRESENT else (False, admit.value)
                 reserved = True
-            if not self._index.wait_for_room((key,), 0.0 if self._closed else ROOM_WAIT_S)[0]:
+            if not self._index.wait_for_room((key,), 0.0 if self._closed else deadline - time.monotonic())[0]:
                 # The victims' objects are still there (deletes slow or failing): a PUT now would exceed the cap.
                 self._index.commit(key, False)
                 return False, "shutdown" if self._closed else Admit.NO_SPACE.value

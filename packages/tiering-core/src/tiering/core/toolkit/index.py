@@ -159,15 +159,17 @@ class CapacityIndex(IndexState):
         index, but the victims evicted for it may still be on the medium
         (their deletes in flight, slow or failing): writing before they are
         gone would put more than the cap there. Keys are admitted in order as
-        deletes free room; a key already admitted answers True at once.
+        deletes free room; a key already admitted answers True at once. The
+        wait ends early when no delete is in flight (failed deletes bring no
+        room until they are retried).
 
         Args:
             keys: keys reserved by the caller (RESERVED, not yet committed).
             timeout_s: longest wait in seconds for the keys not yet admitted.
 
         Returns:
-            Per key, True when it may be written now; False when the wait ran
-            out: release it with ``commit(key, False)`` and fail the store as no space.
+            Per key, True when it may be written now; False when no room came
+            in time: release it with ``commit(key, False)`` and fail the store as no space.
 
         Raises:
             KeyError: a key has no reservation.
@@ -177,7 +179,7 @@ class CapacityIndex(IndexState):
             while True:
                 admitted = [self._admit(key) for key in keys]
                 left = deadline - time.monotonic()
-                if all(admitted) or left <= 0:
+                if all(admitted) or left <= 0 or not self._deletes.pending_bytes:
                     return admitted
                 self._space.wait(left)
 
