@@ -250,6 +250,29 @@ def s3(s3_server: S3Server) -> Iterator[S3Env]:
     env.cleanup()
 
 
+@pytest.fixture(scope="session")
+def localbucket_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A localbucket server (no batch delete): the session's own one, else one started for these tests.
+
+    Skips where localbucket is not installed (``pip install localbucket==1.2.1``; the ``s3-localbucket``
+    hatch env has it).
+    """
+    if os.environ.get("TIERING_S3_SERVER") == "localbucket":
+        yield s3_server
+        return
+    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "localbucket")):
+        pytest.skip("localbucket is not installed (pip install localbucket==1.2.1)")
+    yield from _localbucket_server(tmp_path_factory.mktemp("localbucket"))
+
+
+@pytest.fixture
+def localbucket(localbucket_server: S3Server) -> Iterator[S3Env]:
+    """One test's view of a localbucket server (a random prefix, removed afterwards)."""
+    env = S3Env(localbucket_server)
+    yield env
+    env.cleanup()
+
+
 @pytest.fixture
 def moto_only(s3_server: S3Server) -> None:
     if s3_server.external:

@@ -32,7 +32,7 @@ Task = tuple[JobState, int]
 """One block of a job: (the job's state, the block's index in the job)."""
 
 ROOM_WAIT_S = 10.0
-"""Longest a store waits for evicted blocks' ``UNLINK`` to free its room under the cap before it fails (``no_space``)."""
+"""Longest a store waits for evicted blocks' ``UNLINK`` to free its room under the cap (then ``no_space``)."""
 
 
 class _Shutdown(Exception):
