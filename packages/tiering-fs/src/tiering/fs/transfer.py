@@ -43,10 +43,10 @@ from tiering.fs.errors import failure_cause
 logger = logging.getLogger(__name__)
 
 _REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
+"""Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
 
 ROOM_WAIT_S = 1.0
-"""Longest a store waits for other threads' evictions to free the room it reserved (then ``no_space``)."""
-"""Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
+"""Longest a store waits for other threads' unlinks to free the room it reserved (then ``no_space``)."""
 
 StoreItem = tuple[JobState, int]
 """(job, block index)."""
@@ -304,12 +304,8 @@ class Transfers:
         fail_tasks(items, SHUTDOWN if self._stopping else "internal")
 
     # -- deletes and removals -----------------------------------------------------------------------
-    def delete(self, victims: Iterable[Victim], reason: str) -> bool:
-        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16).
-
-        Returns:
-            True when every file is gone.
-        """
+    def delete(self, victims: Iterable[Victim], reason: str) -> None:
+        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted."""
         outcomes = [(v.key, self.files.remove(v.key)) for v in victims]
         self.index.deleted_many(outcomes)
         gone = [k for k, ok in outcomes if ok]
@@ -321,7 +317,6 @@ class Transfers:
                     "fs tier: cannot delete %s (%s); kept counted, retried at the next rescan", key.hex(), reason
                 )
         self.forget(gone, reason)
-        return len(gone) == len(outcomes)
 
     def _room_for(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Wait for the room of reservations made on victims' room, once this thread deleted its victims.

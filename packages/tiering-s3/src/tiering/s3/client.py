@@ -249,9 +249,9 @@ class S3Client:
         failed: dict[str, str] = {}
         for start in range(0, len(names), DELETE_BATCH):
             batch = names[start : start + DELETE_BATCH]
-            refused = self.delete_batch(batch) if self.batch_delete else None
-            if refused is not None:
-                failed.update(refused)
+            batch_failed = self.delete_batch(batch) if self.batch_delete else None
+            if batch_failed is not None:
+                failed.update(batch_failed)
                 continue
             for name in batch:
                 code = self.delete_one(name)

@@ -111,17 +111,20 @@ class Deleter:
 
     def _send(self, batch: list[tuple[OffloadKey, str]]) -> None:
         names = {self._object_key(key): (key, reason) for key, reason in batch}
+        requests = 1
         try:
             if self._client.batch_delete:
-                failed = self._client.delete_batch(list(names))
-                if failed is None:
+                batch_failed = self._client.delete_batch(list(names))
+                if batch_failed is None:
                     # Refused as a batch: the keys go back to the queue, to be deleted one per request in parallel.
                     with self._lock:
                         self._queue.update(batch)
                     self._start_runners()
                     return
-            else:
-                failed = {name: code for name in names for code in [self._client.delete_one(name)] if code}
+                failed = batch_failed
+            else:  # one key, or a few taken just before another thread found batches refused
+                requests = len(names)
+                failed = self._client.delete_many(list(names))
         except Exception as exc:
             cls = classify_error(exc)
             self._counters.inc(f"errors_{cls}")
@@ -133,7 +136,7 @@ class Deleter:
         self._index.deleted_many([(key, name not in failed) for name, (key, _) in names.items()])
         self._counters.add(
             {
-                "delete_requests": 1,
+                "delete_requests": requests,
                 "objects_deleted": len(done),
                 "bad_blocks_removed": sum(1 for _, reason in done if reason == "bad"),
             }

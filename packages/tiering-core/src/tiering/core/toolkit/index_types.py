@@ -55,7 +55,7 @@ class Reservation:
         admit: what the caller does next (see :class:`Admit`).
         victims: blocks evicted to make room; delete them (even when
             ``admit`` is not RESERVED) and report each with :meth:`CapacityIndex.deleted`.
-        can_wait: for NO_SPACE, True when writes or deletes in flight hold bytes that
+        can_wait: for NO_SPACE, True when writes in flight hold bytes that
             may be released (:meth:`CapacityIndex.wait_for_space`, then retry).
         ready: for RESERVED, whether the block may be written at once; False
             while the victims' bytes are still on the medium: delete the
