@@ -368,7 +368,7 @@ def test_c21_the_medium_never_holds_more_than_the_cap_while_deletes_are_slow_and
     cap, size = 50, 10
     index = CapacityIndex(cap)
     files: set[OffloadKey] = set()
-    peak = [0]
+    peak, pending_peak = [0], [0]
     lock = threading.Lock()
     queue: list[Victim] = []
     done = threading.Event()
@@ -398,6 +398,7 @@ def test_c21_the_medium_never_holds_more_than_the_cap_while_deletes_are_slow_and
             res = index.reserve(key, size)
             with lock:
                 queue.extend(res.victims)
+            pending_peak[0] = max(pending_peak[0], index.stats()["pending_delete_bytes"])
             if res.admit is not Admit.RESERVED:
                 continue
             if not index.wait_for_room([key], 1.0)[0]:
@@ -418,4 +419,5 @@ def test_c21_the_medium_never_holds_more_than_the_cap_while_deletes_are_slow_and
     done.set()
     cleaner.join()
     assert 0 < peak[0] <= cap
+    assert 0 < pending_peak[0] <= cap  # the deletes in flight are bounded by the cap
     assert set(index.keys()) <= files
