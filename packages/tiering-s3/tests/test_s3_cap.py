@@ -127,3 +127,29 @@ def test_c21_no_batch_delete_8_threads_and_a_20_block_cap(localbucket):
     finally:
         done.set()
         tier.shutdown()
+
+
+def test_c21_single_deletes_are_sent_in_parallel(s3, hooks):  # noqa: F811
+    """A server refusing DeleteObjects gets one DeleteObject per key, several at once (not one deleter thread)."""
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def slow_single_delete(**_):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+
+    hooks.add("before-call.s3.DeleteObjects", lambda **_: server_error(501, "NotImplemented"))
+    hooks.add("before-call.s3.DeleteObject", slow_single_delete)
+    tier, view = build(s3.tier_config(capacity_bytes=4 * OBJ, max_concurrency=4))
+    try:
+        assert tier.features.batch_delete is False
+        keys = [make_key(i, b"c21-parallel") for i in range(8)]
+        assert store(tier, view, keys[:4])
+        assert store(tier, view, keys[4:], [4, 5, 6, 7])  # 4 victims, each PUT waits for its room
+        assert most[0] >= 2  # the deletes overlapped
+        wait_until(lambda: tier.stats()["objects_deleted"] == 4)
+    finally:
+        tier.shutdown()
