@@ -94,7 +94,8 @@ def test_c22_tmpfs_of_20_mib_under_a_100_mib_cap_keeps_storing(tmpfs, open_tier)
         s = tier.stats()
         assert all(outcomes[-10:]), outcomes  # stores go on after the disk filled up
         assert s["store_failures"] <= 8, s  # at most a few blocks in flight when the disk first refused
-        assert s["disk_full_stores"] >= 1 and s["evictions"] >= len(keys) - 20 * MIB // stored
+        # every block stored beyond what the disk holds evicted one (a refused store evicted nothing)
+        assert s["disk_full_stores"] >= 1 and s["evictions"] >= len(keys) - s["store_failures"] - 20 * MIB // stored
         assert 10 * MIB < s["capacity_bytes"] <= 20 * MIB and s["configured_capacity_bytes"] == 100 * MIB
         assert s["used_bytes"] == s["resident_bytes"] == _block_bytes_on_disk(tmpfs)
         assert loads_exact(tier, view, keys[-8:])

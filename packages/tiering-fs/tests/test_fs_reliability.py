@@ -194,6 +194,49 @@ def test_C16_unremovable_bad_block_answers_false_and_stays_counted(tmp_path, ope
     assert not os.path.exists(path) and tier.stats()["used_bytes"] == 0
 
 
+def test_c21_the_cap_holds_on_disk_when_unlinks_start_failing(tmp_path, open_tier, monkeypatch):
+    """Case C21 (a): unlink works at first, then fails; 8 threads keep storing under a 4-block cap.
+
+    Rescans run every 20 ms and retry the failed deletes: while a retry is in flight its bytes are still
+    on disk and must not be handed to a new store.
+    """
+    tier, view = open_tier(tmp_path, capacity_bytes=4 * STORED, rescan_interval_s=0.02, n_write_threads=8)
+    real_unlink, unlinks = os.unlink, itertools.count()
+    peak, watching = [0], threading.Event()
+
+    def unlink_failing_after_two(path, *args, **kwargs):
+        if str(path).endswith(".kvb") and next(unlinks) >= 2:
+            time.sleep(0.002)  # a slow, failing file system
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_unlink(path, *args, **kwargs)
+
+    def watch():
+        while not watching.is_set():
+            peak[0] = max(peak[0], disk_bytes(tier))
+
+    monkeypatch.setattr(os, "unlink", unlink_failing_after_two)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    outcomes: dict[int, bool] = {}
+    try:
+        for batch in range(5):
+            jobs = [submit_store(tier, view, [make_key(batch * 8 + i, b"c21")], [i]) for i in range(8)]
+            outcomes.update(wait_for_jobs(tier, jobs))
+    finally:
+        watching.set()
+        watcher.join()
+    s = tier.stats()
+    assert peak[0] <= tier.capacity_bytes  # at no instant more than the cap on disk
+    assert not all(outcomes.values()) and s["store_failed_no_space"] >= 1  # refused as no space, counted
+    assert disk_bytes(tier) <= s["used_bytes"] <= tier.capacity_bytes  # never fewer bytes counted than on disk
+    monkeypatch.undo()  # unlinks work again: a rescan settles the failed deletes
+    rescan(tier)
+    rescan(tier)
+    s = tier.stats()
+    assert s["used_bytes"] == s["resident_bytes"] == disk_bytes(tier) <= tier.capacity_bytes
+    assert (s["room_wait_bytes"], s["reserved_bytes"]) == (0, 0)
+
+
 # -- kind 4: O_DIRECT refused at run time --------------------------------------------------------
 
 

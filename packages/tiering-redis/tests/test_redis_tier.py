@@ -213,6 +213,44 @@ def test_tier_cap_is_per_process_and_holds_for_two_processes(redis_server, prefi
     assert 0 < stored <= 2 * cap  # each process's cap holds; the fleet's total is the sum of the caps
 
 
+def test_c21_process_cap_holds_on_the_server_when_unlink_starts_failing(redis_server, prefix):
+    """Case C21: ``eviction: "process"`` deletes its own victims; UNLINK works at first, then is denied (ACL)."""
+    admin = redis_server.client()
+    user = f"c21-{prefix}"
+    admin.acl_setuser(user, enabled=True, passwords=["+c21-pw-1"], keys=[f"{prefix}:*"], commands=["+@all"])
+    cap = 4 * (BLOCK + 128)
+    config = {"url": redis_server.url, "prefix": prefix, "username": user, "password": "c21-pw-1",
+              "eviction": "process", "capacity_bytes": cap}  # fmt: skip
+    peak, watching = [0], threading.Event()
+
+    def held():
+        return sum(admin.strlen(k) for k in admin.scan_iter(match=f"{prefix}:*") if not k.endswith(b":namespace"))
+
+    def watch():
+        while not watching.is_set():
+            peak[0] = max(peak[0], held())
+
+    tier, view = make_tier(config)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        keys = [make_key(i, b"c21") for i in range(10)]
+        assert store(tier, view, keys[:4]) and store(tier, view, keys[4:6])  # evicts keys[:2]: UNLINK works
+        admin.acl_setuser(user, commands=["-unlink"])  # from now on every delete fails
+        assert not store(tier, view, keys[6:10])  # no room comes: refused as no space
+        tier.pool.wait_idle(10)
+        stats, final = tier.stats(), held()
+    finally:
+        watching.set()
+        watcher.join()
+        tier.shutdown()
+        admin.acl_deluser(user)
+        admin.close()
+    assert peak[0] <= cap  # at no instant more than the cap on the server
+    assert stats["store_failed_no_space"] == 4 and stats["failed_deletes"] == 4
+    assert stats["used_bytes"] == cap == final  # the stats are the server
+
+
 # -- the server evicts ------------------------------------------------------------------
 def test_server_lru_evictions_are_misses_never_errors_or_wrong_bytes(prefix):
     with LocalRedis(args=["--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru"]) as server:

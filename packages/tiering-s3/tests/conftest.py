@@ -52,6 +52,7 @@ class S3Server:
     region: str
     default_bucket: str
     external: bool
+    batch_delete: bool | None = None  # whether the server takes DeleteObjects, as the tier's probe found it
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -82,8 +83,12 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             external=True,
         )
         return
-    if os.environ.get("TIERING_S3_SERVER", "moto") == "nanio":
+    server_name = os.environ.get("TIERING_S3_SERVER", "moto")
+    if server_name == "nanio":
         yield from _nanio_server(tmp_path_factory.mktemp("nanio"))
+        return
+    if server_name == "localbucket":
+        yield from _localbucket_server(tmp_path_factory.mktemp("localbucket"))
         return
     from moto.server import ThreadedMotoServer
 
@@ -97,37 +102,47 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         server.stop()
 
 
-def _nanio_server(data_dir: Any) -> Iterator[S3Server]:
-    """Start ``nanio serve`` on a free loopback port; stop it afterwards."""
-    import subprocess
-    import sys
-
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return int(sock.getsockname()[1])
+
+
+def _nanio_server(data_dir: Any) -> Iterator[S3Server]:
+    """Start ``nanio serve`` on a free loopback port; stop it afterwards."""
+    port = _free_port()
     env = {**os.environ, "NANIO_ACCESS_KEY": "nanio-test-key", "NANIO_SECRET_KEY": "nanio-test-secret-0123456789"}
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "nanio", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir"),
-            str(data_dir),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = [
+        *(sys.executable, "-m", "nanio", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir"),
+        *(str(data_dir), "--no-access-log", "--log-level", "warning"),
+    ]
     endpoint = f"http://127.0.0.1:{port}"
     server = S3Server(endpoint, env["NANIO_ACCESS_KEY"], env["NANIO_SECRET_KEY"], "us-east-1", "tiering-test", True)
+    yield from _subprocess_server("nanio", argv, env, server)
+
+
+def _localbucket_server(data_dir: Any) -> Iterator[S3Server]:
+    """Start ``localbucket`` (no batch delete: DeleteObjects answers NotImplemented) on a free loopback port."""
+    port = _free_port()
+    script = os.path.join(os.path.dirname(sys.executable), "localbucket")
+    argv = [script, "--host", "127.0.0.1", "--port", str(port), str(data_dir)]
+    server = S3Server(f"http://127.0.0.1:{port}", "lb-key", "lb-secret", "us-east-1", "tiering-test", True)
+    yield from _subprocess_server("localbucket", argv, dict(os.environ), server)
+
+
+def _subprocess_server(name: str, argv: list[str], env: dict[str, str], server: S3Server) -> Iterator[S3Server]:
+    """Run an S3 server process for the session: wait for its port, create the bucket, stop it afterwards."""
+    import subprocess
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                socket.create_connection(server.host_port, timeout=1).close()
                 break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "nanio did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, f"{name} did not start"
                 time.sleep(0.1)
         S3Env(server).client.create_bucket(Bucket=server.default_bucket)
         yield server
@@ -183,13 +198,43 @@ class S3Env:
             out.extend(obj["Key"] for obj in page.get("Contents", ()))
         return out
 
+    def tier_client(self) -> Any:
+        """A :class:`tiering.s3.client.S3Client` as the tier builds it (close it after use)."""
+        from tiering.s3.client import S3Client
+        from tiering.s3.config import SCHEMA, ConnectionSettings
+
+        return S3Client(ConnectionSettings.from_entry(SCHEMA.validate(self.tier_config())), 4)
+
+    def batch_delete(self) -> bool:
+        """Whether the server takes ``DeleteObjects``, as the tier's start-up probe finds it (asked once per server)."""
+        from tiering.s3.probe import probe_features
+
+        if self.server.batch_delete is None:
+            client = self.tier_client()
+            try:
+                self.server.batch_delete = probe_features(
+                    client, f"{self.prefix}/.probe-{uuid.uuid4().hex}"
+                ).batch_delete
+            finally:
+                client.close()
+        return self.server.batch_delete
+
+    def delete_keys(self, keys: list[str]) -> None:
+        """Delete ``keys`` as the tier does: in batches where the server takes ``DeleteObjects``, else one by one."""
+        batch_delete = self.batch_delete()
+        client = self.tier_client()
+        try:
+            client.batch_delete = batch_delete
+            failed = client.delete_many(keys)
+        finally:
+            client.close()
+        assert not failed, f"cleanup could not delete: {failed}"
+
     def cleanup(self) -> None:
         if self.server.external:
             keys = self.list_keys(self.prefix + "/")
-            for i in range(0, len(keys), 1000):
-                self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
-                )
+            if keys:
+                self.delete_keys(keys)
 
 
 @pytest.fixture
@@ -201,6 +246,29 @@ def s3(s3_server: S3Server) -> Iterator[S3Env]:
     env = S3Env(s3_server)
     if not s3_server.external:
         env.client.create_bucket(Bucket=env.bucket)
+    yield env
+    env.cleanup()
+
+
+@pytest.fixture(scope="session")
+def localbucket_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A localbucket server (no batch delete): the session's own one, else one started for these tests.
+
+    Skips where localbucket is not installed (``pip install localbucket==1.2.1``; the ``s3-localbucket``
+    hatch env has it).
+    """
+    if os.environ.get("TIERING_S3_SERVER") == "localbucket":
+        yield s3_server
+        return
+    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "localbucket")):
+        pytest.skip("localbucket is not installed (pip install localbucket==1.2.1)")
+    yield from _localbucket_server(tmp_path_factory.mktemp("localbucket"))
+
+
+@pytest.fixture
+def localbucket(localbucket_server: S3Server) -> Iterator[S3Env]:
+    """One test's view of a localbucket server (a random prefix, removed afterwards)."""
+    env = S3Env(localbucket_server)
     yield env
     env.cleanup()
 

@@ -1,5 +1,6 @@
 import random
 import threading
+import time
 
 import pytest
 
@@ -339,3 +340,100 @@ def test_C22_lower_cap_evicts_down_to_it_and_never_raises_it():
     assert unbounded.lower_cap(50) == () and unbounded.capacity_bytes == 50  # bounded from now on
     with pytest.raises(ValueError, match="limit_bytes"):
         index.lower_cap(-1)
+
+
+def test_c21_a_reservation_on_victims_room_is_written_only_once_they_are_deleted():
+    """Case C21: a victim's bytes count against the cap until its delete succeeded; the store waits for them."""
+    index = CapacityIndex(20)
+    store(index, k(1))
+    store(index, k(2))
+    res = index.reserve(k(3), 10)
+    assert (res.admit, res.victims, res.ready) == (Admit.RESERVED, (Victim(k(1), 10),), False)
+    assert index.wait_for_room([k(3)], 0.0) == [False]  # k1 is still on the medium
+    assert index.stats()["room_wait_bytes"] == 10
+    # a second store takes victims of its own (deletes of many stores run in parallel), and waits too
+    res4 = index.reserve(k(4), 10)
+    assert (res4.victims, res4.ready) == ((Victim(k(2), 10),), False)
+    index.deleted(k(1), True)
+    assert index.wait_for_room([k(3), k(4)], 0.0) == [True, False]  # k3 fits now; k4 still waits for k2
+    index.deleted(k(2), False)  # failed: k2 is still there, so k4's room never came
+    assert index.wait_for_room([k(4)], 0.05) == [False]
+    index.commit(k(4), False)  # given up: the store fails as no space
+    index.commit(k(3), True)
+    stats = index.stats()
+    assert (stats["used_bytes"], stats["room_wait_bytes"], stats["pending_delete_bytes"]) == (20, 0, 10)
+
+
+def test_c21_a_waiting_store_wakes_when_the_delete_ends():
+    index = CapacityIndex(10)
+    store(index, k(1))
+    res = index.reserve(k(2), 10)
+    assert not res.ready
+    timer = threading.Timer(0.05, index.deleted, (k(1), True))
+    timer.start()
+    assert index.wait_for_room([k(2)], 5.0) == [True]
+    timer.join()
+    assert index.reserve(k(2), 10).ready is True  # a writer joining an admitted write may write at once
+    with pytest.raises(KeyError):
+        index.wait_for_room([k(9)], 0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_c21_the_medium_never_holds_more_than_the_cap_while_deletes_are_slow_and_failing(seed):
+    """8 writers, one slow deleter that fails a third of its deletes: the "disk" never holds more than the cap."""
+    cap, size = 50, 10
+    index = CapacityIndex(cap)
+    files: set[OffloadKey] = set()
+    peak, pending_peak = [0], [0]
+    lock = threading.Lock()
+    queue: list[Victim] = []
+    done = threading.Event()
+
+    def deleter() -> None:
+        rng = random.Random(seed)
+        while not done.is_set() or queue:
+            with lock:
+                batch, queue[:] = list(queue), []
+            time.sleep(0.002)
+            outcomes = []
+            for v in batch:
+                ok = rng.random() > 0.3
+                if ok:
+                    with lock:
+                        files.discard(v.key)
+                outcomes.append((v.key, ok))
+            index.deleted_many(outcomes)
+            retried = index.retry_deletes()
+            with lock:
+                queue.extend(retried)
+
+    def writer(wid: int) -> None:
+        rng = random.Random(seed * 100 + wid)
+        for _ in range(100):
+            key = k(rng.randrange(200))
+            res = index.reserve(key, size)
+            with lock:
+                queue.extend(res.victims)
+            pending_peak[0] = max(pending_peak[0], index.stats()["pending_delete_bytes"])
+            if res.admit is not Admit.RESERVED:
+                continue
+            if not index.wait_for_room([key], 1.0)[0]:
+                index.commit(key, False)
+                continue
+            with lock:
+                files.add(key)
+                peak[0] = max(peak[0], len(files) * size)
+            index.commit(key, True)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    cleaner = threading.Thread(target=deleter)
+    cleaner.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    cleaner.join()
+    assert 0 < peak[0] <= cap
+    assert 0 < pending_peak[0] <= cap  # the deletes in flight are bounded by the cap
+    assert set(index.keys()) <= files

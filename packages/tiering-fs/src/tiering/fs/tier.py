@@ -354,6 +354,8 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
             self.transfers.delete(res.victims, "eviction")
             if res.admit is Admit.RESERVED:
                 self._temp_bytes = temp_bytes
+                if not res.ready:  # these bytes are on disk already: count them there once their room is free
+                    self.index.wait_for_room([_TEMP_KEY], 0.0)
 
     def _is_stopping(self) -> bool:
         return self._stopping

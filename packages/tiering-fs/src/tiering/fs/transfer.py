@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 _REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
 """Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
 
+ROOM_WAIT_S = 1.0
+"""Longest a store waits for other threads' unlinks to free the room it reserved (then ``no_space``)."""
+
 StoreItem = tuple[JobState, int]
 """(job, block index)."""
 
@@ -139,10 +142,10 @@ class Transfers:
         """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
         while True:
             res = self.index.reserve(key, self.stored_block_bytes)
-            undeleted = bool(res.victims) and not self.delete(res.victims, "eviction")
-            if undeleted and res.admit is Admit.RESERVED and self._over_cap():
-                # The room was not freed after all: refuse rather than exceed the cap.
-                self.index.commit(key, False)
+            if res.victims:
+                self.delete(res.victims, "eviction")
+            if res.admit is Admit.RESERVED and not res.ready and not self._room_for([key])[0]:
+                self.index.commit(key, False)  # the room was not freed after all: refuse rather than exceed the cap
                 return Admit.NO_SPACE
             if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._stopping or not res.can_wait:
                 return res.admit  # (DELETING without can_wait: its old copy could not be deleted)
@@ -171,8 +174,12 @@ class Transfers:
         waiting: list[tuple[JobState, int]] = []
         try:
             victims = [v for res in reservations for v in res.victims]
-            # When a victim's delete failed its bytes still count: a reservation that relied on them is given up.
-            undeleted = bool(victims) and not self.delete(victims, "eviction")
+            if victims:
+                self.delete(victims, "eviction")
+            # A reservation that took victims' room is written only once their files are gone (the cap holds on
+            # disk); when a delete failed the room is not there: that reservation is given up.
+            unready = [key for key, res in zip(keys, reservations, strict=True) if not res.ready]
+            room = dict(zip(unready, self._room_for(unready), strict=True)) if unready else {}
             present = 0
             for task, key, res in zip(items, keys, reservations, strict=True):
                 if res.admit is Admit.PRESENT:
@@ -180,7 +187,7 @@ class Transfers:
                     outcomes.append((*task, True, ""))
                 elif res.admit is not Admit.RESERVED:  # no room yet, or its old copy is being deleted: wait below
                     waiting.append(task)
-                elif undeleted and self._over_cap():
+                elif not room.get(key, True):
                     commits.append((key, False))
                     outcomes.append((*task, False, "no_space"))
                 else:
@@ -357,12 +364,8 @@ class Transfers:
         fail_tasks(items, SHUTDOWN if self._stopping else "internal")
 
     # -- deletes and removals -----------------------------------------------------------------------
-    def delete(self, victims: Iterable[Victim], reason: str) -> bool:
-        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted (C16).
-
-        Returns:
-            True when every file is gone.
-        """
+    def delete(self, victims: Iterable[Victim], reason: str) -> None:
+        """Delete victims' files and report the outcomes; a failed delete keeps its bytes counted."""
         outcomes = [(v.key, self.files.remove(v.key)) for v in victims]
         self.index.deleted_many(outcomes)
         gone = [k for k, ok in outcomes if ok]
@@ -374,11 +377,13 @@ class Transfers:
                     "fs tier: cannot delete %s (%s); kept counted, retried at the next rescan", key.hex(), reason
                 )
         self.forget(gone, reason)
-        return len(gone) == len(outcomes)
 
-    def _over_cap(self) -> bool:
-        cap = self.index.capacity_bytes
-        return cap is not None and self.index.used_bytes > cap
+    def _room_for(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        """Wait for the room of reservations made on victims' room, once this thread deleted its victims.
+
+        Only other threads' unlinks can still be in flight (they take microseconds): a short wait.
+        """
+        return self.index.wait_for_room(keys, 0.0 if self._stopping else ROOM_WAIT_S)
 
     def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
         if keys:

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 Task = tuple[JobState, int]
 """One block of a job: (the job's state, the block's index in the job)."""
 
+ROOM_WAIT_S = 10.0
+"""Longest a store waits for evicted blocks' ``UNLINK`` to free its room under the cap (then ``no_space``)."""
+
 
 class _Shutdown(Exception):
     """Stands for the outcome of blocks whose I/O was skipped because the tier shut down."""
@@ -84,12 +87,14 @@ class RedisBlockIO(RedisServerSync):
         return dict.fromkeys(found, True)
 
     def _store_batch(self, tasks: Sequence[Task]) -> None:
+        if not self._closed:
+            tasks = self._with_room(tasks)
         keys = [state.meta.keys[i] for state, i in tasks]
         whole: BaseException | None = None  # what failed the whole pipeline, if anything
         results: list[Any] = []
         if self._closed:
             whole = _Shutdown()
-        else:
+        elif tasks:
             try:
                 results = self._send_stores(tasks, keys)
             except Exception as exc:
@@ -127,6 +132,22 @@ class RedisBlockIO(RedisServerSync):
                 self._count_error(exc, f"counting {len(new)} blocks in the fleet's LRU")
             else:
                 self._fleet_evict(victims)
+
+    def _with_room(self, tasks: Sequence[Task]) -> Sequence[Task]:
+        """The tasks whose room under the cap is free now or within :data:`ROOM_WAIT_S`; the rest fail ``no_space``.
+
+        A reservation may take the room of victims whose ``UNLINK`` is still
+        queued or failed; a ``SET`` before they are gone would put more than
+        the cap on the server.
+        """
+        keys = [state.meta.keys[i] for state, i in tasks]
+        room = self.index.wait_for_room(keys, ROOM_WAIT_S)
+        if all(room):
+            return tasks
+        refused = [(task, key) for task, key, ok in zip(tasks, keys, room, strict=True) if not ok]
+        self.index.commit_many([(key, False) for _, key in refused])
+        record_tasks([(state, i, False, "no_space") for (state, i), _ in refused])
+        return [task for task, ok in zip(tasks, room, strict=True) if ok]
 
     def _fleet_evict(self, victims: Sequence[OffloadKey]) -> None:
         """Eviction "tier": delete the blocks the fleet's LRU handed this process, at once on this thread.

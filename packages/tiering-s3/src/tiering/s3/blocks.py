@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 DELETE_WAIT_S = 30.0
 """Longest a store waits for the delete of the key's old copy before it fails (cause ``deleting``)."""
 
+ROOM_WAIT_S = 10.0
+"""Longest a store waits for evicted blocks' deletes to free its room under the cap before it fails (``no_space``)."""
+
 Task = tuple[JobState, int, OffloadKey, int, bool]
 """One block of a job on the pool: (job state, index in the job, key, primary slot, bytes reserved)."""
 
@@ -94,7 +97,7 @@ class BlockIO:
         self._events = events
         self._pool = pool
         self._redact = redact
-        self._deleter = Deleter(client, layout.block, index, counters, events)
+        self._deleter = Deleter(client, layout.block, index, counters, events, threads=pool.n_read_threads)
         self._lookups: LookupCache | None = None
         self._closed = False
         self.last_scan_s = 0.0
@@ -232,15 +235,22 @@ class BlockIO:
         return {key: self._index.lookup(key, touch=False) is KeyState.RESIDENT for key in keys}
 
     def store_batch(self, tasks: Sequence[Task]) -> None:
-        record_tasks([(state, i, *self._store_one(key, slot, reserved)) for state, i, key, slot, reserved in tasks])
+        deadline = time.monotonic() + ROOM_WAIT_S  # one bound for the share's waits for room
+        record_tasks(
+            [(state, i, *self._store_one(key, slot, reserved, deadline)) for state, i, key, slot, reserved in tasks]
+        )
 
-    def _store_one(self, key: OffloadKey, slot: int, reserved: bool) -> tuple[bool, str]:
+    def _store_one(self, key: OffloadKey, slot: int, reserved: bool, deadline: float) -> tuple[bool, str]:
         try:
             if not reserved:
                 admit = self._reserve_after_delete(key)
                 if admit is not Admit.RESERVED:
                     return (True, "") if admit is Admit.PRESENT else (False, admit.value)
                 reserved = True
+            if not self._index.wait_for_room((key,), 0.0 if self._closed else deadline - time.monotonic())[0]:
+                # The victims' objects are still there (deletes slow or failing): a PUT now would exceed the cap.
+                self._index.commit(key, False)
+                return False, "shutdown" if self._closed else Admit.NO_SPACE.value
             data = self.block(slot)
             body = b"".join((encode_header(self._digest, key, data), data))
             if self._client.put(self.object_key(key), body, if_absent=True):

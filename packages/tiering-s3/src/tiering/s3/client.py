@@ -38,6 +38,8 @@ LIST_PAGE = 1000
 """Keys per ListObjectsV2 page (the S3 maximum)."""
 _REFUSALS = frozenset({"NotImplemented", "MethodNotAllowed", "InvalidRequest", "InvalidArgument", "501", "405"})
 """Error codes of a server that does not support a request or header (batch delete, If-None-Match)."""
+_BATCH_DELETE_REFUSALS = frozenset({"MissingContentMD5"})
+"""Error codes with which a server refuses ``DeleteObjects`` as botocore sends it (no ``Content-MD5``)."""
 
 
 _LOADER_LOCK = threading.Lock()
@@ -248,8 +250,8 @@ class S3Client:
         """Delete ``names`` (batches of :data:`DELETE_BATCH`; one request per key without batch delete).
 
         An object already gone counts as deleted. A server that refuses
-        ``DeleteObjects`` itself switches this client to one ``DeleteObject``
-        per key, with one warning.
+        ``DeleteObjects`` (at any time, not only at start-up) switches this
+        client to one ``DeleteObject`` per key, with one warning.
 
         Returns:
             The names that were NOT deleted -> the error code (empty when all went).
@@ -257,27 +259,48 @@ class S3Client:
         failed: dict[str, str] = {}
         for start in range(0, len(names), DELETE_BATCH):
             batch = names[start : start + DELETE_BATCH]
-            if self.batch_delete:
-                try:
-                    response = self.call(
-                        "delete_objects", Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
-                    )
-                except S3RequestError as exc:
-                    if not self._refused(exc):
-                        raise
-                    self._no_batch_delete(exc)
-                else:
-                    for err in response.get("Errors", ()):
-                        if err.get("Code") not in ("NoSuchKey", "404"):
-                            failed[str(err.get("Key"))] = str(err.get("Code") or "error")
-                    continue
+            batch_failed = self.delete_batch(batch) if self.batch_delete else None
+            if batch_failed is not None:
+                failed.update(batch_failed)
+                continue
             for name in batch:
-                try:
-                    self.call("delete_object", Key=name)
-                except S3RequestError as exc:
-                    if not exc.not_found:
-                        failed[name] = exc.code or exc.error_class
+                code = self.delete_one(name)
+                if code is not None:
+                    failed[name] = code
         return failed
+
+    def delete_batch(self, names: Sequence[str]) -> dict[str, str] | None:
+        """One ``DeleteObjects`` of up to :data:`DELETE_BATCH` ``names``.
+
+        Returns:
+            The names NOT deleted -> error code; None when the server refuses
+            batch deletes (``NotImplemented``, 400 ``MissingContentMD5``...):
+            the client has switched to :meth:`delete_one`, nothing was deleted.
+
+        Raises:
+            S3RequestError: the request failed otherwise.
+        """
+        try:
+            response = self.call("delete_objects", Delete={"Objects": [{"Key": k} for k in names], "Quiet": True})
+        except S3RequestError as exc:
+            if not (self._refused(exc) or exc.code in _BATCH_DELETE_REFUSALS):
+                raise
+            self._no_batch_delete(exc)
+            return None
+        return {
+            str(err.get("Key")): str(err.get("Code") or "error")
+            for err in response.get("Errors", ())
+            if err.get("Code") not in ("NoSuchKey", "404")
+        }
+
+    def delete_one(self, name: str) -> str | None:
+        """One ``DeleteObject``; returns None when gone (already gone included), else the error code."""
+        try:
+            self.call("delete_object", Key=name)
+        except S3RequestError as exc:
+            if not exc.not_found:
+                return exc.code or exc.error_class
+        return None
 
     def _no_batch_delete(self, exc: S3RequestError) -> None:
         if self.batch_delete:

@@ -1,14 +1,18 @@
-"""The delete path of an s3 tier: evicted and bad blocks go in batches, on one thread of their own.
+"""The delete path of an s3 tier: evicted and bad blocks go in batches, or one per request, in parallel.
 
-Deletes run on a one-thread :class:`~tiering.core.toolkit.IOPool` of their
-own, so a store waiting for an old copy's delete never blocks the thread that
-would send it. Each outcome is reported to the tier's
-:class:`~tiering.core.toolkit.CapacityIndex`: a failed delete keeps its
-bytes counted (the object is still there) and is retried, first a few times
-with a growing pause, then every :data:`RETRY_EVERY_S` for as long as deletes
-keep failing (a server outage of any length settles on its own once the
-server answers again; a rescan also retries them at once: fault kind 3,
-case C16).
+Deletes run on an :class:`~tiering.core.toolkit.IOPool` of their own (as
+many threads as the tier has I/O threads), so a store waiting for its room
+never blocks the threads that would free it. While the server takes
+``DeleteObjects``, a thread sends up to :data:`~tiering.s3.client.DELETE_BATCH`
+keys per request; once it refuses them (at start-up or at any later time),
+every thread sends one ``DeleteObject`` at a time. Each outcome is reported
+to the tier's :class:`~tiering.core.toolkit.CapacityIndex`: a failed delete
+keeps its bytes counted (the object is still there) and is retried, first a
+few times with a growing pause, then every :data:`RETRY_EVERY_S` for as long
+as deletes keep failing (a server outage of any length settles on its own
+once the server answers again; a rescan also retries them at once). The
+queue holds only victims the index handed out, so it never holds more than
+the cap's worth of blocks plus blocks found bad.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Deleter:
         index: CapacityIndex,
         counters: Counters,
         events: KVEventLog,
+        threads: int = 1,
     ) -> None:
         self._client = client
         self._object_key = object_key
@@ -58,21 +63,29 @@ class Deleter:
         self._events = events
         self._lock = threading.Lock()
         self._queue: dict[OffloadKey, str] = {}  # key -> reason ("eviction", "bad"), not yet sent
-        self._scheduled = False
+        self._threads = threads
+        self._running = 0  # runners submitted to the pool and not yet returned
         self._closed = False
         self._retry_round = 0
         self._retry_timer: threading.Timer | None = None  # at most one retry round waits
-        self._pool = IOPool(1, 0, name="tiering-s3-delete")
+        self._pool = IOPool(threads, 0, name="tiering-s3-delete")
 
     def queue(self, keys: Iterable[OffloadKey], reason: str) -> None:
         """Delete ``keys`` soon (``reason``: ``"eviction"`` or ``"bad"``); nothing waits for it."""
         with self._lock:
             for key in keys:
                 self._queue[key] = reason
-            if self._scheduled or not self._queue:
-                return
-            self._scheduled = True
-        self._pool.submit_call("write", self._run)
+        self._start_runners()
+
+    def _start_runners(self) -> None:
+        """Start as many runners as the queue can keep busy (one per request it needs), up to the threads."""
+        with self._lock:
+            per_request = DELETE_BATCH if self._client.batch_delete else 1
+            wanted = -(-len(self._queue) // per_request)
+            start = max(0, min(wanted, self._threads) - self._running)
+            self._running += start
+        for _ in range(start):
+            self._pool.submit_call("write", self._run)
 
     def pending(self) -> int:
         """Keys queued and not yet sent."""
@@ -82,25 +95,41 @@ class Deleter:
     def _run(self) -> None:
         while True:
             with self._lock:
-                batch = list(self._queue.items())[:DELETE_BATCH]
+                per_request = DELETE_BATCH if self._client.batch_delete else 1
+                batch = list(self._queue.items())[:per_request]
                 for key, _ in batch:
                     del self._queue[key]
-                if not batch:
-                    self._scheduled = False
+                if not batch:  # leaves under the same lock round that found nothing: no queued key is stranded
+                    self._running -= 1
                     return
-            self._send(batch)
+            try:
+                self._send(batch)
+            except BaseException:
+                with self._lock:
+                    self._running -= 1
+                raise
 
     def _send(self, batch: list[tuple[OffloadKey, str]]) -> None:
         names = {self._object_key(key): (key, reason) for key, reason in batch}
+        requests = 1
         try:
-            failed = self._client.delete_many(list(names))
-            requests = 1 if self._client.batch_delete else len(names)
+            if self._client.batch_delete:
+                batch_failed = self._client.delete_batch(list(names))
+                if batch_failed is None:
+                    # Refused as a batch: the keys go back to the queue, to be deleted one per request in parallel.
+                    with self._lock:
+                        self._queue.update(batch)
+                    self._start_runners()
+                    return
+                failed = batch_failed
+            else:  # one key, or a few taken just before another thread found batches refused
+                requests = len(names)
+                failed = self._client.delete_many(list(names))
         except Exception as exc:
             cls = classify_error(exc)
             self._counters.inc(f"errors_{cls}")
             logger.warning("s3 tier: delete of %d objects failed (%s): %s", len(names), cls, exc)
             failed = dict.fromkeys(names, cls)
-            requests = 1
         for name, code in list(failed.items())[:3]:
             logger.warning("s3 tier: delete of %s failed: %s", name, code)
         done = [(key, reason) for name, (key, reason) in names.items() if name not in failed]
@@ -152,4 +181,6 @@ class Deleter:
             timer.cancel()
         self._pool.wait_idle(60.0)
         self._pool.shutdown()
+        with self._lock:
+            self._running += 1
         self._run()  # anything queued after the pool stopped

@@ -165,7 +165,7 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         self._digest = self._namespace.digest_bytes
         self.layout = Layout(self.prefix, self._namespace.digest)
         self.base = self.layout.base
-        self._client = S3Client(conn, max_concurrency + 2)  # + the deleter and the lookup resolver
+        self._client = S3Client(conn, 2 * max_concurrency + 1)  # + the delete threads and the lookup resolver
 
         self._closed = False
         self._counters = Counters(_COUNTERS)

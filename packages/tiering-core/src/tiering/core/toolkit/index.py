@@ -13,11 +13,18 @@ keeps that account true under concurrency:
 - **Eviction forgets a key only after its delete succeeded.** A victim stays
   counted in :attr:`CapacityIndex.used_bytes` (state :attr:`KeyState.DELETING`,
   answered as absent) until :meth:`CapacityIndex.deleted` reports the delete's
-  outcome; new reservations may already use its room (its caller is deleting
-  it right now). A failed delete keeps the bytes counted (the block still
+  outcome. A failed delete keeps the bytes counted (the block still
   exists) and the key is handed out again by :meth:`CapacityIndex.retry_deletes`
-  or settled by the next :meth:`CapacityIndex.reconcile`. (Fault kind 3 / case C16;
-  the account is :class:`~tiering.core.toolkit.deletes.DeleteLedger`.)
+  or settled by the next :meth:`CapacityIndex.reconcile` (the account is
+  :class:`~tiering.core.toolkit.deletes.DeleteLedger`).
+- **The cap holds on the medium at every instant.** A reservation may take
+  the room of victims still being deleted (each reservation gets victims of
+  its own), but it is then not ``ready``: it is written only once
+  :meth:`CapacityIndex.wait_for_room` admits it, when resident, failed,
+  pending-delete and admitted bytes plus its own fit the cap. Slow or
+  failing deletes therefore make stores wait (within the caller's bound, then
+  fail as no space) instead of letting the medium grow past the cap; the
+  deletes in flight never exceed the cap either.
 - **Epochs.** A read that may :meth:`CapacityIndex.adopt` a key takes a
   :meth:`CapacityIndex.ticket` first; a key removed after that is not
   re-inserted (fault kind 2 / case C13; see :mod:`~tiering.core.toolkit.epochs`).
@@ -33,7 +40,8 @@ this index only bounds what this process accounts for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from tiering.core.base import OffloadKey
@@ -93,7 +101,7 @@ class CapacityIndex(IndexState):
         entry = writing.get(key)
         if entry is not None:  # joins the write in flight
             entry[1] += 1
-            return _RESERVED
+            return _RESERVED if entry[3] else Reservation(Admit.RESERVED, ready=False)
         if key in self._resident:
             self._resident.move_to_end(key)
             return _PRESENT
@@ -102,12 +110,18 @@ class CapacityIndex(IndexState):
         cap = self.capacity_bytes
         if cap is None:
             victims: tuple[Victim, ...] = ()
+            ready = True
         else:
             victims = self._make_room(size)
             if self._committed() + size > cap:
                 return Reservation(Admit.NO_SPACE, victims, bool(self._writing_bytes))
-        writing[key] = [size, 1, 0]
+            # Writing now would put more than the cap on the medium while victims' bytes are still there.
+            ready = self._on_medium() + size <= cap
+        writing[key] = [size, 1, 0, int(ready)]
         self._writing_bytes += size
+        if not ready:
+            self._waiting_bytes += size
+            return Reservation(Admit.RESERVED, victims, ready=False)
         return Reservation(Admit.RESERVED, victims) if victims else _RESERVED
 
     def commit(self, key: OffloadKey, ok: bool) -> None:
@@ -132,9 +146,53 @@ class CapacityIndex(IndexState):
                 del self._writing[key]
                 size = entry[0]
                 self._writing_bytes -= size
+                if not entry[3]:
+                    self._waiting_bytes -= size
                 if entry[2]:
                     self._insert(key, size)
             self._space.notify_all()
+
+    def wait_for_room(self, keys: Sequence[OffloadKey], timeout_s: float) -> list[bool]:
+        """Wait until the reserved ``keys`` may be written: their bytes fit on the medium under the cap.
+
+        A reservation answered with ``ready`` False holds its room in the
+        index, but the victims evicted for it may still be on the medium
+        (their deletes in flight, slow or failing): writing before they are
+        gone would put more than the cap there. Keys are admitted in order as
+        deletes free room; a key already admitted answers True at once. The
+        wait ends early when no delete is in flight (failed deletes bring no
+        room until they are retried).
+
+        Args:
+            keys: keys reserved by the caller (RESERVED, not yet committed).
+            timeout_s: longest wait in seconds for the keys not yet admitted.
+
+        Returns:
+            Per key, True when it may be written now; False when no room came
+            in time: release it with ``commit(key, False)`` and fail the store as no space.
+
+        Raises:
+            KeyError: a key has no reservation.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._space:
+            while True:
+                admitted = [self._admit(key) for key in keys]
+                left = deadline - time.monotonic()
+                if all(admitted) or left <= 0 or not self._deletes.pending_bytes:
+                    return admitted
+                self._space.wait(left)
+
+    def _admit(self, key: OffloadKey) -> bool:
+        entry = self._writing[key]
+        if entry[3]:
+            return True
+        cap = self.capacity_bytes
+        if cap is not None and self._on_medium() + entry[0] > cap:
+            return False
+        entry[3] = 1
+        self._waiting_bytes -= entry[0]
+        return True
 
     def wait_for_space(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` seconds for a commit, a release or a delete outcome."""

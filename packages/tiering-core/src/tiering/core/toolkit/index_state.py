@@ -42,9 +42,10 @@ class IndexState:
         # key -> (size, clock value when it was added); LRU first.
         self._resident: collections.OrderedDict[OffloadKey, tuple[int, int]] = collections.OrderedDict()
         self._resident_bytes = 0
-        # key -> [size, writers in flight, any writer succeeded]
+        # key -> [size, writers in flight, any writer succeeded, may write now (room on the medium)]
         self._writing: dict[OffloadKey, list[int]] = {}
         self._writing_bytes = 0
+        self._waiting_bytes = 0  # reserved, but not to be written until victims' deletes free the room
         self._deletes = DeleteLedger()
         self._epochs = RemovalEpochs()
         self._evictions = 0
@@ -120,17 +121,23 @@ class IndexState:
         return self._resident_bytes + self._writing_bytes + self._deletes.bytes
 
     def _committed(self) -> int:
-        # What the cap is checked against: a victim handed out is being deleted by its caller right now, so
-        # its bytes are not in the way of new reservations; if the delete fails they come back (undeleted)
-        # and the next reservation evicts to make up for them.
+        # What a new reservation is checked against: a victim handed out is being deleted right now, so its
+        # bytes are room on the way, and each reservation gets victims of its own (no two wait for the same
+        # room); if a delete fails its bytes come back (undeleted) and the next reservation evicts for them.
         return self._resident_bytes + self._writing_bytes + self._deletes.failed_bytes
+
+    def _on_medium(self) -> int:
+        # What the medium may hold at most right now: every byte counted except reservations still waiting
+        # for their room (not written yet). Kept <= the cap: a write starts only when its bytes fit here.
+        return self._used() - self._waiting_bytes
 
     # -- figures --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         """The index's figures, each named and described once in :data:`tiering.core.toolkit.stats.STATS`.
 
         ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
-        ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``.
+        ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``,
+        ``room_wait_bytes``.
 
         Raises:
             ForkedStackError: called in a child forked after the index was built.
@@ -148,4 +155,5 @@ class IndexState:
                 "evictions": self._evictions,
                 "evicted_bytes": self._evicted_bytes,
                 "failed_deletes": self._deletes.failed_deletes,
+                "room_wait_bytes": self._waiting_bytes,
             }

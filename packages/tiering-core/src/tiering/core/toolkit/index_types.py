@@ -57,11 +57,15 @@ class Reservation:
             ``admit`` is not RESERVED) and report each with :meth:`CapacityIndex.deleted`.
         can_wait: for NO_SPACE, True when writes in flight hold bytes that
             may be released (:meth:`CapacityIndex.wait_for_space`, then retry).
+        ready: for RESERVED, whether the block may be written at once; False
+            while the victims' bytes are still on the medium: delete the
+            victims, then :meth:`CapacityIndex.wait_for_room` before writing.
     """
 
     admit: Admit
     victims: tuple[Victim, ...] = ()
     can_wait: bool = False
+    ready: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,6 +83,9 @@ STATS: Mapping[str, Stat] = {
     "failed_deletes": Stat("counter", "blocks", "deletes that failed (bytes stay counted until retried or rescanned)"),
     "pending_delete_bytes": Stat("gauge", "bytes", "bytes of blocks whose delete is pending or failed"),
     "reserved_bytes": Stat("gauge", "bytes", "bytes reserved for writes in flight"),
+    "room_wait_bytes": Stat(
+        "gauge", "bytes", "bytes reserved for stores that wait for evicted blocks' deletes to free their room"
+    ),
     # work in flight
     "in_flight_jobs": Stat("gauge", "jobs", "jobs accepted and not yet reported"),
     "in_flight_stores": Stat("gauge", "keys", "keys being written"),
