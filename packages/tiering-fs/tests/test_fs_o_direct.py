@@ -162,7 +162,7 @@ def test_round_trip_from_a_dev_shm_primary_buffer(tmp_path, monkeypatch):
 def test_o_direct_read_of_a_truncated_file_is_short_not_an_error(tmp_path):
     import mmap
 
-    from tiering.fs.io.local import _preadv_all
+    from tiering.fs.io.posix import preadv_all as _preadv_all
 
     _direct_or_skip(tmp_path)
     path = tmp_path / "short"

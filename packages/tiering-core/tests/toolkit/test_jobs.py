@@ -4,7 +4,8 @@ import threading
 import pytest
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext
-from tiering.core.toolkit.jobs import SHUTDOWN, JobTracker, fail_tasks, record_tasks, split_batches
+from tiering.core.toolkit.jobs import SHUTDOWN, JobTracker
+from tiering.core.toolkit.shares import fail_tasks, record_tasks, split_batches
 
 CTX = ReqContext("r")
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from tiering.fs.errors import RootNotUsableError
 from tiering.fs.io import Backend, open_backend
-from tiering.fs.io.local import DIRECT_ALIGN, LocalBackend
+from tiering.fs.io.local import LocalBackend
+from tiering.fs.io.posix import DIRECT_ALIGN
 from tiering.fs.layout import NAMESPACE_FILE, PROBE_NAME, temp_namer
 
 logger = logging.getLogger(__name__)

@@ -230,24 +230,9 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         ``capacity_bytes`` is unbounded or more than the disk has free, that
         the cap in force will be what the disk holds.
         """
-        from tiering.fs.inspection import FsInspector
-        from tiering.fs.native import status
-        from tiering.fs.root import probe_root
+        from tiering.fs.probe import probe_entry
 
-        cfg = FS_SCHEMA.validate(tier_config)
-        found = probe_root(cfg["root"], cfg["storage_options"], str(tier_config.get("type", "fs")))
-        local = "::" not in cfg["root"] and ("://" not in cfg["root"] or cfg["root"].startswith("file://"))
-        if not local:
-            return found
-        found = f"{found}; {status()}"
-        free, cap = FsInspector.from_config(cfg).free_bytes(), cfg["capacity_bytes"]
-        if free is not None and (cap is None or cap > free):
-            found += (
-                f"; capacity_bytes {'unbounded' if cap is None else cap} is more than the {free} bytes free: "
-                "once the disk is full the tier lowers its cap to what the disk holds and evicts "
-                "(stats capacity_bytes)"
-            )
-        return found
+        return probe_entry(tier_config)
 
     def block_path(self, key: bytes) -> str:
         """Path of ``key``'s block file: ``<namespace dir>/<ab>/<key hex>.kvb``."""

@@ -47,7 +47,8 @@ from tiering.core.toolkit import (
     PoolShutdownError,
     Victim,
 )
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState, fail_tasks, record_tasks
+from tiering.core.toolkit.jobs import SHUTDOWN, JobState
+from tiering.core.toolkit.shares import fail_tasks, record_tasks
 from tiering.fs.blocks import BlockFiles, NotStartedError
 from tiering.fs.errors import DISK_FULL, failure_cause
 

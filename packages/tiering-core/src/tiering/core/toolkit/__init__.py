@@ -31,10 +31,11 @@ from tiering.core.toolkit.config import (
 )
 from tiering.core.toolkit.events import BlockRemoved, BlockStored, KVEvent, KVEventLog
 from tiering.core.toolkit.index import Admit, CapacityIndex, KeyState, ReconcileReport, Reservation, Victim
-from tiering.core.toolkit.jobs import JobState, JobTracker, fail_tasks, record_tasks, split_batches
+from tiering.core.toolkit.jobs import JobState, JobTracker
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.pool import IOPool, PoolShutdownError
 from tiering.core.toolkit.reporting import JobReporting
+from tiering.core.toolkit.shares import fail_tasks, record_tasks, split_batches
 from tiering.core.toolkit.stats import STATS, Counters, Stat
 
 __all__ = [

@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from tiering.core.toolkit.forks import ProcessOwner
-from tiering.core.toolkit.jobs import split_batches
+from tiering.core.toolkit.shares import split_batches
 
 logger = logging.getLogger(__name__)
 

@@ -51,76 +51,35 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from tiering.core.format import TruncatedBlockError
 from tiering.fs.errors import NotRegularFileError
 from tiering.fs.io.base import Backend, StoredFile
+from tiering.fs.io.posix import (
+    DIRECT_ALIGN,
+    O_DIRECT,
+    OPEN_DIR,
+    OPEN_READ,
+    OPEN_WRITE,
+    is_special,
+    open_regular,
+    publish,
+    read_block_file,
+)
 from tiering.fs.layout import ODIRECT_PROBE_NAME, temp_namer
 
 logger = logging.getLogger(__name__)
-
-DIRECT_ALIGN = 4096
-"""Alignment ``O_DIRECT`` needs here for buffer addresses, lengths and file offsets."""
 
 DIRECT_UNSUPPORTED = frozenset(
     {errno.EINVAL, getattr(errno, "EOPNOTSUPP", errno.EINVAL), getattr(errno, "ENOTSUP", errno.EINVAL)}
 )
 """Errnos of an ``O_DIRECT`` open or transfer that mean "not supported here" (the fallback triggers on them)."""
 
-_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
-_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
-_OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-_OPEN_READ = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC  # O_NONBLOCK: a FIFO's open never waits
-_OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _MAX_CACHED_DIRS = 4096
 """Directory descriptors one back end keeps at most (the fs layout has 256 shard directories per namespace)."""
 
 T = TypeVar("T")
-
-
-def _pwritev_all(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
-    """Write every buffer at ``offset`` with ``os.pwritev``, resuming after short writes."""
-    bufs = [b for b in buffers if b.nbytes]
-    total = 0
-    while bufs:
-        n = os.pwritev(fd, bufs, offset + total)
-        if n <= 0:
-            raise OSError(errno.EIO, "pwritev wrote no bytes")
-        total += n
-        _consume(bufs, n)
-    return total
-
-
-def _consume(bufs: list[memoryview], n: int) -> None:
-    """Drop the first ``n`` bytes of ``bufs`` in place (after a vectored read or write moved ``n`` bytes)."""
-    while bufs and n >= bufs[0].nbytes:
-        n -= bufs[0].nbytes
-        bufs.pop(0)
-    if n:
-        bufs[0] = bufs[0][n:]
-
-
-def _preadv_all(fd: int, buffers: Sequence[memoryview], offset: int, direct: bool = False) -> int:
-    """Fill every buffer from ``offset`` with ``os.preadv``; stop early at end of file.
-
-    With ``direct`` (an ``O_DIRECT`` descriptor) a short read that ends off
-    :data:`DIRECT_ALIGN` is the end of the file (a truncated file): it is not
-    resumed, since an unaligned offset would fail with ``EINVAL``.
-    """
-    bufs = [b for b in buffers if b.nbytes]
-    total = 0
-    while bufs:
-        n = os.preadv(fd, bufs, offset + total)
-        if n <= 0:
-            break
-        total += n
-        if direct and (offset + total) % DIRECT_ALIGN:
-            break
-        _consume(bufs, n)
-    return total
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -140,7 +99,7 @@ def _same_dir(dfd: int, directory: str) -> bool:
 
 def _open_dir(directory: str) -> int:
     """A descriptor of ``directory``, refusing a symlink as its last component (``ELOOP`` / ``ENOTDIR``)."""
-    return os.open(directory, _OPEN_DIR)
+    return os.open(directory, OPEN_DIR)
 
 
 class LocalBackend(Backend):
@@ -220,20 +179,20 @@ class LocalBackend(Backend):
         removed by a later start-up scan if this process dies first); tmpfs
         and some overlay filesystems refuse ``O_DIRECT`` with ``EINVAL``.
         """
-        if not _O_DIRECT:
+        if not O_DIRECT:
             return "O_DIRECT is not available on this platform"
         path = temp_namer(f"{directory}/{ODIRECT_PROBE_NAME}")
         page = mmap.mmap(-1, DIRECT_ALIGN)
         back = mmap.mmap(-1, DIRECT_ALIGN)
         try:
             page[:8] = b"TKVBPROB"
-            fd = os.open(path, _OPEN_WRITE | _O_DIRECT, 0o600)
+            fd = os.open(path, OPEN_WRITE | O_DIRECT, 0o600)
             try:
                 if os.pwritev(fd, [page], 0) != DIRECT_ALIGN:
                     return "short O_DIRECT write"
             finally:
                 os.close(fd)
-            fd = os.open(path, _OPEN_READ | _O_DIRECT)
+            fd = os.open(path, OPEN_READ | O_DIRECT)
             try:
                 if os.preadv(fd, [back], 0) != DIRECT_ALIGN or back[:] != page[:]:
                     return "O_DIRECT read back differs"
@@ -278,17 +237,17 @@ class LocalBackend(Backend):
         directory, tmp_name = _split(tmp)
         final_name = _split(final)[1]
 
-        def publish(dfd: int) -> None:
+        def write(dfd: int) -> None:
             direct = self.direct
             try:
-                _publish(dfd, tmp_name, final_name, [payload, trailer], _O_DIRECT if direct else 0, fsync)
+                publish(dfd, tmp_name, final_name, [payload, trailer], O_DIRECT if direct else 0, fsync)
             except OSError as exc:
                 if not (direct and exc.errno in DIRECT_UNSUPPORTED):
                     raise
                 self.give_up_direct(exc, "write")
-                _publish(dfd, tmp_name, final_name, [payload, trailer], 0, fsync)
+                publish(dfd, tmp_name, final_name, [payload, trailer], 0, fsync)
 
-        self._in_dir(directory, publish)
+        self._in_dir(directory, write)
 
     def read_block(self, path: str, payload: memoryview, trailer: memoryview, expected_size: int) -> int:
         """See :meth:`Backend.read_block` (never via a symlink: ``ELOOP`` / ``ENOTDIR`` instead)."""
@@ -297,13 +256,13 @@ class LocalBackend(Backend):
         def read(dfd: int) -> int:
             direct = self.direct
             try:
-                return _read(dfd, name, path, payload, trailer, expected_size, direct)
+                return read_block_file(dfd, name, path, payload, trailer, expected_size, direct)
             except OSError as exc:
                 if not (direct and exc.errno in DIRECT_UNSUPPORTED):
                     raise
-                if not _is_special(dfd, name):  # else the file's type refused O_DIRECT, not the filesystem
+                if not is_special(dfd, name):  # else the file's type refused O_DIRECT, not the filesystem
                     self.give_up_direct(exc, "read")
-                return _read(dfd, name, path, payload, trailer, expected_size, False)
+                return read_block_file(dfd, name, path, payload, trailer, expected_size, False)
 
         return self._in_dir(directory, read)
 
@@ -332,14 +291,14 @@ class LocalBackend(Backend):
         directory, tmp_name = _split(tmp)
         dfd = _open_dir(directory)
         try:
-            _publish(dfd, tmp_name, _split(final)[1], [memoryview(data)], 0, fsync=True)
+            publish(dfd, tmp_name, _split(final)[1], [memoryview(data)], 0, fsync=True)
         finally:
             os.close(dfd)
 
     def read_small(self, path: str) -> bytes | None:
         """See :meth:`Backend.read_small` (never via a symlinked file; None for a special file, never read)."""
         try:
-            fd = _open_regular(path, _OPEN_READ)[0]
+            fd = open_regular(path, OPEN_READ)[0]
         except (FileNotFoundError, NotRegularFileError):
             return None
         with os.fdopen(fd, "rb") as f:
@@ -368,79 +327,3 @@ class LocalBackend(Backend):
                         yield StoredFile(entry.path, entry.name, st.st_size, st.st_mtime, is_special=special)
                 except FileNotFoundError:
                     continue
-
-
-def _publish(dfd: int, tmp: str, final: str, buffers: Sequence[memoryview], extra_flags: int, fsync: bool) -> None:
-    """Write ``buffers`` to the new file ``tmp`` in directory ``dfd``, rename it to ``final``.
-
-    Never leaves ``tmp`` behind. ``fsync`` syncs the file before the rename
-    and the directory after it. No ``stat`` of ``final`` first: the rename
-    replaces an existing block atomically (same bytes for the same key).
-    """
-    fd = os.open(tmp, _OPEN_WRITE | extra_flags, 0o644, dir_fd=dfd)
-    try:
-        try:
-            _pwritev_all(fd, buffers, 0)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dfd)
-        raise
-    if fsync:
-        os.fsync(dfd)
-
-
-def _is_special(dfd: int, name: str) -> bool:
-    """Whether ``name`` in directory ``dfd`` exists and is not a regular file (``lstat``: nothing opened)."""
-    try:
-        return not stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _open_regular(path: str, flags: int, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
-    """Open ``path`` (``flags`` include ``O_NONBLOCK``) and make sure it is a regular file.
-
-    Returns:
-        The descriptor and its ``fstat``.
-
-    Raises:
-        NotRegularFileError: a FIFO, socket, device node or directory (closed again, nothing read).
-        OSError: the open failed otherwise.
-    """
-    try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a socket, or a device node without its device
-            raise NotRegularFileError(errno.ENXIO, "not a regular file", path) from exc
-        raise
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegularFileError(errno.ENXIO, f"not a regular file ({stat.filemode(st.st_mode)})", path)
-    return fd, st
-
-
-def _read(
-    dfd: int, name: str, path: str, payload: memoryview, trailer: memoryview, expected_size: int, direct: bool
-) -> int:
-    fd, st = _open_regular(name, _OPEN_READ | (_O_DIRECT if direct else 0), dfd)
-    try:
-        size = st.st_size
-        if size != expected_size:
-            raise TruncatedBlockError(f"{path} is {size} bytes, expected {expected_size}")
-        got = _preadv_all(fd, [payload, trailer], 0, direct)
-        if got != size:
-            # The file shrank under us (replaced or truncated): treat as torn.
-            raise TruncatedBlockError(f"{path}: read {got} bytes of {size}")
-        return size
-    finally:
-        os.close(fd)
