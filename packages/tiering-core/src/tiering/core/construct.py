@@ -5,7 +5,7 @@ spec) is called with arguments the factory supplies. When the call does not
 fit the constructor, or the constructor raises, the user must learn *which
 config entry* is at fault and what the constructor should look like, not
 read a bare ``TypeError: __init__() takes 2 positional arguments but 3 were
-given`` (issue 13, case C14). :func:`construct` does that for every factory,
+given``. :func:`construct` does that for every factory,
 and passes each message through :mod:`tiering.core.redact` so no credential
 of the config reaches it.
 """

@@ -53,7 +53,7 @@ class PendingLoad:
         jobs: ids of the promotion jobs not yet reported.
         pinned: keys pinned for this load (released exactly once).
         failed_at: index of the first key whose promotion failed, None while none did.
-        abandoned: the request ended while a promotion was in flight (case C10).
+        abandoned: the request ended while a promotion was in flight.
     """
 
     req_context: ReqContext

@@ -179,7 +179,7 @@ class TieringManager:
             return
         req_id = load.req_context.req_id
         if load.abandoned:
-            # The request ended while this load was in flight: nobody will complete it (C10).
+            # The request ended while this load was in flight: nobody will complete it, so its pins are released here.
             self.primary.unpin(load.pinned)
             load.pinned = []
             return
@@ -327,7 +327,7 @@ class TieringManager:
         A finished load not yet completed is released (and no longer
         reported by :meth:`get_finished`); a load still in flight is
         abandoned: its pins are released when its last job is reported (or
-        at :meth:`shutdown`), and it is never reported (case C10).
+        at :meth:`shutdown`), and it is never reported.
         """
         req_id = req_context.req_id
         self.complete_load(req_context)

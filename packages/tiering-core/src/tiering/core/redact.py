@@ -2,7 +2,7 @@
 
 Every report, log line, error message, metric label and repr that may hold a
 config value goes through this module, so no credential is ever printed or
-written (issue 13, case C12: ``tiering bench --json`` wrote
+written (a report written as JSON once held an
 ``aws_secret_access_key`` verbatim). A secret is replaced by the fixed marker
 :data:`REDACTED` (``"***"``); its key and the text around it stay, so the
 output still says *which* credential is set.

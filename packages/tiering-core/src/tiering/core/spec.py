@@ -59,7 +59,7 @@ VLLM_KEYS = frozenset(
         "canonical_layout",
     }
 )
-"""Keys of vLLM 0.33's ``kv_connector_extra_config`` that vLLM itself reads (../shared/design/vllm.md):
+"""Keys of vLLM 0.33's ``kv_connector_extra_config`` that vLLM itself reads:
 accepted and ignored standalone, so one config serves both."""
 
 DEFAULT_BLOCK_SIZE = 16

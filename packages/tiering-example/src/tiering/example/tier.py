@@ -4,8 +4,8 @@ It shows the smallest correct tier built on :mod:`tiering.core.toolkit`:
 declare the config keys once (:attr:`config_schema`), copy bytes out of / into
 ``primary_kv_view``, report every job exactly once from the next
 ``get_finished`` call through a :class:`~tiering.core.toolkit.JobTracker`, fail
-a load whose key is missing (never leave it unreported: that hang is the bug
-vLLM's seed 000 fixed) while keeping the blocks it did copy
+a load whose key is missing (never leave it unreported: the request would wait
+for it forever) while keeping the blocks it did copy
 (``successful_keys``), and publish KV events for what it stores.
 """
 

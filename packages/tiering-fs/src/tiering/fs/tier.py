@@ -263,7 +263,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         if self._lookup_cache is not None:
             return self._lookup_cache.lookup(key)
         self._lookup_counts["lookup_probes"] += 1
-        with self.index.reading() as ticket:  # an eviction after this point wins over the adoption (C13)
+        with self.index.reading() as ticket:  # an eviction after this point wins over the adoption
             size = self.files.size(key)
             return size == self.stored_block_bytes and self.index.adopt(key, self.stored_block_bytes, ticket)
 
@@ -330,7 +330,11 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         )
 
     def _account_temps(self, temp_bytes: int) -> None:
-        """Count other processes' temporaries against the cap until the next scan (C15)."""
+        """Count other processes' temporaries against the cap until the next scan.
+
+        A live writer's temporary file takes disk space too: left uncounted it
+        would let the directory grow past the cap.
+        """
         if self._temp_bytes:
             self.index.commit(_TEMP_KEY, False)
             self._temp_bytes = 0

@@ -13,8 +13,8 @@ with one round per lock: index (commit / adopt), counters, KV events, job
 outcomes (one round per job).
 
 Loads take an index ticket before reading, so a block evicted while it was
-read is never put back into the index (case C13); a delete that fails keeps
-its bytes counted until a rescan retries it (case C16).
+read is never put back into the index; a delete that fails keeps
+its bytes counted until a rescan retries it.
 
 **A full filesystem.** ``capacity_bytes`` may be more than the filesystem
 holds (or the filesystem is shared). A write refused with ``ENOSPC`` /
@@ -309,7 +309,7 @@ class Transfers:
         self.pool.submit("read", self._load_batch, items, self._load_failed, merge=True)
 
     def _load_batch(self, items: Sequence[LoadItem]) -> None:
-        """Read and verify one share (blocks of one or more load jobs); a key evicted meanwhile stays out (C13).
+        """Read and verify one share (blocks of one or more load jobs); a key evicted meanwhile stays out.
 
         Every block read is settled on its own: a verified one is kept (and
         reported loaded), a bad one removed, also after an earlier failure of

@@ -4,14 +4,14 @@
 tier (:mod:`tiering.s3.tier`) owns it and calls it from the scheduler-facing
 methods. Everything it knows about blocks goes through the tier toolkit's
 :class:`~tiering.core.toolkit.CapacityIndex` (tickets before every read, so
-a read that raced an eviction never re-indexes its key: case C13), and
+a read that raced an eviction never re-indexes its key), and
 every request through :class:`~tiering.s3.client.S3Client`.
 
 A short or unreadable object is "not there yet" (a miss; another writer may
 still be writing it on a server whose PUT is not atomic) and is never
 deleted for its size alone: only an object read whole that fails
 verification is deleted, and never while this process stores the same key
-(fault kind 10, case C17).
+(an object being uploaded may look short on a server whose PUT is not atomic).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Nothing on the scheduler's thread waits for S3. An object that is short or
 unreadable is "not there yet" (a miss; another writer may still be writing
 it on a server whose PUT is not atomic) and is never deleted for its size
 alone: only an object read whole that fails verification is deleted, and
-never while this process stores the same key (fault kind 10, case C17).
+never while this process stores the same key (an object still being uploaded
+may look short to a server whose PUT is not atomic).
 """
 
 from __future__ import annotations

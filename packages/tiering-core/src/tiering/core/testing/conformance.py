@@ -169,7 +169,7 @@ class TierConformanceTests:
     def test_in_flight_lookup_is_never_a_wrong_true(
         self, tier: SecondaryTierManager, primary_kv_view: memoryview
     ) -> None:
-        """A True while a store is in flight must be loadable at once (fault kind 9).
+        """A True while a store is in flight must be loadable at once.
 
         Each key that answers True during its store is loaded immediately,
         before the store is waited for; a tier that answers True for a block

@@ -3,7 +3,7 @@
 A read that may re-insert a key (a load, or a lookup probe adopting a block
 another process wrote) takes a ticket before it starts; a key removed after
 that ticket was taken must not be re-inserted by the read, since the bytes it
-saw may be gone (fault kind 2 / case C13). :class:`RemovalEpochs` answers that
+saw may be gone. :class:`RemovalEpochs` answers that
 question. It has no lock of its own: its owner calls it under its lock.
 """
 

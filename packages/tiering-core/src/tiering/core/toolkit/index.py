@@ -27,7 +27,7 @@ keeps that account true under concurrency:
   deletes in flight never exceed the cap either.
 - **Epochs.** A read that may :meth:`CapacityIndex.adopt` a key takes a
   :meth:`CapacityIndex.ticket` first; a key removed after that is not
-  re-inserted (fault kind 2 / case C13; see :mod:`~tiering.core.toolkit.epochs`).
+  re-inserted (see :mod:`~tiering.core.toolkit.epochs`).
 - **Reconciliation.** :meth:`CapacityIndex.reconcile` replaces the contents
   with what a rescan found, keeping in-flight reservations and every change
   made since the scan's ticket.
