@@ -1,9 +1,10 @@
 """Deletes of a :class:`~tiering.core.toolkit.index.CapacityIndex`: handed out, failed, settled.
 
-Eviction forgets a key only after its delete succeeded: a victim's bytes
-stay counted while its delete is pending, and stay counted after a failed
-delete (the block still exists) until a retry succeeds or a rescan no longer finds it. :class:`DeleteLedger` keeps that account. It
-has no lock of its own: its owner calls it under its lock.
+Eviction forgets a key only after its delete succeeded: a victim's bytes stay
+counted while its delete is pending, and stay counted after a failed delete
+(the block still exists) until a retry succeeds or a rescan no longer finds
+it. :class:`DeleteLedger` keeps that account. It has no lock of its own: its
+owner calls it under its lock.
 """
 
 from __future__ import annotations
