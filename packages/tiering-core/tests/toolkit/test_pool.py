@@ -131,6 +131,36 @@ def test_a_submit_between_a_workers_last_look_and_its_sleep_still_runs():
     assert done == [["first"], ["second"]] and not errors
 
 
+def test_a_worker_whose_last_look_finds_work_still_joins_queued_units():
+    # The same window as above, with two mergeable submissions landing in it: the worker's re-check finds them after
+    # it counted itself as waiting. It must un-count itself before taking them, or _take, seeing a waiting thread,
+    # would not join them into one share (cross-job merging lost for that take).
+    pool = IOPool(1, 0, max_batch=4)
+    fn, on_error, done, errors = collect()
+    wait_for(lambda: pool._waiting[True] == 1)
+    about_to_sleep, submitted, armed = threading.Event(), threading.Event(), [False]
+    take = pool._take
+
+    def paused_take(is_reader):
+        unit = take(is_reader)
+        if unit is None and armed[0]:
+            armed[0] = False
+            about_to_sleep.set()
+            submitted.wait(5)
+        return unit
+
+    pool._take = paused_take
+    armed[0] = True
+    pool.submit("read", fn, ["first"], on_error)
+    assert about_to_sleep.wait(5)
+    pool.submit("read", fn, ["a"], on_error, merge=True)
+    pool.submit("read", fn, ["b"], on_error, merge=True)
+    submitted.set()
+    assert pool.wait_idle(5)
+    pool.shutdown()
+    assert done == [["first"], ["a", "b"]] and not errors
+
+
 def test_submits_racing_a_shutdown_run_or_fail_each_item_exactly_once(frequent_thread_switches):
     pool = IOPool(2, 2, max_batch=2)
     fn, on_error, done, errors = collect()
