@@ -89,12 +89,15 @@ def test_cluster_lookups_group_keys_per_node_and_resolve_by_the_second_round(red
         stored = [make_key(i, b"cluster-many") for i in range(24)]
         for start in range(0, 24, 8):
             assert store(writer, view, stored[start : start + 8])
-        reader, _ = make_tier({**config, "startup_scan": False})
-        keys = stored + [make_key(i, b"cluster-absent") for i in range(4096 - 24)]
-        rounds, answers = rounds_to_resolve(reader, keys, step_s=0.05)
-        assert [answers[k] for k in keys] == [True] * 24 + [False] * (4096 - 24)
-        assert rounds <= 2
-        reader.shutdown()
+        rounds = []
+        for trial in range(3):  # a median, as in the single-server test: a loaded box may stall one trial
+            reader, _ = make_tier({**config, "startup_scan": False})
+            keys = stored + [make_key(i, b"cluster-absent-%d" % trial) for i in range(4096 - 24)]
+            n, answers = rounds_to_resolve(reader, keys, step_s=0.05)
+            assert [answers[k] for k in keys] == [True] * 24 + [False] * (4096 - 24)
+            reader.shutdown()
+            rounds.append(n)
+        assert sorted(rounds)[1] <= 2, rounds
     finally:
         writer.shutdown()
 
