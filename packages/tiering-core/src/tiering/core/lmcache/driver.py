@@ -33,7 +33,7 @@ def object_key(index: int, model: str = "meta-llama/Llama-3.1-8B", **fields: Any
     return ObjectKey(chunk_hash=index.to_bytes(8, "little") * 4, model_name=model, **fields)
 
 
-def _wait(fd: int, poll: Callable[[], T | None], timeout_s: float) -> T:
+def wait_for(fd: int, poll: Callable[[], T | None], timeout_s: float) -> T:
     """Wait on ``fd`` (as LMCache's controllers poll it) until ``poll()`` returns a result."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
@@ -62,13 +62,13 @@ def store(adapter: Any, keys: Sequence[Any], objects: Sequence[Any], timeout_s: 
         done.update(adapter.pop_completed_store_tasks())
         return done.pop(task_id, None)
 
-    return _wait(adapter.get_store_event_fd(), poll, timeout_s)
+    return wait_for(adapter.get_store_event_fd(), poll, timeout_s)
 
 
 def lookup_and_lock(adapter: Any, keys: Sequence[Any], timeout_s: float = 60.0) -> list[int]:
     """Look up (and lock) and wait: the indices of the hits."""
     task_id = adapter.submit_lookup_and_lock_task(list(keys), {})
-    bitmap = _wait(
+    bitmap = wait_for(
         adapter.get_lookup_and_lock_event_fd(), lambda: adapter.query_lookup_and_lock_result(task_id), timeout_s
     )
     return list(bitmap.get_indices_list())
@@ -77,5 +77,5 @@ def lookup_and_lock(adapter: Any, keys: Sequence[Any], timeout_s: float = 60.0) 
 def load(adapter: Any, keys: Sequence[Any], objects: Sequence[Any], timeout_s: float = 60.0) -> list[int]:
     """Load into ``objects`` and wait: the indices loaded."""
     task_id = adapter.submit_load_task(list(keys), list(objects))
-    bitmap = _wait(adapter.get_load_event_fd(), lambda: adapter.query_load_result(task_id), timeout_s)
+    bitmap = wait_for(adapter.get_load_event_fd(), lambda: adapter.query_load_result(task_id), timeout_s)
     return list(bitmap.get_indices_list())
