@@ -48,7 +48,7 @@ def build(config: dict[str, Any]) -> Any:
 OURS, THEIRS = "tiering fs (plugin)", "LMCache fs"
 
 
-def config(name: str, root: str, object_bytes: int) -> dict[str, Any]:
+def config(name: str, root: str, object_bytes: int, o_direct: bool | str = "auto") -> dict[str, Any]:
     """The ``--l2-adapter`` JSON of adapter ``name`` over a fresh directory under ``root``."""
     if name == THEIRS:
         return {"type": "fs", "base_path": os.path.join(root, "lmcache")}
@@ -57,7 +57,10 @@ def config(name: str, root: str, object_bytes: int) -> dict[str, Any]:
         "type": "plugin",
         "module_path": "tiering.core.lmcache.adapter",
         "class_name": "TieringL2Adapter",
-        "adapter_params": {"object_bytes": object_bytes, "tier": {"type": "fs", "root": os.path.join(root, "tiering")}},
+        "adapter_params": {
+            "object_bytes": object_bytes,
+            "tier": {"type": "fs", "root": os.path.join(root, "tiering"), "o_direct": o_direct},
+        },
     }
 
 
@@ -130,17 +133,27 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="objects per store / load task")
     parser.add_argument("--dir", default=None, help="directory for both roots (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per adapter, the best one is shown")
+    parser.add_argument(
+        "--o-direct",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="our fs tier's o_direct (auto: O_DIRECT on a local root; LMCache's fs adapter uses the page cache)",
+    )
     args = parser.parse_args()
     object_bytes = int(args.object_mib * 1024 * 1024)
     payloads = [os.urandom(object_bytes) for _ in range(args.objects)]
     total_mib = object_bytes * args.objects / 2**20
-    print(f"{args.objects} objects of {object_bytes} bytes ({total_mib:.0f} MiB), tasks of {args.batch}")
+    print(
+        f"{args.objects} objects of {object_bytes} bytes ({total_mib:.0f} MiB), tasks of {args.batch}, "
+        f"our fs tier's o_direct {args.o_direct}"
+    )
     results: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
         for name in (OURS, THEIRS):
             base = tempfile.mkdtemp(prefix="bench-lmcache-", dir=args.dir)
             try:
-                result = bench(name, config(name, base, object_bytes), payloads, args.batch)
+                o_direct = {"auto": "auto", "true": True, "false": False}[args.o_direct]
+                result = bench(name, config(name, base, object_bytes, o_direct), payloads, args.batch)
             finally:
                 shutil.rmtree(base, ignore_errors=True)
             best = results.setdefault(name, result)

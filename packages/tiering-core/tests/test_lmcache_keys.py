@@ -81,6 +81,8 @@ def test_params_are_checked_naming_the_key() -> None:
 
 
 def test_package_imports_without_lmcache(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "lmcache" or n.startswith("lmcache.")]:
+        monkeypatch.delitem(sys.modules, name)  # where LMCache is installed (the lmcache env) and imported
     monkeypatch.setitem(sys.modules, "lmcache", None)  # any import of lmcache now fails
     for name in ("tiering.core.lmcache", "tiering.core.lmcache.keys", "tiering.core.lmcache.params"):
         monkeypatch.delitem(sys.modules, name, raising=False)
