@@ -103,6 +103,9 @@ def test_lmcache_plugin_loader_builds_our_adapter(tmp_path: Any) -> None:
         fds = {adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()}
         assert len(fds) == 3  # LMCache's controllers map fds to adapters: they must differ
         assert adapter.report_status()["is_healthy"] is True
+        # Arguments later LMCache versions add (layout_desc...) are accepted and ignored.
+        task = adapter.submit_lookup_and_lock_task([], {}, "a-later-positional", layout_desc=None)
+        assert isinstance(task, int)
     finally:
         adapter.close()
     with pytest.raises(ValueError, match="'objects_bytes' \\(did you mean 'object_bytes'"):
