@@ -249,3 +249,29 @@ def test_empty_tasks_complete(tmp_path: Any) -> None:
         assert lookup_and_lock(adapter, []) == [] and load(adapter, [], []) == []
     finally:
         adapter.close()
+
+
+def test_a_tier_call_that_raises_fails_the_tasks_and_the_worker_survives(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        real = adapter.tier.get_finished
+        calls = {"n": 0}
+
+        def broken() -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("tier bug")
+            return real()
+
+        monkeypatch.setattr(adapter.tier, "get_finished", broken)
+        assert not store(adapter, [object_key(1)], [memory_obj(b"q" * 64)]).is_successful()
+        status = adapter.report_status()
+        assert status["is_healthy"] is True and status["errors"] == 1
+        # The job the tier still ran is reported later and only frees its row; new tasks work.
+        assert store(adapter, [object_key(2)], [memory_obj(b"r" * 64)]).is_successful()
+        target = memory_obj(64)
+        assert load(adapter, [object_key(2)], [target]) == [0] and bytes(target.byte_array) == b"r" * 64
+    finally:
+        adapter.close()

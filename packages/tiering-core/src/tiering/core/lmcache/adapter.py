@@ -56,6 +56,7 @@ _IDLE_WAIT_S = 0.05
 _MIN_POLL_S = 0.0002
 _MAX_POLL_S = 0.005
 _LOCK_SWEEP_S = 1.0
+_CLOSE_WAIT_S = 60.0  # close() waits this long for the tier's jobs in flight
 
 
 def _flat(obj: Any) -> memoryview:
@@ -137,7 +138,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._store_results: dict[int, Any] = {}
         self._lookup_results: dict[int, Any] = {}
         self._load_results: dict[int, Any] = {}
-        self._locks: dict[OffloadKey, tuple[int, float]] = {}  # key -> (holders, expiry, monotonic s)
+        self._locks: dict[OffloadKey, tuple[int, float]] = {}  # key -> (holders, expiry in monotonic seconds)
         self._locks_expired = 0
         self._stored: dict[OffloadKey, tuple[Any, int]] = {}  # key -> (ObjectKey, payload bytes) stored here
         self._errors = 0
@@ -176,15 +177,16 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _submit(self, kind: str, keys: Sequence[Any], objects: Sequence[Any] = ()) -> int:
         if kind != "lookup" and len(objects) != len(keys):
             raise ValueError(f"{kind} task: {len(keys)} keys but {len(objects)} objects")
+        okeys = [encode_key(k) for k in keys]
         with self._lock:
+            # Queued under the lock that close() takes: no task can land behind the worker's stop mark.
             if self._closed:
                 raise RuntimeError("TieringL2Adapter is closed")
-            task_id = next(self._ids)
-        task = _Task(kind, task_id, list(keys), [encode_key(k) for k in keys], list(objects))
-        if kind != "store":
-            task.bitmap = Bitmap(len(keys))
-        self._incoming.put(task)
-        return task_id
+            task = _Task(kind, next(self._ids), list(keys), okeys, list(objects))
+            if kind != "store":
+                task.bitmap = Bitmap(len(keys))
+            self._incoming.put(task)
+        return task.task_id
 
     def submit_store_task(self, keys: list[Any], objects: list[Any], *args: Any, **kwargs: Any) -> int:
         """Queue a store of ``objects`` (LMCache ``MemoryObj``, read until the task completes) under ``keys``.
@@ -290,7 +292,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             if self._closed:
                 return
             self._closed = True
-        self._incoming.put(None)
+            self._incoming.put(None)
         self._worker.join()
         self.tier.shutdown()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):
@@ -304,13 +306,14 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     # -- the worker -------------------------------------------------------------------
     def _run(self) -> None:
         delay, stopping, next_sweep = _MIN_POLL_S, False, time.monotonic() + _LOCK_SWEEP_S
+        stop_deadline = float("inf")
         while True:
             busy = bool(self._jobs or self._lookups)
             try:
                 item = self._incoming.get(timeout=delay if busy else _IDLE_WAIT_S)
                 while True:
                     if item is None:
-                        stopping = True
+                        stopping, stop_deadline = True, time.monotonic() + _CLOSE_WAIT_S
                     else:
                         self._accept(item)
                     item = self._incoming.get_nowait()
@@ -318,20 +321,25 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                 pass
             try:
                 progress = self._step(stopping)
+                if stopping and (not self._jobs or time.monotonic() > stop_deadline):
+                    if self._jobs:
+                        logger.error("tiering L2 adapter: %d tier job(s) unreported at close", len(self._jobs))
+                    self._fail_all()
+                    return
+                if time.monotonic() >= next_sweep:
+                    self._expire_locks()
+                    next_sweep = time.monotonic() + _LOCK_SWEEP_S
             except Exception:
                 # A bug here must not leave LMCache waiting forever: fail everything in flight.
                 logger.exception("tiering L2 adapter worker failed a step; failing the tasks in flight")
                 with self._lock:
                     self._errors += 1
-                self._fail_all()
+                try:
+                    self._fail_all()
+                except Exception:
+                    logger.exception("tiering L2 adapter could not report the tasks in flight")
                 progress = True
-            if stopping and not self._jobs:
-                self._fail_all()
-                return
             delay = _MIN_POLL_S if progress else min(delay * 2, _MAX_POLL_S)
-            if time.monotonic() >= next_sweep:
-                self._expire_locks()
-                next_sweep = time.monotonic() + _LOCK_SWEEP_S
 
     def _accept(self, task: _Task) -> None:
         if task.kind == "lookup":
