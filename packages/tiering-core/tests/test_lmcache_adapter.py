@@ -275,3 +275,16 @@ def test_a_tier_call_that_raises_fails_the_tasks_and_the_worker_survives(
         assert load(adapter, [object_key(2)], [target]) == [0] and bytes(target.byte_array) == b"r" * 64
     finally:
         adapter.close()
+
+
+def test_loads_go_before_queued_stores(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, staging_objects=1))
+    try:
+        assert store(adapter, [object_key(0)], [memory_obj(b"L" * 100)]).is_successful()
+        keys = [object_key(i) for i in range(1, 65)]
+        big = adapter.submit_store_task(keys, [memory_obj(OBJECT_BYTES) for _ in keys])
+        target = memory_obj(100)
+        assert load(adapter, [object_key(0)], [target]) == [0]
+        assert big not in adapter.pop_completed_store_tasks()  # the load did not wait for 64 stores
+    finally:
+        adapter.close()

@@ -145,7 +145,8 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._closed = False
         # Worker-only state.
         self._incoming: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
-        self._waiting: collections.deque[_Task] = collections.deque()
+        # Loads first: LMCache waits on them to serve a request, stores only free L1 later.
+        self._waiting: dict[str, collections.deque[_Task]] = {"load": collections.deque(), "store": collections.deque()}
         self._lookups: list[_Task] = []
         self._jobs: dict[int, tuple[_Task, list[int], list[int]]] = {}
         self._free_rows = list(range(rows))
@@ -347,7 +348,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             task.deadline = time.monotonic() + self.params.lookup_timeout_s
             self._lookups.append(task)
         else:
-            self._waiting.append(task)
+            self._waiting[task.kind].append(task)
 
     def _step(self, stopping: bool) -> bool:
         progress = False
@@ -363,13 +364,13 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
 
     def _start_jobs(self) -> bool:
         started = False
-        while self._waiting and self._free_rows:
-            task = self._waiting[0]
+        while self._free_rows and (queue_ := self._waiting["load"] or self._waiting["store"]):
+            task = queue_[0]
             count = min(len(self._free_rows), len(task.keys) - task.submitted)
             indices = list(range(task.submitted, task.submitted + count))
             task.submitted += count
             if task.submitted == len(task.keys):
-                self._waiting.popleft()
+                queue_.popleft()
             rows = [self._free_rows.pop() for _ in indices]
             if task.kind == "store":
                 indices, rows = self._pack(task, indices, rows)
@@ -561,8 +562,10 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         Jobs the tier still runs keep their rows until the tier reports them
         (it may still be writing into them); only then are the rows reused.
         """
-        tasks = {id(t): t for t in [*self._waiting, *self._lookups, *(e[0] for e in self._jobs.values())]}
-        self._waiting.clear()
+        waiting = [*self._waiting["load"], *self._waiting["store"]]
+        tasks = {id(t): t for t in [*waiting, *self._lookups, *(e[0] for e in self._jobs.values())]}
+        for queued in self._waiting.values():
+            queued.clear()
         self._lookups = []
         for task in tasks.values():
             if task.abandoned:
