@@ -148,7 +148,7 @@ def test_every_object_key_field_keeps_objects_apart(tmp_path: Any) -> None:
         adapter.close()
 
 
-def test_c21_a_corrupted_object_is_refused_the_others_load(tmp_path: Any) -> None:
+def test_c24_a_corrupted_object_is_refused_then_replaced_by_the_next_store(tmp_path: Any) -> None:
     adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
     data = payloads(3, seed=1)
     keys = [object_key(i) for i in range(3)]
@@ -171,11 +171,16 @@ def test_c21_a_corrupted_object_is_refused_the_others_load(tmp_path: Any) -> Non
         assert len(loaded) == 2  # exactly the corrupted one refused
         assert all(bytes(targets[i].byte_array) == data[i] for i in loaded)
         assert adapter.report_status()["tier_stats"].get("load_failed_checksum", 0) == 1
+        # The next store of the same objects replaces the bad one (not skipped as "already present").
+        assert store(adapter, keys, [memory_obj(d) for d in data]).is_successful()
+        targets = [memory_obj(len(d)) for d in data]
+        assert load(adapter, keys, targets) == [0, 1, 2]
+        assert [bytes(t.byte_array) for t in targets] == data
     finally:
         adapter.close()
 
 
-def test_an_object_of_another_size_is_not_loaded_into_a_buffer(tmp_path: Any) -> None:
+def test_c01_an_object_of_another_length_is_never_returned(tmp_path: Any) -> None:
     adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
     try:
         assert store(adapter, [object_key(1)], [memory_obj(b"a" * 100)]).is_successful()
@@ -187,7 +192,7 @@ def test_an_object_of_another_size_is_not_loaded_into_a_buffer(tmp_path: Any) ->
         adapter.close()
 
 
-def test_c24_a_lost_unlock_expires(tmp_path: Any) -> None:
+def test_a_lost_unlock_expires(tmp_path: Any) -> None:
     adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, lock_ttl_s=0.2))
     try:
         store(adapter, [object_key(1)], [memory_obj(b"z" * 10)])
@@ -222,7 +227,7 @@ def _usage_after_restart(config: dict[str, Any], count: int) -> tuple[int, int]:
         adapter.close()
 
 
-def test_c25_a_restart_keeps_usage_accounting(tmp_path: Any) -> None:
+def test_c04_a_restart_keeps_usage_accounting(tmp_path: Any) -> None:
     (tmp_path / "ours").mkdir()
     ours = _usage_after_restart(plugin({"type": "fs", "root": str(tmp_path / "ours")}), 4)
     assert ours[0] >= 4 * OBJECT_BYTES and ours[1] == ours[0]
@@ -288,3 +293,28 @@ def test_loads_go_before_queued_stores(tmp_path: Any) -> None:
         assert big not in adapter.pop_completed_store_tasks()  # the load did not wait for 64 stores
     finally:
         adapter.close()
+
+
+def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) -> None:
+    from tiering.core import OffloadingSpec, ReqContext
+    from tiering.core.lmcache.keys import ROW_HEADER_BYTES, encode_key
+    from tiering.fs import FsspecSecondaryTierManager
+
+    key = object_key(7)
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        assert store(adapter, [key], [memory_obj(b"k" * 100)]).is_successful()
+    finally:
+        adapter.close()
+    # A vLLM stack over the same root, same model and row size, asked for the very same key.
+    spec = OffloadingSpec(
+        {"cpu_bytes_to_use": 4 * (OBJECT_BYTES + ROW_HEADER_BYTES), "block_bytes": OBJECT_BYTES + ROW_HEADER_BYTES}
+    )
+    view = memoryview(bytearray(spec.cpu_bytes_to_use)).cast("B", (4, spec.block_bytes))
+    vllm_tier = FsspecSecondaryTierManager(spec, view, "fs", root=str(tmp_path))
+    try:
+        assert vllm_tier.wait_for_scan(30)
+        assert vllm_tier.lookup(encode_key(key), ReqContext("vllm")) is False
+    finally:
+        vllm_tier.shutdown()
+    assert len([d for d in os.listdir(tmp_path) if os.path.isdir(tmp_path / d)]) == 2  # two namespaces side by side
