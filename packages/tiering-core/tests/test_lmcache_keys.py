@@ -84,7 +84,12 @@ def test_package_imports_without_lmcache(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in [n for n in sys.modules if n == "lmcache" or n.startswith("lmcache.")]:
         monkeypatch.delitem(sys.modules, name)  # where LMCache is installed (the lmcache env) and imported
     monkeypatch.setitem(sys.modules, "lmcache", None)  # any import of lmcache now fails
-    for name in ("tiering.core.lmcache", "tiering.core.lmcache.keys", "tiering.core.lmcache.params"):
+    for name in (
+        "tiering.core.lmcache",
+        "tiering.core.lmcache.keys",
+        "tiering.core.lmcache.params",
+        "tiering.core.lmcache.worker",
+    ):
         monkeypatch.delitem(sys.modules, name, raising=False)
         importlib.import_module(name)
     monkeypatch.delitem(sys.modules, "tiering.core.lmcache.adapter", raising=False)

@@ -15,6 +15,9 @@ example, out-of-tree). See ``docs/content/lmcache.md``.
 Modules: :mod:`~tiering.core.lmcache.keys` (LMCache's ``ObjectKey`` -> our
 key and namespace, and the stored row format; no LMCache import),
 :mod:`~tiering.core.lmcache.params` (the ``adapter_params`` keys),
-:mod:`~tiering.core.lmcache.adapter` (the adapter; imports LMCache).
-Importing this package imports nothing from LMCache.
+:mod:`~tiering.core.lmcache.worker` (the thread that drives the tier; no
+LMCache import), :mod:`~tiering.core.lmcache.adapter` (the adapter;
+imports LMCache), :mod:`~tiering.core.lmcache.driver` (drives any L2
+adapter as LMCache does, for tests and the benchmark; imports LMCache and
+torch). Importing this package imports nothing from LMCache.
 """
