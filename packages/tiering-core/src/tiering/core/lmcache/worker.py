@@ -202,12 +202,7 @@ class TierWorker:
             rows = [self._free_rows.pop() for _ in indices]
             if task.kind == "store":
                 indices, rows = self._pack(task, indices, rows)
-            if task.kind == "load":
-                # One job per object: a tier reports a failed load's successes only as a leading
-                # run, while LMCache takes every object that loaded (a bitmap).
-                for index, row in zip(indices, rows, strict=True):
-                    self._submit_job(task, [index], [row])
-            elif indices:
+            if indices:
                 self._submit_job(task, indices, rows)
             if task.done():  # nothing left in flight: an empty task, or every object refused
                 self._complete(task)
@@ -255,7 +250,14 @@ class TierWorker:
         task, indices, rows = entry
         if not task.abandoned:
             if task.kind == "load":
-                self._unpack(task, indices, rows, result)
+                retry = self._unpack(task, indices, rows, result)
+                if retry:
+                    # A tier reports a failed load's successes only as a leading run, while LMCache
+                    # takes every object that loaded (a bitmap): the rest go again, one job each.
+                    for index, row in retry:
+                        self._submit_job(task, [index], [row])
+                    kept = {row for _, row in retry}
+                    rows = [row for row in rows if row not in kept]
             elif result.success:
                 for index, row in zip(indices, rows, strict=True):
                     task.bytes_done += len(row_payload(self._row(row)))
@@ -267,11 +269,19 @@ class TierWorker:
         if not task.abandoned and task.done():
             self._complete(task)
 
-    def _unpack(self, task: Task, indices: list[int], rows: list[int], result: JobResult) -> None:
-        """Copy each verified row's payload into its L1 buffer; a row of another length is a miss."""
+    def _unpack(self, task: Task, indices: list[int], rows: list[int], result: JobResult) -> list[tuple[int, int]]:
+        """Copy each verified row's payload into its L1 buffer; a row of another length is a miss.
+
+        Returns:
+            The (index, row) pairs the tier did not report loaded, when the
+            job had more than one (each is worth a job of its own); else none.
+        """
         loaded = None if result.success else {bytes(k) for k in result.successful_keys or ()}
+        retry = []
         for index, row in zip(indices, rows, strict=True):
             if loaded is not None and task.okeys[index] not in loaded:
+                if len(indices) > 1:
+                    retry.append((index, row))
                 continue
             try:
                 payload = row_payload(self._row(row))
@@ -283,6 +293,7 @@ class TierWorker:
                 logger.warning("tiering L2 adapter: load task %d key %d refused: %s", task.task_id, index, exc)
                 continue
             task.hits.add(index)
+        return retry
 
     # -- lookups ------------------------------------------------------------------------
     def _poll_lookups(self) -> bool:
