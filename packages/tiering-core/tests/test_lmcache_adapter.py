@@ -1,0 +1,320 @@
+"""The LMCache L2 adapter against LMCache 0.5.6's own code (the ``lmcache`` hatch environment).
+
+LMCache's plugin loader builds the adapter from the config users write;
+the tests then drive it through ``L2AdapterInterface`` exactly as LMCache's
+storage controllers do (submit, poll the event fd, collect), over fs, s3
+(a moto server) and redis (a local redis-server). LMCache's own fs adapter
+runs through the same driver where the two are compared.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache", reason="the lmcache environment: hatch run lmcache:test")
+
+from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_class
+
+from tiering.core.lmcache.adapter import TieringL2Adapter
+from tiering.core.lmcache.driver import load, lookup_and_lock, memory_obj, object_key, store
+from tiering.core.lmcache.keys import encode_key
+
+OBJECT_BYTES = 16 * 1024
+HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
+HAS_REDIS = importlib.util.find_spec("tiering.redis") is not None
+
+
+def build(config: dict[str, Any]) -> Any:
+    """An adapter built the way LMCache builds one from ``--l2-adapter <json>``."""
+    return create_l2_adapter(get_l2_adapter_config_class(config["type"]).from_dict(config))
+
+
+def plugin(tier: dict[str, Any], **params: Any) -> dict[str, Any]:
+    return {
+        "type": "plugin",
+        "module_path": "tiering.core.lmcache.adapter",
+        "class_name": "TieringL2Adapter",
+        "adapter_params": {"object_bytes": OBJECT_BYTES, "tier": tier, **params},
+    }
+
+
+def payloads(count: int, seed: int = 0) -> list[bytes]:
+    """Random objects, the last one a short (partial) chunk."""
+    rng = random.Random(seed)
+    sizes = [OBJECT_BYTES] * (count - 1) + [OBJECT_BYTES // 3]
+    return [rng.randbytes(size) for size in sizes]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[dict[str, Any]]:
+    if not HAS_S3:
+        pytest.skip("tiering-s3 or moto is not installed")
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    creds = {"aws_access_key_id": "testing-key-id", "aws_secret_access_key": "testing-secret"}
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds).create_bucket(Bucket="tiering-kv")
+    yield {"endpoint_url": endpoint, "region_name": "us-east-1", **creds}
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    if not HAS_REDIS:
+        pytest.skip("tiering-redis is not installed")
+    from tiering.redis.servers import LocalRedis, have_redis_server
+
+    if not have_redis_server():
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    with LocalRedis() as server:
+        yield f"redis://127.0.0.1:{server.port}/0"
+
+
+def tier_entry(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> dict[str, Any]:
+    if kind == "fs":
+        (tmp_path / "kv").mkdir(exist_ok=True)
+        return {"type": "fs", "root": str(tmp_path / "kv")}
+    if kind == "s3":
+        return {
+            "type": "s3",
+            "bucket": "tiering-kv",
+            "prefix": f"lmc/{tmp_path.name}",
+            **request.getfixturevalue("s3_endpoint"),
+        }
+    return {"type": "redis", "url": request.getfixturevalue("redis_url"), "prefix": f"lmc-{tmp_path.name}"}
+
+
+def test_lmcache_plugin_loader_builds_our_adapter(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        assert isinstance(adapter, TieringL2Adapter)
+        fds = {adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()}
+        assert len(fds) == 3  # LMCache's controllers map fds to adapters: they must differ
+        assert adapter.report_status()["is_healthy"] is True
+        # Arguments later LMCache versions add (layout_desc...) are accepted and ignored.
+        task = adapter.submit_lookup_and_lock_task([], {}, "a-later-positional", layout_desc=None)
+        assert isinstance(task, int)
+    finally:
+        adapter.close()
+    with pytest.raises(ValueError, match="'objects_bytes' \\(did you mean 'object_bytes'"):
+        build(plugin({"type": "fs", "root": str(tmp_path)}, objects_bytes=1))
+
+
+@pytest.mark.parametrize("kind", ["fs", "s3", "redis"])
+def test_store_lookup_load_round_trip(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    # Fewer staging rows than objects: the batches of one task share the staging buffer.
+    adapter = build(plugin(tier_entry(kind, tmp_path, request), staging_objects=3))
+    try:
+        data = payloads(8)
+        keys = [object_key(i) for i in range(len(data))]
+        result = store(adapter, keys, [memory_obj(d) for d in data])
+        assert result.is_successful() and result.bytes_transferred() == sum(map(len, data))
+        absent = object_key(99)
+        assert lookup_and_lock(adapter, [*keys, absent]) == list(range(len(keys)))
+        targets = [memory_obj(len(d)) for d in data]
+        assert load(adapter, keys, targets) == list(range(len(keys)))
+        assert [bytes(t.byte_array) for t in targets] == data
+        adapter.submit_unlock(keys)
+        assert adapter.report_status()["locked_keys"] == 0
+    finally:
+        adapter.close()
+
+
+def test_every_object_key_field_keeps_objects_apart(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        assert store(adapter, [object_key(1)], [memory_obj(b"x" * 100)]).is_successful()
+        others = [
+            object_key(1, model="other/model"),
+            object_key(2),
+            object_key(1, kv_rank=1),
+            object_key(1, object_group_id=1),
+            object_key(1, cache_salt="user-b"),
+        ]
+        assert lookup_and_lock(adapter, [object_key(1), *others]) == [0]
+    finally:
+        adapter.close()
+
+
+def test_c24_a_corrupted_object_is_refused_then_replaced_by_the_next_store(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    data = payloads(3, seed=1)
+    keys = [object_key(i) for i in range(3)]
+    try:
+        assert store(adapter, keys, [memory_obj(d) for d in data]).is_successful()
+        # The first object of the load job: the tier reports no success for any, the others are retried.
+        bad = adapter.tier.block_path(encode_key(keys[0]))
+    finally:
+        adapter.close()
+    with open(bad, "r+b") as f:
+        blob = bytearray(f.read())
+        blob[len(blob) // 2] ^= 0xFF
+        f.seek(0)
+        f.write(blob)
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        targets = [memory_obj(len(d)) for d in data]
+        loaded = load(adapter, keys, targets)
+        assert loaded == [1, 2]  # exactly the corrupted one refused
+        assert all(bytes(targets[i].byte_array) == data[i] for i in loaded)
+        assert adapter.report_status()["tier_stats"].get("load_failed_checksum", 0) == 1
+        # The next store of the same objects replaces the bad one (not skipped as "already present").
+        assert store(adapter, keys, [memory_obj(d) for d in data]).is_successful()
+        targets = [memory_obj(len(d)) for d in data]
+        assert load(adapter, keys, targets) == [0, 1, 2]
+        assert [bytes(t.byte_array) for t in targets] == data
+    finally:
+        adapter.close()
+
+
+def test_c01_an_object_of_another_length_is_never_returned(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        assert store(adapter, [object_key(1)], [memory_obj(b"a" * 100)]).is_successful()
+        target = memory_obj(b"\x07" * 200)
+        assert load(adapter, [object_key(1)], [target]) == []
+        assert bytes(target.byte_array) == b"\x07" * 200  # untouched
+        assert not store(adapter, [object_key(2)], [memory_obj(OBJECT_BYTES + 1)]).is_successful()
+    finally:
+        adapter.close()
+
+
+def test_a_lost_unlock_expires(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, lock_ttl_s=0.2))
+    try:
+        store(adapter, [object_key(1)], [memory_obj(b"z" * 10)])
+        assert lookup_and_lock(adapter, [object_key(1)]) == [0]
+        assert adapter.report_status()["locked_keys"] == 1
+        deadline = time.monotonic() + 10
+        while adapter.report_status()["locked_keys"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = adapter.report_status()
+        assert status["locked_keys"] == 0 and status["locks_expired"] == 1
+        adapter.submit_unlock([object_key(1)])  # a late unlock is harmless
+    finally:
+        adapter.close()
+
+
+def _usage_after_restart(config: dict[str, Any], count: int) -> tuple[int, int]:
+    """Store ``count`` objects, close, build again on the same storage: (usage before, usage after)."""
+    adapter = build(config)
+    try:
+        store(adapter, [object_key(i, cache_salt="tenant-a") for i in range(count)], [memory_obj(OBJECT_BYTES)] * count)
+        before = adapter.get_usage()
+        assert before.bytes_by_cache_salt == {"tenant-a": count * OBJECT_BYTES}
+    finally:
+        adapter.close()
+    adapter = build(config)
+    try:
+        deadline = time.monotonic() + 10
+        while adapter.get_usage().total_bytes_used < before.total_bytes_used and time.monotonic() < deadline:
+            time.sleep(0.05)  # the tier rescans its root on start
+        return before.total_bytes_used, adapter.get_usage().total_bytes_used
+    finally:
+        adapter.close()
+
+
+def test_c04_a_restart_keeps_usage_accounting(tmp_path: Any) -> None:
+    (tmp_path / "ours").mkdir()
+    ours = _usage_after_restart(plugin({"type": "fs", "root": str(tmp_path / "ours")}), 4)
+    assert ours[0] >= 4 * OBJECT_BYTES and ours[1] == ours[0]
+    # LMCache's own fs adapter forgets its usage on restart (the files are still there).
+    theirs = _usage_after_restart({"type": "fs", "base_path": str(tmp_path / "theirs")}, 4)
+    assert theirs == (4 * OBJECT_BYTES, 0)
+
+
+def test_close_reports_every_task(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, staging_objects=1))
+    keys = [object_key(i) for i in range(32)]
+    task = adapter.submit_store_task(keys, [memory_obj(OBJECT_BYTES) for _ in keys])
+    adapter.close()
+    results = adapter.pop_completed_store_tasks()
+    assert set(results) == {task}
+    with pytest.raises(RuntimeError, match="closed"):
+        adapter.submit_load_task(keys, [memory_obj(OBJECT_BYTES) for _ in keys])
+
+
+def test_empty_tasks_complete(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        assert store(adapter, [], []).is_successful()
+        assert lookup_and_lock(adapter, []) == [] and load(adapter, [], []) == []
+    finally:
+        adapter.close()
+
+
+def test_a_tier_call_that_raises_fails_the_tasks_and_the_worker_survives(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        real = adapter.tier.get_finished
+        calls = {"n": 0}
+
+        def broken() -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("tier bug")
+            return real()
+
+        monkeypatch.setattr(adapter.tier, "get_finished", broken)
+        assert not store(adapter, [object_key(1)], [memory_obj(b"q" * 64)]).is_successful()
+        status = adapter.report_status()
+        assert status["is_healthy"] is True and status["errors"] == 1
+        # The job the tier still ran is reported later and only frees its row; new tasks work.
+        assert store(adapter, [object_key(2)], [memory_obj(b"r" * 64)]).is_successful()
+        target = memory_obj(64)
+        assert load(adapter, [object_key(2)], [target]) == [0] and bytes(target.byte_array) == b"r" * 64
+    finally:
+        adapter.close()
+
+
+def test_loads_go_before_queued_stores(tmp_path: Any) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, staging_objects=1))
+    try:
+        assert store(adapter, [object_key(0)], [memory_obj(b"L" * 100)]).is_successful()
+        keys = [object_key(i) for i in range(1, 65)]
+        big = adapter.submit_store_task(keys, [memory_obj(OBJECT_BYTES) for _ in keys])
+        target = memory_obj(100)
+        assert load(adapter, [object_key(0)], [target]) == [0]
+        assert big not in adapter.pop_completed_store_tasks()  # the load did not wait for 64 stores
+    finally:
+        adapter.close()
+
+
+def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) -> None:
+    from tiering.core import OffloadingSpec, ReqContext
+    from tiering.core.lmcache.keys import ROW_HEADER_BYTES, encode_key
+    from tiering.fs import FsspecSecondaryTierManager
+
+    key = object_key(7)
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        assert store(adapter, [key], [memory_obj(b"k" * 100)]).is_successful()
+    finally:
+        adapter.close()
+    # A vLLM stack over the same root, same model and row size, asked for the very same key.
+    spec = OffloadingSpec(
+        {"cpu_bytes_to_use": 4 * (OBJECT_BYTES + ROW_HEADER_BYTES), "block_bytes": OBJECT_BYTES + ROW_HEADER_BYTES}
+    )
+    view = memoryview(bytearray(spec.cpu_bytes_to_use)).cast("B", (4, spec.block_bytes))
+    vllm_tier = FsspecSecondaryTierManager(spec, view, "fs", root=str(tmp_path))
+    try:
+        assert vllm_tier.wait_for_scan(30)
+        assert vllm_tier.lookup(encode_key(key), ReqContext("vllm")) is False
+    finally:
+        vllm_tier.shutdown()
+    assert len([d for d in os.listdir(tmp_path) if os.path.isdir(tmp_path / d)]) == 2  # two namespaces side by side

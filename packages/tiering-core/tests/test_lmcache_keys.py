@@ -1,0 +1,97 @@
+"""The LMCache binding's pure parts (no LMCache needed): keys, namespace, rows, adapter_params."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+
+import pytest
+
+from tiering.core.lmcache.keys import (
+    ENGINE,
+    KV_LAYOUT,
+    ROW_HEADER_BYTES,
+    encode_key,
+    namespace_config,
+    pack_row,
+    row_payload,
+)
+from tiering.core.lmcache.params import parse_params
+from tiering.core.spec import OffloadingSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    chunk_hash: bytes = b"\x01" * 32
+    model_name: str = "m"
+    kv_rank: int = 0
+    object_group_id: int = 0
+    cache_salt: str = ""
+
+
+def test_every_object_key_field_changes_the_key() -> None:
+    base = Key()
+    variants = [
+        Key(chunk_hash=b"\x02" * 32),
+        Key(model_name="m2"),
+        Key(kv_rank=1),
+        Key(object_group_id=1),
+        Key(cache_salt="user-a"),
+    ]
+    keys = {encode_key(base), *(encode_key(v) for v in variants)}
+    assert len(keys) == 6 and all(len(k) == 32 for k in keys)
+    assert encode_key(Key()) == encode_key(base)  # deterministic across calls
+
+
+def test_fields_cannot_run_into_each_other() -> None:
+    # Length-prefixed fields: moving a character from the model to the salt is another key.
+    assert encode_key(Key(model_name="ab", cache_salt="c")) != encode_key(Key(model_name="a", cache_salt="bc"))
+
+
+def test_namespace_names_the_engine_apart_from_vllm() -> None:
+    ours = OffloadingSpec({"cpu_bytes_to_use": 1 << 20, **namespace_config(4096)}).namespace
+    vllm_like = OffloadingSpec({"cpu_bytes_to_use": 1 << 20, "block_bytes": 4096 + ROW_HEADER_BYTES}).namespace
+    assert ours.model == ENGINE and ours.kv_layout == KV_LAYOUT and ours.block_bytes == 4096 + ROW_HEADER_BYTES
+    assert ours.digest != vllm_like.digest
+
+
+def test_row_round_trip_with_padding_and_a_bad_length_is_refused() -> None:
+    row = memoryview(bytearray(b"\xee" * 64))
+    pack_row(row, memoryview(b"hello"))
+    assert bytes(row_payload(row)) == b"hello" and bytes(row[ROW_HEADER_BYTES + 5 :]) == bytes(64 - 13)
+    with pytest.raises(ValueError, match="object_bytes 56"):
+        pack_row(row, memoryview(bytes(57)))
+    row[:8] = (57).to_bytes(8, "little")
+    with pytest.raises(ValueError, match="length field 57"):
+        row_payload(row)
+
+
+def test_params_are_checked_naming_the_key() -> None:
+    ok = parse_params({"tier": {"type": "fs", "root": "/x"}, "object_bytes": "1MiB"})
+    assert ok.object_bytes == 1 << 20 and ok.staging_objects == 64 and ok.lock_ttl_s == 300.0
+    with pytest.raises(ValueError, match="'object_byte' \\(did you mean 'object_bytes'"):
+        parse_params({"tier": {"type": "fs"}, "object_byte": 1})
+    with pytest.raises(ValueError, match=r"adapter_params\.tier"):
+        parse_params({"object_bytes": 1})
+    with pytest.raises(ValueError, match=r"adapter_params\.object_bytes"):
+        parse_params({"tier": {"type": "fs"}, "object_bytes": "lots"})
+    with pytest.raises(ValueError, match=r"adapter_params\.lock_ttl_s"):
+        parse_params({"tier": {"type": "fs"}, "object_bytes": 8, "lock_ttl_s": 0})
+
+
+def test_package_imports_without_lmcache(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "lmcache" or n.startswith("lmcache.")]:
+        monkeypatch.delitem(sys.modules, name)  # where LMCache is installed (the lmcache env) and imported
+    monkeypatch.setitem(sys.modules, "lmcache", None)  # any import of lmcache now fails
+    for name in (
+        "tiering.core.lmcache",
+        "tiering.core.lmcache.keys",
+        "tiering.core.lmcache.params",
+        "tiering.core.lmcache.worker",
+    ):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        importlib.import_module(name)
+    monkeypatch.delitem(sys.modules, "tiering.core.lmcache.adapter", raising=False)
+    with pytest.raises(ImportError):
+        importlib.import_module("tiering.core.lmcache.adapter")
