@@ -3,7 +3,7 @@
 import pytest
 
 from tiering.core import TieringOffloadingSpec
-from tiering.core.costmodel import REPROBE_S, LoadCostConfig, LoadCostModel, LoadTimeModel
+from tiering.core.costmodel import REPROBE_S, SEED_JOBS, LoadCostConfig, LoadCostModel, LoadTimeModel
 from tiering.core.loads import PRIMARY
 
 MIB = 1 << 20
@@ -33,6 +33,13 @@ def test_fit_separates_latency_and_throughput():
     assert state["latency_s"] == pytest.approx(0.010, rel=1e-6)
     assert state["bytes_per_s"] == pytest.approx(100 * MIB, rel=1e-6)
     assert m.predict(16 * MIB) == pytest.approx(0.17, rel=1e-6)
+
+
+def test_one_slow_first_job_cannot_shut_a_fast_tier_out():
+    m = LoadTimeModel()
+    for seconds in (2.0, 0.01, 0.01):  # a cold first read, then the tier's real speed
+        m.observe(MIB, seconds, now=0.0)
+    assert m.predict(MIB) < 0.015
 
 
 def test_jobs_of_one_size_count_the_whole_time_per_byte():
@@ -77,7 +84,10 @@ def test_plan_loads_a_remote_tier_that_is_faster_than_recompute():
 def test_plan_loads_a_tier_not_measured_yet_and_one_not_measured_for_reprobe_s():
     clock = Clock()
     m = model(clock=clock)
-    assert m.plan([1, 1, 1]).serve == 3  # no measurement yet: the load is the measurement
+    for _ in range(SEED_JOBS - 1):
+        assert m.plan([1, 1, 1]).serve == 3  # not measured yet: the loads are the measurements
+        m.observe(1, BLOCK, 1.0)
+    assert m.plan([1, 1, 1]).serve == 3
     m.observe(1, BLOCK, 1.0)
     assert m.plan([1, 1, 1]).serve == 0
     clock.now += REPROBE_S

@@ -66,9 +66,13 @@ COST_SCHEMA = ConfigSchema(
 COST_KEYS = frozenset(COST_SCHEMA.keys)
 """Names of the cost model's config keys."""
 
-REPROBE_S = 60.0
+REPROBE_S = 10.0
 """Seconds after which a tier whose loads are all declined gets one load again: its model learns whether
 the tier became faster (a declined tier produces no measurement otherwise)."""
+
+SEED_JOBS = 3
+"""Load jobs a tier's model waits for before it predicts; they are fitted median first, so one slow
+first job (a cold cache, a connection being opened) cannot shut a fast tier out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +133,8 @@ class LoadTimeModel:
     clipped to the prediction plus three times the mean absolute error (at
     least half the prediction) before it counts, so one slow job moves the
     model by a bounded step while a lasting change still wins within a few jobs.
+    Nothing is predicted before :data:`SEED_JOBS` jobs, which are fitted
+    closest to their median first.
 
     Args:
         weight: weight of the newest job (0..1]; older ones decay by ``1 - weight``.
@@ -140,10 +146,26 @@ class LoadTimeModel:
         self.last_update = 0.0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._abs_err: float | None = None
+        self._seed: list[tuple[int, float]] = []
+        self._fitted = 0
 
     def observe(self, nbytes: int, seconds: float, now: float) -> None:
         """Count one finished load job of ``nbytes`` bytes that took ``seconds``; ``now`` is monotonic seconds."""
-        predicted = self.predict(nbytes)
+        self.jobs += 1
+        self.last_update = now
+        if self.jobs < SEED_JOBS:
+            self._seed.append((nbytes, seconds))
+            return
+        if self._seed:
+            seed, self._seed = [*self._seed, (nbytes, seconds)], []
+            median = sorted(t for _, t in seed)[len(seed) // 2]
+            for job in sorted(seed, key=lambda job: abs(job[1] - median)):
+                self._fit_job(*job)
+            return
+        self._fit_job(nbytes, seconds)
+
+    def _fit_job(self, nbytes: int, seconds: float) -> None:
+        predicted = self.predict(nbytes) if self._fitted else None
         if predicted is not None:
             spread = max(3 * (self._abs_err or 0.0), 0.5 * predicted)
             seconds = min(max(seconds, predicted - spread), predicted + spread)
@@ -156,16 +178,15 @@ class LoadTimeModel:
         self._y = self._y * keep + y
         self._xx = self._xx * keep + x * x
         self._xy = self._xy * keep + x * y
-        self.jobs += 1
-        self.last_update = now
+        self._fitted += 1
 
     def fit(self) -> tuple[float, float] | None:
-        """``(latency_s, seconds_per_byte)``, or None before the first job.
+        """``(latency_s, seconds_per_byte)``, or None before :data:`SEED_JOBS` jobs.
 
         Jobs all of one size cannot tell latency from throughput: then the
         whole time is counted per byte (latency 0).
         """
-        if not self.jobs:
+        if not self._fitted:
             return None
         mx, my = self._x / self._w, self._y / self._w
         var = self._xx / self._w - mx * mx
@@ -178,7 +199,7 @@ class LoadTimeModel:
         return 0.0, (my / mx if mx > 0 else 0.0)
 
     def predict(self, nbytes: int) -> float | None:
-        """Predicted seconds of a job of ``nbytes`` bytes; None before the first job."""
+        """Predicted seconds of a job of ``nbytes`` bytes; None before :data:`SEED_JOBS` jobs."""
         fitted = self.fit()
         if fitted is None:
             return None
