@@ -9,7 +9,7 @@ from tiering.core.base import block_view
 from tiering.core.costmodel import SEED_JOBS
 from tiering.core.manager import TieringManager
 from tiering.core.metrics import snapshot
-from tiering.core.testing import block_payload, make_key, requires_tier, store_blocks, wait_until
+from tiering.core.testing import block_payload, make_key, requires_tier, wait_until
 from tiering.core.throttle import ThrottledTier, parse_throttle
 
 pytestmark = requires_tier("example")

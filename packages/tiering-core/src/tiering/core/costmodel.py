@@ -103,7 +103,10 @@ class LoadCostConfig:
         except TierConfigError as exc:
             raise ValueError(f"config key {exc.key!r}: {exc.problem}") from None
         return cls(
-            values["load_cost_model"], values["recompute_tokens_per_s"], values["max_load_s"], values["load_cost_margin"]
+            values["load_cost_model"],
+            values["recompute_tokens_per_s"],
+            values["max_load_s"],
+            values["load_cost_margin"],
         )
 
     @property

@@ -10,9 +10,8 @@ job turns its blocks into misses, which the engine recomputes); and a block
 promoted from secondary tier N is also written to tiers 0..N-1 that lack it
 (fill on hit, as in an inclusive cache hierarchy: a block a local disk lost
 or never had is fetched from a remote tier once, not on every primary
-miss). A found prefix is cut where loading it stops paying
-(:class:`~tiering.core.costmodel.LoadCostModel`): the tail held only by a
-tier predicted slower than recomputing is left to the engine.
+miss). A found prefix is cut where loading it stops paying: the engine recomputes
+the rest (:class:`~tiering.core.costmodel.LoadCostModel`).
 
 All methods run on the scheduler's thread. In a child forked after the
 manager was built, those that start, wait for or report work raise
@@ -49,8 +48,7 @@ class TieringManager:
     Args:
         primary: the CPU primary tier.
         secondary_tiers: tiers in lookup order (tier 0 first).
-        load_cost: the cost model's settings (default: on, no recompute
-            rate and no ``max_load_s``, so nothing is cut).
+        load_cost: the cost model's settings (default: no recompute rate nor ``max_load_s``: nothing is cut).
         block_tokens: tokens per block (what a declined block costs to recompute).
     """
 
@@ -64,10 +62,9 @@ class TieringManager:
         self.primary = primary
         self.secondary_tiers = list(secondary_tiers)
         self.cost = LoadCostModel(
-            load_cost or LoadCostConfig(), len(self.secondary_tiers), primary.block_bytes, block_tokens
+            load_cost or LoadCostConfig(), len(secondary_tiers), primary.block_bytes, block_tokens
         )
-        # Requests whose declined blocks were counted already (a request is looked up again at every step).
-        self._declined_counted: set[str] = set()
+        self._declined_counted: set[str] = set()  # requests whose declines are counted (lookups repeat per step)
         self._job_ids = itertools.count()
         # Jobs submitted to a secondary tier and not yet reported; each is finished exactly once.
         self._jobs = JobTracker(queue_results=False)
@@ -100,10 +97,8 @@ class TieringManager:
         """Length of the leading run of ``keys`` worth loading.
 
         Primary first, then secondary tiers in config order. Keys whose load
-        already failed for this request (from any tier) are misses. The run
-        found is cut where loading stops paying (:meth:`LoadCostModel.plan
-        <tiering.core.costmodel.LoadCostModel.plan>`); the blocks left out
-        are counted once per request in ``loads_declined_total``.
+        already failed for this request (from any tier) are misses. The run is cut where loading stops
+        paying (:meth:`~tiering.core.costmodel.LoadCostModel.plan`; ``loads_declined_total`` counts the rest).
 
         Returns:
             The run length, or None when a secondary tier's answer for the
@@ -341,7 +336,7 @@ class TieringManager:
         seconds = time.monotonic() - job.context.submitted
         self.metrics.observe(f"{kind}_duration_seconds", labels, seconds)
         if success and job.meta.is_promotion:
-            # Only loads that moved every block measure the tier: a failed one says nothing of its speed.
+            # A failed load says nothing of the tier's speed: only whole loads measure it.
             self.cost.observe(idx, len(job.meta.keys) * self.primary.block_bytes, seconds)
             predicted = job.context.predicted
             if predicted is not None:

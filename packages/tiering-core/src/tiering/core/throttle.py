@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.toolkit.events import KVEvent

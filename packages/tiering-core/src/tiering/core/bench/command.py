@@ -120,7 +120,7 @@ def add_bench_parser(sub: Any) -> None:
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
+    """An argparse type: a number > 0."""
     try:
         value = float(text)
     except ValueError:
@@ -237,7 +237,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             outcome = _replay_pass(args, trace, stopper, model)
             if isinstance(outcome, int):
                 return outcome
-            data, header, directory = outcome
+            data, header = outcome
             if rate:
                 views[f"model {'on' if model else 'off'}"] = modelled_ttft(data["timings"], rate)
             if stopper.reason() is not None:
@@ -258,8 +258,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _replay_pass(
     args: argparse.Namespace, trace: Any, stopper: StopOnSignal, model: bool | None
-) -> tuple[dict[str, Any], str, Path | None] | int:
-    """One replay on a fresh stack: ``(report data, header, directory)``, or the exit status of a failed replay.
+) -> tuple[dict[str, Any], str] | int:
+    """One replay on a fresh stack: ``(report data, header)``, or the exit status of a failed replay.
 
     ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate);
     None keeps the config's settings.
@@ -321,7 +321,7 @@ def _replay_pass(
         data["config"] = redact_offloading_config(config)
         if temporary:
             print(f"{LABEL}: removing the temporary directory {directory}", file=sys.stderr)
-    return data, header, directory
+    return data, header
 
 
 def _manager(spec: Any, throttle: tuple[float, float | None] | None, block_tokens: int) -> TieringManager:

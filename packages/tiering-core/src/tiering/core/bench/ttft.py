@@ -57,15 +57,25 @@ def modelled_ttft(timings: dict[str, list[Any]], tokens_per_s: float) -> dict[st
     if not tokens_per_s > 0:
         raise ValueError(f"recompute rate must be > 0 tokens/s, got {tokens_per_s!r}")
     ttft, recompute, worse = [], [], 0
-    for prompt, loaded, load_s in zip(timings["prompt_tokens"], timings["loaded_tokens"], timings["load_s"], strict=True):
+    for prompt, loaded, load_s in zip(
+        timings["prompt_tokens"], timings["loaded_tokens"], timings["load_s"], strict=True
+    ):
         full = prompt / tokens_per_s
         mine = load_s + (prompt - loaded) / tokens_per_s
         ttft.append(mine)
         recompute.append(full)
         worse += mine > 1.05 * full
     if not ttft:
-        return {"requests": 0, "mean_s": 0.0, "p50_s": 0.0, "p90_s": 0.0, "recompute_mean_s": 0.0, "ratio": 0.0,
-                "load_s": 0.0, "worse_requests": 0}
+        return {
+            "requests": 0,
+            "mean_s": 0.0,
+            "p50_s": 0.0,
+            "p90_s": 0.0,
+            "recompute_mean_s": 0.0,
+            "ratio": 0.0,
+            "load_s": 0.0,
+            "worse_requests": 0,
+        }
     ordered = sorted(ttft)
     mean = statistics.fmean(ttft)
     recompute_mean = statistics.fmean(recompute)
@@ -92,8 +102,11 @@ def format_ttft_rows(views: dict[str, dict[str, float]], tokens_per_s: float) ->
     ]
     for name, v in views.items():
         lines.append(
-            _row(f"  {name}", f"mean {v['mean_s'] * 1e3:.1f} ms ({v['ratio']:.3f}x recompute "
-            f"{v['recompute_mean_s'] * 1e3:.1f} ms), p50 {v['p50_s'] * 1e3:.1f} ms, p90 {v['p90_s'] * 1e3:.1f} ms, "
-            f"mean load {v['load_s'] * 1e3:.1f} ms; {v['worse_requests']:,} requests > 1.05x their recompute")
+            _row(
+                f"  {name}",
+                f"mean {v['mean_s'] * 1e3:.1f} ms ({v['ratio']:.3f}x recompute "
+                f"{v['recompute_mean_s'] * 1e3:.1f} ms), p50 {v['p50_s'] * 1e3:.1f} ms, p90 {v['p90_s'] * 1e3:.1f} ms, "
+                f"mean load {v['load_s'] * 1e3:.1f} ms; {v['worse_requests']:,} requests > 1.05x their recompute",
+            )
         )
     return lines
