@@ -3,7 +3,8 @@
 Each section between ``<!-- BEGIN GENERATED: <tier> keys -->`` and
 ``<!-- END GENERATED: <tier> keys -->`` is rewritten from the ``config_schema``
 of the installed tier class registered under ``<tier>`` (``example``, ``fs``,
-``s3``, ``redis``), or from the core's cost model keys for ``cost_model``: one row per key with what a valid value looks like, its
+``s3``, ``redis``), or from the core's cost model keys for ``cost_model``:
+one row per key with what a valid value looks like, its
 default, whether it is a credential, and its one-line description. The page
 then shows the tables as they are on GitHub too (no include directive).
 

@@ -271,16 +271,15 @@ class LoadCostModel:
         rate = self.config.recompute_tokens_per_s
         return blocks * self.block_tokens / rate if rate else None
 
-    def _load_s(self, counts: Mapping[int, int], now: float) -> float:
-        # The tiers' jobs run side by side: a load takes as long as its slowest job. A tier not
-        # measured yet, or not for REPROBE_S, counts as free: its next load is its measurement.
-        slowest = 0.0
-        for idx, blocks in counts.items():
-            model = self.tiers[idx]
-            predicted = model.predict(blocks * self.block_bytes)
-            if predicted is not None and now - model.last_update < REPROBE_S:
-                slowest = max(slowest, predicted)
-        return slowest
+    def _fits(self, now: float) -> list[tuple[float, float] | None]:
+        # Per tier (latency_s, seconds per block); None for a tier not measured yet, or not for
+        # REPROBE_S: it counts as free, its next load is its measurement.
+        fits: list[tuple[float, float] | None] = []
+        for model in self.tiers:
+            fitted = model.fit()
+            fresh = fitted is not None and now - model.last_update < REPROBE_S
+            fits.append((fitted[0], fitted[1] * self.block_bytes) if fitted is not None and fresh else None)
+        return fits
 
     def plan(self, sources: Sequence[int]) -> LoadPlan:
         """How many leading blocks of a found prefix to load.
@@ -297,15 +296,18 @@ class LoadCostModel:
             only ``max_load_s`` cuts.
         """
         cfg = self.config
-        if not cfg.enabled or all(s == PRIMARY for s in sources):
+        unbounded = cfg.recompute_tokens_per_s is None and cfg.max_load_s is None
+        if not cfg.enabled or unbounded or all(s == PRIMARY for s in sources):
             return LoadPlan(len(sources), {}, "", 0.0)
-        now = self.clock()
+        fits = self._fits(self.clock())
+        # The tiers' jobs run side by side: a load takes as long as its slowest job.
         counts: dict[int, int] = defaultdict(int)
-        best, best_gain, best_load, reason = 0, 0.0, 0.0, ""
+        best, best_gain, best_load, load, reason = 0, 0.0, 0.0, 0.0, ""
         for n, source in enumerate(sources, 1):
-            if source != PRIMARY:
+            fit = fits[source] if source != PRIMARY else None
+            if fit is not None:
                 counts[source] += 1
-            load = self._load_s(counts, now)
+                load = max(load, fit[0] + fit[1] * counts[source])
             if cfg.max_load_s is not None and load > cfg.max_load_s:
                 reason = "max_load_s"
                 break

@@ -232,6 +232,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # With a recompute rate: the same replay with the cost model off, then on, each on a fresh stack.
     passes: list[bool | None] = [False, True] if rate else [None]
     views: dict[str, dict[str, float]] = {}
+    if rate and args.config:
+        print(
+            f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second (model on) "
+            "starts with the blocks the first stored",
+            file=sys.stderr,
+        )
     with StopOnSignal(LABEL) as stopper:
         for model in passes:
             outcome = _replay_pass(args, trace, stopper, model)
