@@ -44,6 +44,7 @@ class ThrottledTier(SecondaryTierManager):
         self._due: dict[int, float] = {}  # load job id -> monotonic time its report may be seen
         self._link_free = 0.0  # when the shared link has sent every byte of the jobs before
         self._held: list[tuple[float, JobResult]] = []
+        self._closed = False  # after shutdown every result is reported at once
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """The wrapped tier's answer."""
@@ -63,7 +64,7 @@ class ThrottledTier(SecondaryTierManager):
 
     def get_finished(self) -> Iterable[JobResult]:
         """The wrapped tier's results whose time has come (stores at once, loads when due)."""
-        now = time.monotonic()
+        now = float("inf") if self._closed else time.monotonic()
         for result in self.inner.get_finished():
             self._held.append((self._due.pop(result.job_id, now), result))
         ready = [r for due, r in self._held if due <= now]
@@ -95,8 +96,9 @@ class ThrottledTier(SecondaryTierManager):
         return self.inner.take_events()
 
     def shutdown(self) -> None:
-        """Shut the wrapped tier down; results held back are lost with it (the caller fails unreported jobs)."""
+        """Shut the wrapped tier down; from then on results are no longer held back."""
         self.inner.shutdown()
+        self._closed = True
 
 
 def parse_throttle(text: str) -> tuple[float, float | None]:
