@@ -323,6 +323,31 @@ class LoadCostModel:
                 declined[source] += 1
         return LoadPlan(best, dict(declined), reason if declined else "", best_load)
 
+    def admits(self, tier_idx: int, blocks: int) -> str:
+        """Whether block number ``blocks`` (from 1) of a request is still worth loading from tier ``tier_idx``.
+
+        For an engine that asks a tier one block at a time (vLLM), without
+        the rest of the prefix: the block pays when the tier's time per
+        block, times ``margin``, is below the block's recompute time, and
+        the ``blocks`` blocks' predicted load stays within ``max_load_s``.
+        The tier's latency is not held against the first blocks (the
+        prefix may run long enough to amortize it).
+
+        Returns:
+            ``""`` to load it, else the reason: ``"cost"`` or ``"max_load_s"``.
+        """
+        cfg = self.config
+        fit = self._fits(self.clock())[tier_idx] if cfg.enabled else None
+        if fit is None:
+            return ""
+        latency, per_block = fit
+        if cfg.max_load_s is not None and latency + per_block * blocks > cfg.max_load_s:
+            return "max_load_s"
+        recompute = self.recompute_s(1)
+        if recompute is not None and cfg.margin * per_block > recompute:
+            return "cost"
+        return ""
+
     def state(self) -> dict[str, Any]:
         """The model's state: settings, rate source and each tier's fit (``tiers[i]``: :meth:`LoadTimeModel.state`)."""
         return {
