@@ -3,7 +3,8 @@
 Each section between ``<!-- BEGIN GENERATED: <tier> keys -->`` and
 ``<!-- END GENERATED: <tier> keys -->`` is rewritten from the ``config_schema``
 of the installed tier class registered under ``<tier>`` (``example``, ``fs``,
-``s3``, ``redis``): one row per key with what a valid value looks like, its
+``s3``, ``redis``), or from the core's cost model keys for ``cost_model``:
+one row per key with what a valid value looks like, its
 default, whether it is a credential, and its one-line description. The page
 then shows the tables as they are on GitHub too (no include directive).
 
@@ -44,9 +45,10 @@ def table(tier: str) -> str:
     Raises:
         SystemExit: the tier is not installed or declares no schema.
     """
+    from tiering.core.costmodel import COST_SCHEMA
     from tiering.core.factory import SecondaryTierFactory
 
-    schema = SecondaryTierFactory.get_class(tier).config_schema
+    schema = COST_SCHEMA if tier == "cost_model" else SecondaryTierFactory.get_class(tier).config_schema
     if schema is None:
         raise SystemExit(f"tier {tier!r} declares no config_schema: nothing to generate")
     rows = ["| key | valid values | default | meaning |", "| --- | --- | --- | --- |"]

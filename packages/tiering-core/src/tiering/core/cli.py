@@ -102,6 +102,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
         echo(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
+    load_cost = getattr(spec, "load_cost", None)
+    if load_cost is not None:
+        echo(load_cost.describe())
     tier_configs = list(getattr(spec, "secondary_tiers", []))
     for index, tier_config in enumerate(tier_configs):
         tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)

@@ -74,9 +74,11 @@ class JobContext:
     Attributes:
         tier_idx: the secondary tier the job went to.
         load: the load a promotion job belongs to (None for a store).
+        predicted: a load's predicted duration in seconds (the cost model's), None when not measured yet.
         submitted: :func:`time.monotonic` seconds at submission.
     """
 
     tier_idx: int
     load: PendingLoad | None = None
+    predicted: float | None = None
     submitted: float = dataclasses.field(default_factory=time.monotonic)

@@ -10,7 +10,8 @@ job turns its blocks into misses, which the engine recomputes); and a block
 promoted from secondary tier N is also written to tiers 0..N-1 that lack it
 (fill on hit, as in an inclusive cache hierarchy: a block a local disk lost
 or never had is fetched from a remote tier once, not on every primary
-miss).
+miss). A found prefix is cut where loading it stops paying: the engine recomputes
+the rest (:class:`~tiering.core.costmodel.LoadCostModel`).
 
 All methods run on the scheduler's thread. In a child forked after the
 manager was built, those that start, wait for or report work raise
@@ -28,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.costmodel import LoadCostConfig, LoadCostModel
 from tiering.core.guard import FinishedJob, GuardedTier
 from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
@@ -46,11 +48,23 @@ class TieringManager:
     Args:
         primary: the CPU primary tier.
         secondary_tiers: tiers in lookup order (tier 0 first).
+        load_cost: the cost model's settings (default: no recompute rate nor ``max_load_s``: nothing is cut).
+        block_tokens: tokens per block (what a declined block costs to recompute).
     """
 
-    def __init__(self, primary: CPUPrimaryTier, secondary_tiers: Sequence[SecondaryTierManager] = ()) -> None:
+    def __init__(
+        self,
+        primary: CPUPrimaryTier,
+        secondary_tiers: Sequence[SecondaryTierManager] = (),
+        load_cost: LoadCostConfig | None = None,
+        block_tokens: int = 16,
+    ) -> None:
         self.primary = primary
         self.secondary_tiers = list(secondary_tiers)
+        self.cost = LoadCostModel(
+            load_cost or LoadCostConfig(), len(secondary_tiers), primary.block_bytes, block_tokens
+        )
+        self._declined_counted: set[str] = set()  # requests whose declines are counted (lookups repeat per step)
         self._job_ids = itertools.count()
         # Jobs submitted to a secondary tier and not yet reported; each is finished exactly once.
         self._jobs = JobTracker(queue_results=False)
@@ -80,10 +94,11 @@ class TieringManager:
 
     # -- lookup -------------------------------------------------------------
     def lookup(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> int | None:
-        """Length of the leading run of ``keys`` found in any tier.
+        """Length of the leading run of ``keys`` worth loading.
 
         Primary first, then secondary tiers in config order. Keys whose load
-        already failed for this request (from any tier) are misses.
+        already failed for this request (from any tier) are misses. The run is cut where loading stops
+        paying (:meth:`~tiering.core.costmodel.LoadCostModel.plan`; ``loads_declined_total`` counts the rest).
 
         Returns:
             The run length, or None when a secondary tier's answer for the
@@ -91,19 +106,30 @@ class TieringManager:
         """
         self._poll_tiers()
         failed = [f for g in self._guards if (f := g.failed_keys(req_context.req_id))]
-        for n, key in enumerate(keys):
+        sources: list[int] = []
+        for key in keys:
             if any(key in f for f in failed):
-                return n
+                break
             hit = self.primary.lookup(key)
             self.metrics.inc("lookups_total", self._lookup_labels[PRIMARY, "hit" if hit else "miss"])
             if hit:
+                sources.append(PRIMARY)
                 continue
-            verdict = self._secondary_lookup(key, req_context, record=True)[0]
+            verdict, idx = self._secondary_lookup(key, req_context, record=True)
             if verdict is None:
                 return None
             if verdict is False:
-                return n
-        return len(keys)
+                break
+            sources.append(idx)
+        return self._plan(sources, req_context)
+
+    def _plan(self, sources: list[int], req_context: ReqContext) -> int:
+        plan = self.cost.plan(sources)
+        if plan.declined and req_context.req_id not in self._declined_counted:
+            self._declined_counted.add(req_context.req_id)
+            for idx, blocks in plan.declined.items():
+                self.metrics.inc("loads_declined_total", {**self._tier_labels[idx], "reason": plan.reason}, blocks)
+        return plan.serve
 
     def _secondary_lookup(
         self, key: OffloadKey, req_context: ReqContext, record: bool = False
@@ -159,7 +185,8 @@ class TieringManager:
         self._loads[req_id] = load
         for idx, (tier_keys, block_ids) in per_tier.items():
             job = JobMetadata(next(self._job_ids), tier_keys, block_ids, True, req_context)
-            self._jobs.start(job, JobContext(idx, load))
+            predicted = self.cost.predict(idx, len(tier_keys) * self.primary.block_bytes)
+            self._jobs.start(job, JobContext(idx, load, predicted=predicted))
             load.jobs.add(job.job_id)
             self._submit(idx, job)
         self._maybe_finish_load(load)
@@ -306,7 +333,15 @@ class TieringManager:
         kind = "load" if job.meta.is_promotion else "store"
         labels = self._tier_labels[idx]
         self.metrics.inc("jobs_total", {**labels, "kind": kind, "outcome": "ok" if success else "failed"})
-        self.metrics.observe(f"{kind}_duration_seconds", labels, time.monotonic() - job.context.submitted)
+        seconds = time.monotonic() - job.context.submitted
+        self.metrics.observe(f"{kind}_duration_seconds", labels, seconds)
+        if success and job.meta.is_promotion:
+            # A failed load says nothing of the tier's speed: only whole loads measure it.
+            self.cost.observe(idx, len(job.meta.keys) * self.primary.block_bytes, seconds)
+            predicted = job.context.predicted
+            if predicted is not None:
+                self.metrics.observe("load_predicted_seconds", labels, predicted)
+                self.metrics.observe("load_prediction_ratio", labels, seconds / max(predicted, 1e-9))
         if success:
             done = "loaded" if job.meta.is_promotion else "stored"
             blocks = len(job.meta.keys)
@@ -330,6 +365,7 @@ class TieringManager:
         at :meth:`shutdown`), and it is never reported.
         """
         req_id = req_context.req_id
+        self._declined_counted.discard(req_id)
         self.complete_load(req_context)
         if any(r.req_context.req_id == req_id for r in self._finished_loads):
             self._finished_loads = [r for r in self._finished_loads if r.req_context.req_id != req_id]

@@ -46,6 +46,10 @@ COUNTERS = {
     "failed_deletes_total": "Deletes (evictions, bad blocks) that failed; their bytes stay counted until retried.",
     "jobs_total": "Transfer jobs finished, by kind (store, load) and outcome (ok, failed).",
     "tier_errors_total": "Exceptions raised by a tier's methods (each turned into a miss or a failed job).",
+    "loads_declined_total": (
+        "Blocks found in the tier and left to recompute because loading them was predicted not to pay, "
+        "by reason (cost, max_load_s); counted once per request."
+    ),
 }
 GAUGES = {
     "resident_blocks": "Blocks held by the tier.",
@@ -54,10 +58,15 @@ GAUGES = {
     "used_bytes": "Bytes counted against the cap: resident, being written, and pending or failed deletes.",
     "pending_delete_bytes": "Bytes of blocks whose delete is pending or failed (still stored).",
     "in_flight_jobs": "Transfer jobs submitted to the tier and not yet reported.",
+    "load_model_latency_seconds": "The cost model's fitted latency of one load job of the tier.",
+    "load_model_bytes_per_second": "The cost model's fitted load throughput of the tier (0: not measured yet).",
+    "recompute_tokens_per_second": "The recompute rate the cost model uses (0: unknown), labelled by its source.",
 }
 HISTOGRAMS = {
     "store_duration_seconds": "Time from submitting a store job to its report.",
     "load_duration_seconds": "Time from submitting a load (promotion) job to its report.",
+    "load_predicted_seconds": "The cost model's predicted duration of each load job (compare load_duration_seconds).",
+    "load_prediction_ratio": "Actual over predicted duration of each load job (1: exact; the model's error).",
 }
 
 Labels = tuple[tuple[str, str], ...]
@@ -189,10 +198,15 @@ def collect(
     gauges["resident_bytes"][key] = primary.num_resident * primary.block_bytes
     gauges["capacity_bytes"][key] = primary.num_blocks * primary.block_bytes
     counters.setdefault("evictions_total", {})[key] = primary.evictions
+    cost = manager.cost.state()
+    rate_key = (("source", cost["recompute_rate_source"]),)
+    gauges["recompute_tokens_per_second"][rate_key] = float(cost["recompute_tokens_per_s"] or 0.0)
     inflight = manager.in_flight_jobs()
     for idx, tier in enumerate(manager.secondary_tiers):
         key = tuple(sorted(tier_labels(tier.tier_type, idx).items()))
         gauges["in_flight_jobs"][key] = inflight.get(idx, 0)
+        gauges["load_model_latency_seconds"][key] = cost["tiers"][idx]["latency_s"]
+        gauges["load_model_bytes_per_second"][key] = cost["tiers"][idx]["bytes_per_s"]
         try:
             stats = dict(tier.stats())
         except Exception:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tiering.core.costmodel import COST_KEYS, LoadCostConfig
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.manager import TieringManager
 from tiering.core.primary import CPUPrimaryTier
@@ -44,6 +45,7 @@ SPEC_KEYS = frozenset(
         "cache_policy_module_path",
         "secondary_tiers",
     }
+    | COST_KEYS
 )
 """Keys tiering reads from the offloading config."""
 
@@ -222,10 +224,14 @@ class TieringOffloadingSpec(OffloadingSpec):
       ``cache_policy_module_path``.
     - ``secondary_tiers``: a list of objects ``{"type": ..., "module_path"?: ...,
       <tier keys>}``; tier 0 is consulted first.
+    - ``load_cost_model``, ``recompute_tokens_per_s``, ``max_load_s``,
+      ``load_cost_margin``: when a found prefix is worth loading
+      (:mod:`tiering.core.costmodel`), read into :attr:`load_cost`.
 
     Raises:
-        ValueError: ``secondary_tiers`` is not a list of objects, or
-            ``eviction_policy`` is not one of the allowed values.
+        ValueError: ``secondary_tiers`` is not a list of objects,
+            ``eviction_policy`` is not one of the allowed values, or a cost
+            model key is of the wrong type or range.
     """
 
     def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None, *, strict: bool = True) -> None:
@@ -245,6 +251,7 @@ class TieringOffloadingSpec(OffloadingSpec):
                 "together with 'cache_policy_module_path'"
             )
         self.eviction_policy: str = policy
+        self.load_cost = LoadCostConfig.from_config(extra_config)
 
     def create_primary(self, buffer: memoryview | None = None) -> CPUPrimaryTier:
         """Build the CPU primary tier with the configured policy.
@@ -294,7 +301,8 @@ class TieringOffloadingSpec(OffloadingSpec):
             buffer: the primary tier's host buffer, see :meth:`create_primary`.
         """
         primary = self.create_primary(buffer)
-        return TieringManager(primary, self.create_secondary_tiers(primary.kv_view))
+        tiers = self.create_secondary_tiers(primary.kv_view)
+        return TieringManager(primary, tiers, load_cost=self.load_cost, block_tokens=self.block_size)
 
     def create_handlers(self, kv_caches: Any, manager: TieringManager) -> Any:
         """Worker-side transfer handlers between the engine's KV caches and the primary tier.

@@ -30,6 +30,7 @@ from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
 from tiering.core.bench.report import describe_stack, format_header, format_report
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.core.bench.ttft import format_ttft_rows, modelled_ttft
 from tiering.core.bench.workload import (
     DEFAULT_TRACE,
     SHIPPED_TRACES,
@@ -40,6 +41,9 @@ from tiering.core.bench.workload import (
 )
 from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
 from tiering.core.factory import redact_offloading_config
+from tiering.core.manager import TieringManager
+from tiering.core.primary.memory import format_bytes
+from tiering.core.throttle import ThrottledTier, parse_throttle
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"
@@ -98,7 +102,39 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--json", help="also write the report as JSON to this file")
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
     bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
+    bench.add_argument(
+        "--recompute-tokens-per-s",
+        type=positive_float,
+        help=(
+            "the engine's prefill rate: replay twice, load cost model off then on, each on a fresh stack, and "
+            "report the modelled time to first token of both (sets the config's recompute_tokens_per_s)"
+        ),
+    )
+    bench.add_argument(
+        "--throttle",
+        type=_throttle,
+        metavar="LATENCY_S[,BANDWIDTH]",
+        help="make every secondary tier's loads slow on purpose, e.g. 0.05,20MiB (50 ms per job, 20 MiB/s)",
+    )
     bench.set_defaults(func=cmd_bench)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _throttle(text: str) -> tuple[float, float | None]:
+    try:
+        return parse_throttle(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_plot_available() -> None:
@@ -174,9 +210,6 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Replay a workload through a stack, verify every loaded byte, print (and write) the report."""
-    from tiering.core.factory import create_spec
-    from tiering.core.spec import TieringOffloadingSpec
-
     if args.config and args.root:
         raise ValueError("--root places the default stack's tier; with --config the config's tiers say where")
     # Paths are checked before the replay, not after it: a typo must not cost the run.
@@ -195,9 +228,56 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_available()
     trace = resolve_trace(args.trace)
-    with StopOnSignal(LABEL) as stopper, _workspace(args.root, not args.config) as workspace:
+    rate = args.recompute_tokens_per_s
+    # With a recompute rate: the same replay with the cost model off, then on, each on a fresh stack.
+    passes: list[bool | None] = [False, True] if rate else [None]
+    views: dict[str, dict[str, float]] = {}
+    if rate and args.config:
+        print(
+            f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second (model on) "
+            "starts with the blocks the first stored",
+            file=sys.stderr,
+        )
+    with StopOnSignal(LABEL) as stopper:
+        for model in passes:
+            outcome = _replay_pass(args, trace, stopper, model)
+            if isinstance(outcome, int):
+                return outcome
+            data, header = outcome
+            if rate:
+                views[f"model {'on' if model else 'off'}"] = modelled_ttft(data["timings"], rate)
+            if stopper.reason() is not None:
+                break
+        if rate:
+            data["modelled_ttft"] = {"recompute_tokens_per_s": rate, **views}
+        print(format_report(data, header))
+        if rate:
+            print("\n".join(format_ttft_rows(views, rate)))
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        if args.plot:
+            from tiering.core.bench.plot import plot_report
+
+            print(f"plot written to {plot_report(data, args.plot)}", file=sys.stderr)
+    return stopper.exit_status or 0
+
+
+def _replay_pass(
+    args: argparse.Namespace, trace: Any, stopper: StopOnSignal, model: bool | None
+) -> tuple[dict[str, Any], str] | int:
+    """One replay on a fresh stack: ``(report data, header)``, or the exit status of a failed replay.
+
+    ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate);
+    None keeps the config's settings.
+    """
+    from tiering.core.factory import create_spec
+    from tiering.core.spec import TieringOffloadingSpec
+
+    with _workspace(args.root, not args.config) as workspace:
         directory, temporary = workspace
         config = _stack_config(args, directory)
+        if model is not None:
+            config = {**config, "load_cost_model": model, "recompute_tokens_per_s": args.recompute_tokens_per_s}
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
             raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
@@ -209,15 +289,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         locations = {f"{i}:{t['type']}": tier_location(t, i) for i, t in enumerate(spec.secondary_tiers)}
-        manager = spec.get_manager()
+        block_tokens = requests[0].block_tokens if requests else spec.block_size
+        manager = _manager(spec, args.throttle, block_tokens)
         try:
-            if args.metrics_port is not None:
+            if args.metrics_port is not None and model is not False:
                 from tiering.core.metrics_prometheus import serve
 
                 serve(manager, args.metrics_port)
                 print(f"serving metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr)
             names = [f"{i}:{t.tier_type}" for i, t in enumerate(manager.secondary_tiers)]
             stack = _stack(spec, manager, names, locations, temporary, requests, default_stack=not args.config)
+            if args.throttle:
+                latency, bandwidth = args.throttle
+                limit = f", {format_bytes(bandwidth)}/s" if bandwidth else ""
+                stack["throttle"] = f"throttle: every secondary tier's loads take +{latency:g} s per job{limit}"
+            if model is not None:
+                stack["load_cost_model"] = spec.load_cost.describe()
             header = format_header(args.trace, len(requests), stack)
             print(header, file=sys.stderr, flush=True)
             replayer = Replayer(manager, names, abandon=stopper.abandon)
@@ -238,16 +325,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         data["stack"] = stack
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}
         data["config"] = redact_offloading_config(config)
-        print(format_report(data, header))
-        if args.json:
-            Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        if args.plot:
-            from tiering.core.bench.plot import plot_report
-
-            print(f"plot written to {plot_report(data, args.plot)}", file=sys.stderr)
         if temporary:
             print(f"{LABEL}: removing the temporary directory {directory}", file=sys.stderr)
-    return stopper.exit_status or 0
+    return data, header
+
+
+def _manager(spec: Any, throttle: tuple[float, float | None] | None, block_tokens: int) -> TieringManager:
+    """The spec's stack, every secondary tier wrapped in a :class:`ThrottledTier` when ``throttle`` is given."""
+    primary = spec.create_primary()
+    tiers = spec.create_secondary_tiers(primary.kv_view)
+    if throttle is not None:
+        tiers = [ThrottledTier(tier, *throttle) for tier in tiers]
+    return TieringManager(primary, tiers, load_cost=spec.load_cost, block_tokens=block_tokens)
 
 
 def _stack(

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from tiering.core.base import ReqContext, block_view
 from tiering.core.bench.payload import payload_for
 from tiering.core.bench.series import ReplaySeries
+from tiering.core.bench.ttft import RequestTimings
 from tiering.core.bench.workload import Request
 from tiering.core.manager import PRIMARY, LoadResult, TieringManager
 from tiering.core.metrics import snapshot, tier_labels
@@ -76,6 +77,7 @@ class ReplayReport:
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     partial: bool = False
     stopped_by: str | None = None
+    timings: RequestTimings = dataclasses.field(default_factory=RequestTimings)
 
     @property
     def total_hits(self) -> int:
@@ -133,6 +135,7 @@ class ReplayReport:
             "series": self.series.to_dict(),
             "latency": self.latency,
             "metrics": self.metrics,
+            "timings": self.timings.to_dict(),
         }
 
 
@@ -235,6 +238,7 @@ class Replayer:
         rep.block_lookups += len(req.keys)
         rep.tokens_looked_up += req.prompt_tokens
         hits_before = Counter(rep.hits)
+        started = time.perf_counter()
         n = self._wait_lookup(req, ctx)
         loaded = 0
         if n:
@@ -254,6 +258,7 @@ class Replayer:
             loaded = len(result.keys)
             rep.token_hits += req.tokens_of(loaded)
             self._timed(lambda: self.manager.complete_load(ctx))
+        rep.timings.record(req.prompt_tokens, req.tokens_of(loaded), time.perf_counter() - started)
         rest = req.keys[loaded:]
         if rest:
             alloc = self._timed(lambda: self.manager.prepare_store(rest, ctx))

@@ -17,6 +17,7 @@ works the same way). With ``"spec_name": "TieringSpec", "spec_module_path":
 Modules: :mod:`~tiering.core.vllm.compat` (the version gate and every vLLM
 import), :mod:`~tiering.core.vllm.translate` (vLLM's spec -> tiering's),
 :mod:`~tiering.core.vllm.tier` (the tier wrapper),
+:mod:`~tiering.core.vllm.cost` (the load cost model, block by block),
 :mod:`~tiering.core.vllm.names` (which tier a ``type`` selects),
 :mod:`~tiering.core.vllm.tiers` (the names vLLM resolves),
 :mod:`~tiering.core.vllm.spec` and :mod:`~tiering.core.vllm.worker` (the

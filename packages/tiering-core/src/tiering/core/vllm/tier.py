@@ -51,6 +51,7 @@ from tiering.core.vllm.compat import (
     SecondaryTierManager,
     TransferJob,
 )
+from tiering.core.vllm.cost import LoadGate
 from tiering.core.vllm.entry import WRAPPER_KWARGS
 from tiering.core.vllm.observability import (
     INFO_KEYS,
@@ -150,6 +151,9 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         # the rest of their request (else a tier that still answers HIT would be asked to load the same
         # block again every step, forever).
         self._guard = GuardedTier(self.tier, f"tiering tier {self.tiering_name!r}")
+        # Blocks that would take longer to load from this tier than to recompute are answered MISS.
+        spec = self.tiering_spec
+        self._gate = LoadGate(spec.extra_config, spec.block_bytes, spec.block_size)
         self._contexts: dict[str, TieringReqContext] = {}
         logger.info(
             "tiering tier %r (%s.%s) serving vLLM tier %r, namespace %s",
@@ -183,9 +187,13 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """HIT, MISS or RETRY for ``key``.
 
         An exception of the tier is a MISS, and so is a key whose promotion
-        already failed for this request.
+        already failed for this request, and one the load cost model
+        declines (:class:`~tiering.core.vllm.cost.LoadGate`).
         """
-        return to_lookup_result(self._guard.lookup(TieringOffloadKey(bytes(key)), self._context(req_context)))
+        verdict = self._guard.lookup(TieringOffloadKey(bytes(key)), self._context(req_context))
+        if verdict and not self._gate.admit(req_context.req_id):
+            verdict = False
+        return to_lookup_result(verdict)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Hand a cascade (primary -> tier) to the tiering tier; returns at once."""
@@ -193,7 +201,9 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Hand a promotion (tier -> primary) to the tiering tier; returns at once."""
-        self._guard.submit(self._job(job_metadata))
+        job = self._job(job_metadata)
+        self._gate.loading(job.job_id, len(job.keys))
+        self._guard.submit(job)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """Jobs finished since the last call, as vLLM ``JobResult`` with ``transfer_bytes``.
@@ -207,6 +217,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """
         results = []
         for done in self._guard.get_finished():
+            if done.job.is_promotion:
+                self._gate.finished(done.job.job_id, done.success)
             moved = len(done.job.keys) if done.success else len(done.loaded)
             results.append(
                 JobResult(
@@ -227,6 +239,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """Forward to the tier and forget the request's context and failed keys."""
         ctx = self._context(req_context)
         del self._contexts[req_context.req_id]
+        self._gate.forget(req_context.req_id)
         self._guard.on_request_finished(ctx)
 
     def take_events(self) -> Iterable[Any]:
@@ -299,6 +312,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """The tier's ``stats()`` (plus ``binding_errors``) as gauges (see :mod:`~tiering.core.vllm.observability`)."""
         stats = self._guard.stats()
         stats["binding_errors"] = self._guard.errors
+        stats.update(self._gate.stats())
         return stats_payload(self.tier_type, stats)
 
     @classmethod
