@@ -110,7 +110,7 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 self.config,
                 self.ranks,
                 model=self.storage_config.model_name,
-                dtype=str(mem_pool_host.dtype).removeprefix("torch."),
+                dtype=str(getattr(mem_pool_host, "dtype", None) or mem_pool_host.kv_buffer.dtype).removeprefix("torch."),
                 layout=str(mem_pool_host.layout),
                 page_size=self.page_size,
                 page_bytes=self.geometry.page_bytes,
@@ -248,49 +248,60 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 stack.staging.release(slots)
 
     # -- flat-page interface ----------------------------------------------------------------------
-    def _flat(self, what: str, tensors: Sequence[Any], keys: list[str], load: bool) -> list[bool]:
-        """Move flat page tensors (contiguous CPU, one page each) to or from the tiers."""
+    def _flat(self, what: str, targets: Sequence[Any], keys: list[str], load: bool) -> list[bool]:
+        """Move flat pages to or from the tiers; per key whether it moved.
+
+        A target is a contiguous CPU tensor of one page (SGLang's file
+        backend's form) or an ``(address, bytes)`` pair (Mooncake's form).
+        """
         stack = self._ready(what, False)
         if stack is None or self.geometry is None:
             return [False] * len(keys)
         page_bytes = self.geometry.page_bytes
         try:
-            pages = []
-            for key, tensor in zip(keys, tensors):
-                if tensor is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
-                    raise ValueError(f"{what}: page of key {key!r} is not a contiguous CPU tensor")
-                if tensor.numel() * tensor.element_size() != page_bytes:
-                    raise ValueError(f"{what}: page of key {key!r} is not {page_bytes} bytes")
-                pages.append([(int(tensor.data_ptr()), page_bytes)])
-            if len(pages) != len(keys):
-                raise ValueError(f"{what}: {len(keys)} keys but {len(pages)} pages")
+            if len(targets) != len(keys):
+                raise ValueError(f"{what}: {len(keys)} keys but {len(targets)} pages")
+            pages = [[_flat_page(what, key, target, page_bytes)] for key, target in zip(keys, targets)]
             return self._run(stack, [_key(k) for k in keys], pages, load)
         except Exception:
             logger.exception("tiering %s of %d pages failed", what, len(keys))
             return [False] * len(keys)
 
-    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
-        """Read ``key`` into ``target_location`` (a flat page tensor); it, or None when absent or unverified."""
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        """Read ``key`` into ``target_location``.
+
+        Returns:
+            For a tensor target, the tensor, or None when the page is absent or
+            unverified; for an address target (with ``target_sizes`` bytes), True or False.
+        """
+        if isinstance(target_location, int):
+            return self._flat("get", [(target_location, target_sizes)], [key], True)[0]
         return target_location if self._flat("get", [target_location], [key], True)[0] else None
 
-    def batch_get(
-        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
-    ) -> list[torch.Tensor | None]:
-        """:meth:`get` for each key, in one call per staging chunk."""
+    def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> Any:
+        """:meth:`get` for each key: a list of tensors (None where absent), or for address targets the leading run."""
         locations = list(target_locations or [None] * len(keys))
+        if locations and isinstance(locations[0], int):
+            ok = self._flat("batch_get", list(zip(locations, target_sizes or [])), keys, True)
+            return next((i for i, good in enumerate(ok) if not good), len(ok))
         ok = self._flat("batch_get", locations, keys, True)
         return [loc if good else None for loc, good in zip(locations, ok)]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
-        """Store the flat page tensor ``value`` under ``key``."""
+        """Store ``value`` (a flat page tensor), or the ``target_sizes`` bytes at address ``target_location``."""
+        if value is None and isinstance(target_location, int):
+            return self.batch_set([key], None, [target_location], [target_sizes])
         return self.batch_set([key], [value])
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
-        """Store flat page tensors under ``keys``; True when every one is held by some tier."""
+        """Store flat pages (tensors, or addresses and sizes) under ``keys``; True when some tier holds every one."""
         if not self.ranks.writer:
             return True
-        values = [v.contiguous() if v is not None else None for v in (values or [None] * len(keys))]
-        return all(self._flat("batch_set", values, keys, False))
+        if values is None and target_locations is not None:
+            targets: list[Any] = list(zip(target_locations, target_sizes or []))
+        else:
+            targets = [v.contiguous() if v is not None else None for v in (values or [None] * len(keys))]
+        return all(self._flat("batch_set", targets, keys, False))
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -298,6 +309,23 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         stack, self.stack = self.stack, None
         if stack is not None:
             stack.shutdown()
+
+
+def _flat_page(what: str, key: str, target: Any, page_bytes: int) -> tuple[int, int]:
+    """The ``(address, bytes)`` of one flat page target (a tensor or an address pair).
+
+    Raises:
+        ValueError: not a contiguous CPU tensor or an address pair, or not ``page_bytes`` long.
+    """
+    if isinstance(target, tuple):
+        address, size = target
+    elif isinstance(target, torch.Tensor) and target.device.type == "cpu" and target.is_contiguous():
+        address, size = int(target.data_ptr()), target.numel() * target.element_size()
+    else:
+        raise ValueError(f"{what}: page of key {key!r} is not a contiguous CPU tensor or an (address, bytes) pair")
+    if not isinstance(address, int) or size != page_bytes:
+        raise ValueError(f"{what}: page of key {key!r} is {size!r} bytes, pages are {page_bytes}")
+    return address, size
 
 
 __all__ = ["TieringHiCacheStorage"]
