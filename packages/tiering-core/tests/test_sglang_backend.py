@@ -1,4 +1,4 @@
-"""The SGLang HiCache backend against SGLang's own code (hatch env ``sglang``): its factory, its host pools' page methods, its tests.
+"""The SGLang HiCache backend against SGLang's own code (hatch env ``sglang``): factory, host-pool page methods, tests.
 
 SGLang's ``StorageBackendFactory`` loads the backend by ``module_path`` from
 the extra config; pages of host pools whose page methods are SGLang's own
@@ -20,16 +20,20 @@ import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory", reason="needs SGLang (hatch env sglang)")
 
-import torch  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-from tiering.core.sglang.storage import TieringHiCacheStorage  # noqa: E402
+from tiering.core.sglang.storage import TieringHiCacheStorage
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
-from sglang_pools import mha_host_pool, mla_host_pool, page_bytes_of, sglang_methods  # noqa: E402
+from sglang_pools import mha_host_pool, mla_host_pool, page_bytes_of, sglang_methods
 
-MODULE = {"backend_name": "tiering", "module_path": "tiering.core.sglang.storage", "class_name": "TieringHiCacheStorage"}
+MODULE = {
+    "backend_name": "tiering",
+    "module_path": "tiering.core.sglang.storage",
+    "class_name": "TieringHiCacheStorage",
+}
 
 
 def storage_config(tiers: list[dict[str, Any]], *, v1: int = 1, **fields: Any) -> HiCacheStorageConfig:
@@ -208,7 +212,7 @@ def test_c27_hybrid_extra_pool_is_refused(fs_tier: list[dict[str, Any]]) -> None
     pool = mha_host_pool()
     made = backend(storage_config(fs_tier), pool)
     made.register_mem_host_pool_v2(pool, "kv")  # SGLang re-registers the anchor KV pool: accepted
-    with pytest.raises(ValueError, match="extra host pool 'mamba'.*hybrid model is not supported"):
+    with pytest.raises(ValueError, match=r"extra host pool 'mamba'.*hybrid model is not supported"):
         made.register_mem_host_pool_v2(mha_host_pool(), "mamba")
     assert made.batch_set_v1(keys(1), indices(pool, [0])) == [False]
     assert made.batch_exists(keys(1)) == 0
@@ -284,7 +288,7 @@ def mooncake_test_functions(tiers: list[dict[str, Any]]) -> dict[str, Any]:
         "HiCacheStorageConfig": HiCacheStorageConfig,
         "MooncakeStore": ours,
     }
-    exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), namespace)  # noqa: S102 - SGLang's test
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), namespace)
     return namespace
 
 

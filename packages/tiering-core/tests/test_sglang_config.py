@@ -1,4 +1,4 @@
-"""The SGLang binding's config, namespace, staging buffer and tier stack, without SGLang (core alone, plus the fs tier where named)."""
+"""The SGLang binding's config, namespace, staging buffer and tier stack, without SGLang (core and the example tier)."""
 
 from __future__ import annotations
 

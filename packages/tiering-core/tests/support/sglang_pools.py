@@ -32,7 +32,7 @@ def sglang_methods(relative: str, class_name: str, names: tuple[str, ...]) -> di
     funcs = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert {f.name for f in funcs} == set(names), f"{class_name} in {path} lacks some of {names}"
     namespace: dict[str, Any] = {"torch": torch}
-    exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), namespace)  # noqa: S102 - SGLang's own code
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), namespace)
     return {name: namespace[name] for name in names}
 
 
@@ -45,7 +45,13 @@ def mha_host_pool(
 ) -> Any:
     """An SGLang MHA host pool (``MHATokenToKVPoolHost``'s page methods) on CPU, bfloat16, random contents."""
     pool = _pool_class("MHAHostPool", "pool_host/mha.py", "MHATokenToKVPoolHost", PAGE_METHODS)()
-    pool.layout, pool.page_size, pool.layer_num, pool.head_num, pool.head_dim = layout, page_size, layers, heads, head_dim
+    pool.layout, pool.page_size, pool.layer_num, pool.head_num, pool.head_dim = (
+        layout,
+        page_size,
+        layers,
+        heads,
+        head_dim,
+    )
     pool.size = pages * page_size
     pool.dtype, pool.device, pool.pin_memory = torch.bfloat16, "cpu", False
     dims = {
@@ -56,7 +62,9 @@ def mha_host_pool(
     return pool
 
 
-def mla_host_pool(layout: str = "layer_first", pages: int = 16, page_size: int = 4, layers: int = 3, dim: int = 24) -> Any:
+def mla_host_pool(
+    layout: str = "layer_first", pages: int = 16, page_size: int = 4, layers: int = 3, dim: int = 24
+) -> Any:
     """An SGLang MLA host pool (``MLATokenToKVPoolHost``'s page meta) on CPU, bfloat16, random contents."""
     pool = _pool_class(
         "MLAHostPool", "pool_host/mla.py", "MLATokenToKVPoolHost", ("get_page_buffer_meta", "_storage_page_index")

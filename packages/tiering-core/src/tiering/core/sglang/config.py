@@ -117,9 +117,7 @@ def tiering_config(value: Any) -> dict[str, Any]:
         raise ValueError(f"HiCache extra config: 'tiering' must be an object or a file path, got {value!r}")
     for key in DECIDED_KEYS:
         if key in config:
-            raise ValueError(
-                f"tiering config: key {key!r} is decided by SGLang (its host pool and ranks); remove it"
-            )
+            raise ValueError(f"tiering config: key {key!r} is decided by SGLang (its host pool and ranks); remove it")
     ignored = sorted(set(config) & IGNORED_KEYS)
     if ignored:
         logger.info("tiering config: keys %s are vLLM's; ignored under SGLang", ", ".join(ignored))

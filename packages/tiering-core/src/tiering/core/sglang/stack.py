@@ -95,24 +95,25 @@ class TierStack:
                 if not orphan.pending:
                     self.staging.release(orphan.slots)
 
+    def _lookup(self, tier: SecondaryTierManager, key: OffloadKey) -> bool | None:
+        """``tier.lookup(key)`` under the lock; an exception is logged, counted, and read as a miss."""
+        with self._lock:
+            try:
+                return tier.lookup(key, self._context)
+            except Exception:
+                self.errors += 1
+                logger.exception("tiering tier %s lookup raised; read as a miss", tier.tier_type)
+                return False
+
     def _holds(self, key: OffloadKey) -> bool | None:
         """True: some tier holds ``key``; None: a tier does not know yet; False: none holds it."""
-
-        def ask() -> bool | None:
-            answers = []
-            for idx, tier in enumerate(self.tiers):
-                try:
-                    answer = tier.lookup(key, self._context)
-                except Exception:
-                    self.errors += 1
-                    logger.exception("tiering tier %d lookup raised; read as a miss", idx)
-                    answer = False
-                if answer is True:
-                    return True
-                answers.append(answer)
-            return None if None in answers else False
-
-        return self._guard("lookup", ask, False)
+        answers = []
+        for tier in self.tiers:
+            answer = self._lookup(tier, key)
+            if answer is True:
+                return True
+            answers.append(answer)
+        return None if None in answers else False
 
     # -- the blocking calls ---------------------------------------------------------------------
     def leading_run(self, keys: Sequence[OffloadKey]) -> int:
@@ -144,11 +145,10 @@ class TierStack:
         """
         held = [False] * len(keys)
         jobs: dict[int, list[int]] = {}
-        for idx, tier in enumerate(self.tiers):
+        for tier in self.tiers:
             lacking = []
             for i, key in enumerate(keys):
-                answer = self._guard("lookup", lambda t=tier, k=key: t.lookup(k, self._context), False)
-                if answer is True:
+                if self._lookup(tier, key) is True:
                     held[i] = True
                 else:
                     lacking.append(i)
@@ -176,7 +176,7 @@ class TierStack:
         sources: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             for idx, tier in enumerate(self.tiers):
-                if self._guard("lookup", lambda t=tier, k=key: t.lookup(k, self._context), False) is True:
+                if self._lookup(tier, key) is True:
                     sources.setdefault(idx, []).append(i)
                     break
         jobs: dict[int, list[int]] = {}

@@ -110,7 +110,9 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 self.config,
                 self.ranks,
                 model=self.storage_config.model_name,
-                dtype=str(getattr(mem_pool_host, "dtype", None) or mem_pool_host.kv_buffer.dtype).removeprefix("torch."),
+                dtype=str(getattr(mem_pool_host, "dtype", None) or mem_pool_host.kv_buffer.dtype).removeprefix(
+                    "torch."
+                ),
                 layout=str(mem_pool_host.layout),
                 page_size=self.page_size,
                 page_bytes=self.geometry.page_bytes,
@@ -235,11 +237,11 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             if load:
                 loaded, owned = stack.load(keys, slots)
-                for slot, segments, good in zip(slots, pages, loaded):
+                for slot, segments, good in zip(slots, pages, loaded, strict=True):
                     if good and owned:
                         stack.staging.scatter(slot, segments)
                 return [good and owned for good in loaded]
-            for slot, segments in zip(slots, pages):
+            for slot, segments in zip(slots, pages, strict=True):
                 stack.staging.gather(slot, segments)
             stored, owned = stack.store(keys, slots)
             return stored
@@ -261,7 +263,7 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             if len(targets) != len(keys):
                 raise ValueError(f"{what}: {len(keys)} keys but {len(targets)} pages")
-            pages = [[_flat_page(what, key, target, page_bytes)] for key, target in zip(keys, targets)]
+            pages = [[_flat_page(what, key, target, page_bytes)] for key, target in zip(keys, targets, strict=True)]
             return self._run(stack, [_key(k) for k in keys], pages, load)
         except Exception:
             logger.exception("tiering %s of %d pages failed", what, len(keys))
@@ -282,10 +284,10 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """:meth:`get` for each key: a list of tensors (None where absent), or for address targets the leading run."""
         locations = list(target_locations or [None] * len(keys))
         if locations and isinstance(locations[0], int):
-            ok = self._flat("batch_get", list(zip(locations, target_sizes or [])), keys, True)
+            ok = self._flat("batch_get", list(zip(locations, target_sizes or [], strict=False)), keys, True)
             return next((i for i, good in enumerate(ok) if not good), len(ok))
         ok = self._flat("batch_get", locations, keys, True)
-        return [loc if good else None for loc, good in zip(locations, ok)]
+        return [loc if good else None for loc, good in zip(locations, ok, strict=True)]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         """Store ``value`` (a flat page tensor), or the ``target_sizes`` bytes at address ``target_location``."""
@@ -293,12 +295,14 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             return self.batch_set([key], None, [target_location], [target_sizes])
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
+    def batch_set(
+        self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
+    ) -> bool:
         """Store flat pages (tensors, or addresses and sizes) under ``keys``; True when some tier holds every one."""
         if not self.ranks.writer:
             return True
         if values is None and target_locations is not None:
-            targets: list[Any] = list(zip(target_locations, target_sizes or []))
+            targets: list[Any] = list(zip(target_locations, target_sizes or [], strict=False))
         else:
             targets = [v.contiguous() if v is not None else None for v in (values or [None] * len(keys))]
         return all(self._flat("batch_set", targets, keys, False))
