@@ -38,8 +38,20 @@ logger = logging.getLogger(__name__)
 ENGINE = "sglang"
 """The engine name every namespace of this binding starts with (``kv_layout`` ``sglang/...``)."""
 
-SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1"})
-"""Keys of the extra config that SGLang itself reads."""
+SGLANG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "prefetch_threshold",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+        "hicache_storage_pass_prefix_keys",
+        "tp_lcm_size",
+    }
+)
+"""Keys of the extra config that SGLang itself reads (it removes most before the backend sees them)."""
 OWN_KEYS = frozenset({"tiering", "tiering_job_timeout_s"})
 """Keys of the extra config that this backend reads."""
 

@@ -98,16 +98,19 @@ class Staging:
         self._free = list(range(slots - 1, -1, -1))
         self._cond = threading.Condition()
 
-    def acquire(self, count: int) -> list[int]:
-        """Take ``count`` free slots, waiting until that many are free.
+    def acquire(self, count: int, timeout_s: float | None = None) -> list[int]:
+        """Take ``count`` free slots, waiting until that many are free (at most ``timeout_s`` seconds).
 
         Raises:
             ValueError: ``count`` is not in ``[1, slots]``.
+            TimeoutError: not that many slots came free in time (slots of
+                timed-out jobs stay lent until their tier reports them).
         """
         if not 1 <= count <= self.slots:
             raise ValueError(f"cannot take {count} of {self.slots} staging slots")
         with self._cond:
-            self._cond.wait_for(lambda: len(self._free) >= count)
+            if not self._cond.wait_for(lambda: len(self._free) >= count, timeout_s):
+                raise TimeoutError(f"{count} staging slots not free within {timeout_s} s ({len(self._free)} free)")
             return [self._free.pop() for _ in range(count)]
 
     def release(self, slots: Sequence[int]) -> None:

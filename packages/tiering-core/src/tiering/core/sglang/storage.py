@@ -232,7 +232,7 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def _chunk(
         self, stack: TierStack, keys: Sequence[OffloadKey], pages: list[list[tuple[int, int]]], load: bool
     ) -> list[bool]:
-        slots = stack.staging.acquire(len(keys))
+        slots = stack.staging.acquire(len(keys), stack.timeout_s)
         owned = True
         try:
             if load:
