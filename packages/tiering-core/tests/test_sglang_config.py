@@ -102,7 +102,7 @@ def test_staging_gathers_and_scatters_segments() -> None:
     staging.release(first)
     waiter.join(5)
     assert len(taken[0]) == 1 and staging.free_slots() == 1
-    with pytest.raises(TimeoutError, match="2 staging slots not free within 0.01 s"):
+    with pytest.raises(TimeoutError, match=r"2 staging slots not free within 0\.01 s"):
         staging.acquire(2, timeout_s=0.01)
 
 
