@@ -105,14 +105,14 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self.page_size = int(mem_pool_host.page_size)
         _, sizes = mem_pool_host.get_page_buffer_meta(torch.arange(self.page_size, dtype=torch.int64))
         self.geometry = PageGeometry.from_meta(sizes, 1)
+        # SGLang's own host pools name their dtype; a pool honouring only the page contract has its buffer's.
+        dtype = getattr(mem_pool_host, "dtype", None) or mem_pool_host.kv_buffer.dtype
         spec = TieringOffloadingSpec(
             spec_config(
                 self.config,
                 self.ranks,
                 model=self.storage_config.model_name,
-                dtype=str(getattr(mem_pool_host, "dtype", None) or mem_pool_host.kv_buffer.dtype).removeprefix(
-                    "torch."
-                ),
+                dtype=str(dtype).removeprefix("torch."),
                 layout=str(mem_pool_host.layout),
                 page_size=self.page_size,
                 page_bytes=self.geometry.page_bytes,
