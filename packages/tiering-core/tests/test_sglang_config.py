@@ -15,6 +15,7 @@ from tiering.core.harness import make_key
 from tiering.core.sglang.config import Ranks, kv_layout, parse_extra_config, spec_config
 from tiering.core.sglang.pages import PageGeometry, Staging
 from tiering.core.spec import TieringOffloadingSpec
+from tiering.core.testing import requires_tier
 
 BASE = {"backend_name": "tiering", "module_path": "tiering.core.sglang.storage", "class_name": "TieringHiCacheStorage"}
 EXAMPLE = {"secondary_tiers": [{"type": "example"}]}
@@ -28,6 +29,7 @@ def test_importing_the_package_imports_no_sglang() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
+@requires_tier("example")
 def test_extra_config_reads_inline_and_file_configs(tmp_path: Path) -> None:
     config = parse_extra_config({**BASE, "interface_v1": 1, "tiering": EXAMPLE, "tiering_job_timeout_s": 5})
     assert (config.interface_v1, config.timeout_s, config.tiering) == (True, 5.0, EXAMPLE)
@@ -37,6 +39,7 @@ def test_extra_config_reads_inline_and_file_configs(tmp_path: Path) -> None:
     assert parse_extra_config({**BASE, "tiering": str(path)}).tiering == EXAMPLE
 
 
+@requires_tier("example")
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -54,6 +57,7 @@ def test_c27_bad_extra_config_names_the_key(extra: dict[str, Any], message: str)
         parse_extra_config({**BASE, **extra})
 
 
+@requires_tier("example")
 def test_c27_namespace_carries_engine_ranks_layout_and_interface() -> None:
     config = parse_extra_config({**BASE, "interface_v1": 1, "tiering": EXAMPLE})
     fields = {"model": "m", "dtype": "bfloat16", "layout": "layer_first", "page_size": 64, "page_bytes": 4096}
@@ -106,6 +110,7 @@ def test_staging_gathers_and_scatters_segments() -> None:
         staging.acquire(2, timeout_s=0.01)
 
 
+@requires_tier("example")
 def test_stack_stores_loads_and_times_out_holding_slots(tmp_path: Path) -> None:
     from tiering.core.sglang.stack import TierStack
 
