@@ -97,13 +97,8 @@ class TierStack:
 
     def _lookup(self, tier: SecondaryTierManager, key: OffloadKey) -> bool | None:
         """``tier.lookup(key)`` under the lock; an exception is logged, counted, and read as a miss."""
-        with self._lock:
-            try:
-                return tier.lookup(key, self._context)
-            except Exception:
-                self.errors += 1
-                logger.exception("tiering tier %s lookup raised; read as a miss", tier.tier_type)
-                return False
+        miss: bool | None = False
+        return self._guard(f"lookup ({tier.tier_type})", lambda: tier.lookup(key, self._context), miss)
 
     def _holds(self, key: OffloadKey) -> bool | None:
         """True: some tier holds ``key``; None: a tier does not know yet; False: none holds it."""
