@@ -304,3 +304,16 @@ def test_sglang_mooncake_batch_operation_against_tiering(
 def test_page_methods_come_from_sglang_source() -> None:
     methods = sglang_methods("pool_host/mha.py", "MHATokenToKVPoolHost", ("get_page_buffer_meta",))
     assert methods["get_page_buffer_meta"].__code__.co_filename.endswith("sglang/srt/mem_cache/pool_host/mha.py")
+
+
+def test_a_call_of_128_pages_runs_in_staging_chunks(fs_tier: list[dict[str, Any]]) -> None:
+    pool = mha_host_pool(pages=260, page_size=2, layers=2, heads=1, head_dim=8)
+    made = backend(storage_config(fs_tier), pool)
+    assert made.stack is not None and made.stack.staging.slots == 64  # the default: 64 pages
+    names = keys(128)
+    assert made.batch_set_v1(names, indices(pool, list(range(128)))) == [True] * 128
+    assert made.batch_exists(names) == 128
+    assert made.batch_get_v1(names, indices(pool, list(range(130, 258)))) == [True] * 128
+    assert all(page_bytes_of(pool, 130 + p) == page_bytes_of(pool, p) for p in range(128))
+    assert made.stack.staging.free_slots() == 64
+    made.close()
