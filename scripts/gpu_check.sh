@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the transfer path (tiering.core.transfer), one prepared run, < 5 minutes.
+# GPU check of the transfer path (tiering.core.transfer), one prepared run, < 5 minutes;
+# with SGLANG_MODEL set and SGLang installed, also SGLang HiCache end to end over tiering (scripts/sglang_e2e.py).
 #
 # On a CUDA machine: installs nothing; runs the transfer tests on the GPU (they
 # add a "cuda" device case when torch.cuda.is_available()), then prints pinned
@@ -28,3 +29,13 @@ timeout 180 "$PY" -m pytest -q -p no:cacheprovider packages/tiering-core/tests/t
 echo "== pinned copy bandwidth: transfer path vs raw torch copy"
 timeout 90 "$PY" scripts/bench_transfer.py --device cuda --threads 1 --blocks 512 --layers 32 --reps 10 \
     --prompt 0 --min-ratio "$MIN_RATIO"
+
+echo "== SGLang HiCache with tiering's fs tier as L3 (python scripts/sglang_e2e.py)"
+if ! "$PY" -c 'import sglang.srt.mem_cache.storage.backend_factory' 2>/dev/null; then
+    echo "gpu_check: SKIP SGLang step: sglang is not installed under $PY"
+elif [ -z "${SGLANG_MODEL:-}" ]; then
+    echo "gpu_check: SKIP SGLang step: set SGLANG_MODEL to a model path or id SGLang can load"
+else
+    export PYTHONPATH="packages/tiering-fs/src:$PYTHONPATH"
+    timeout 900 "$PY" scripts/sglang_e2e.py --model "$SGLANG_MODEL"
+fi
