@@ -153,6 +153,10 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
             if not isinstance(labelled, CONFIG_ERRORS):
                 # a tier's own exception type would otherwise end the command with a traceback
                 raise TierOpenError(f"{labelled} ({type(exc).__name__})") from exc
+            if isinstance(labelled, OSError) and labelled.errno is not None:
+                # "[Errno 2] secondary_tiers[0]: ..." would put the errno before the entry and hide the type
+                text = re.sub(r"^\[Errno -?\d+\] ", "", str(labelled))
+                raise TierOpenError(f"{text} ({type(exc).__name__})") from exc
             if labelled is exc:
                 raise
             raise labelled from exc

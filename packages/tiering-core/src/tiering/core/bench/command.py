@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tiering.core.bench.arguments import check_output_dir, check_output_file, positive_size
+from tiering.core.bench.arguments import check_output_dir, check_output_file, check_plot_file, positive_size
 from tiering.core.bench.interrupt import StopOnSignal
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
@@ -95,6 +95,14 @@ def add_bench_parser(sub: Any) -> None:
             "default stack, whose primary tier holds 1,024 blocks)"
         ),
     )
+    bench.add_argument(
+        "--cpu-bytes",
+        type=positive_size,
+        help=(
+            "bytes of the CPU primary tier, e.g. 4GiB (default: the config's cpu_bytes_to_use; 1,024 blocks "
+            "for the default stack); it must fit in this machine's memory"
+        ),
+    )
     bench.add_argument("--json", help="also write the report as JSON to this file")
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
     bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
@@ -157,9 +165,13 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
         # namespace `tiering check`, `stat` and an engine use; --block-bytes
         # overrides it only when given, and says so.
         config = load_config(args.config)
-        if args.block_bytes is not None and config.get("block_bytes") != args.block_bytes:
-            print(f"{LABEL}: --block-bytes {args.block_bytes} overrides the config's block_bytes", file=sys.stderr)
-            config["block_bytes"] = args.block_bytes
+        for flag, key, value in (
+            ("--block-bytes", "block_bytes", args.block_bytes),
+            ("--cpu-bytes", "cpu_bytes_to_use", args.cpu_bytes),
+        ):
+            if value is not None and config.get(key) != value:
+                print(f"{LABEL}: {flag} {value} overrides the config's {key}", file=sys.stderr)
+                config[key] = value
         return config
     tier = default_local_tier(directory)
     if tier is None:
@@ -169,7 +181,20 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
             f"are listed at {documentation_url('index.md')}) or pass --config",
             file=sys.stderr,
         )
-    return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES)
+    return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES, args.cpu_bytes)
+
+
+def _check_primary_fits(spec: Any) -> None:
+    """Refuse a primary tier larger than this machine's memory, naming the flag that sets its size."""
+    from tiering.core.primary.memory import check_primary_fits
+
+    try:
+        check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}; in tiering bench pass --cpu-bytes with a smaller size (e.g. --cpu-bytes 4GiB), "
+            "which overrides the config's cpu_bytes_to_use"
+        ) from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -185,7 +210,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         check_output_file("--json", args.json)
     if args.plot:
-        check_output_file("--plot", args.plot)
+        check_plot_file(args.plot)
     if args.root is not None and default_local_tier(args.root) is None:
         raise ValueError(
             f"--root {args.root}: no installed tier keeps blocks in a local directory, so nothing would be kept "
@@ -201,6 +226,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
             raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
+        _check_primary_fits(spec)
         requests = list(load_mooncake_trace(trace, args.requests))
         if len(requests) < args.requests:
             print(
