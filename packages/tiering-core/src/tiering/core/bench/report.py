@@ -17,6 +17,9 @@ LLAMA_3_1_8B_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
 
 NAME_WIDTH = 18
 
+REAL_PRIMARY_BLOCKS = 64
+"""Primary blocks the header advises for a replay with real block sizes (64 x 64 MiB = 4 GiB of memory)."""
+
 
 def describe_stack(spec: Any, tiers: list[dict[str, Any]], block_tokens: int, default_stack: bool) -> dict[str, Any]:
     """The stack a replay drives, JSON-ready (the report's ``stack``).
@@ -51,8 +54,9 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
     real = LLAMA_3_1_8B_BYTES_PER_TOKEN * tokens
     if stack["default_stack"]:
         how = (
-            f"--block-bytes {_size_argument(real)} (the primary tier is {primary:,} "
-            f"blocks: {format_bytes(primary * real)} of memory), or --config with your block_bytes and cpu_bytes_to_use"
+            f"--block-bytes {_size_argument(real)} --cpu-bytes {_size_argument(REAL_PRIMARY_BLOCKS * real)} "
+            f"--requests 10 (a primary tier of {REAL_PRIMARY_BLOCKS} blocks; {primary:,} would need "
+            f"{format_bytes(primary * real)} of memory), or --config with your block_bytes and cpu_bytes_to_use"
         )
     else:
         how = "block_bytes and cpu_bytes_to_use of the --config (or --block-bytes)"
@@ -77,7 +81,10 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
 
 def _size_argument(n: int) -> str:
     """``67108864`` -> ``"64MiB"``: a size as ``--block-bytes`` takes it."""
-    return f"{n >> 20}MiB" if n % (1 << 20) == 0 else f"{n >> 10}KiB" if n % 1024 == 0 else str(n)
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 def _primary_first(item: tuple[str, Any]) -> tuple[bool, str]:
