@@ -28,13 +28,15 @@ def describe_stack(spec: Any, tiers: list[dict[str, Any]], block_tokens: int, de
         spec: the :class:`~tiering.core.spec.TieringOffloadingSpec`.
         tiers: per secondary tier ``{"name", "capacity_bytes" (0: unbounded), "location" (None: in memory),
             "temporary"}``.
-        block_tokens: tokens per block of the workload (512 for the Mooncake traces).
+        block_tokens: tokens per block of the workload (512 for the Mooncake traces): each of the trace's
+            block hashes is one block, whatever the config's ``block_size`` says (kept as ``config_block_size``).
         default_stack: whether it is ``tiering bench``'s own stack (no ``--config``).
     """
     return {
         "primary_blocks": spec.num_primary_blocks,
         "block_bytes": spec.block_bytes,
         "block_tokens": block_tokens,
+        "config_block_size": spec.block_size,
         "eviction_policy": spec.eviction_policy,
         "tiers": tiers,
         "default_stack": default_stack,
@@ -66,6 +68,12 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
     )
     if block < real:
         scale = f"scaled down: {scale}; replay with real sizes: {how}"
+    configured = stack.get("config_block_size", tokens)
+    if configured != tokens:
+        scale += (
+            f"; the trace's blocks of {tokens} tokens are what counts (one per block hash), "
+            f"not the config's block_size {configured}"
+        )
     return "\n".join(
         [
             f"tiering bench: trace {trace}, {requests:,} requests",
