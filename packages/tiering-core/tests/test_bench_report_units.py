@@ -20,3 +20,55 @@ def test_the_traces_block_tokens_count_and_the_header_says_so_when_the_config_di
     )
     report = json.loads(out.read_text())
     assert (report["stack"]["block_tokens"], report["stack"]["config_block_size"]) == (512, 16)
+
+
+def test_the_header_is_printed_once_when_stdout_and_stderr_share_a_terminal(tmp_path, capsys, monkeypatch):
+    from tiering.core.bench import command
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"cpu_bytes_to_use": 64 * 1024, "block_bytes": 1024}))
+    argv = ["bench", "--config", str(config), "--requests", "2"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("measured: the storage path only") == 2  # redirected: the report file has it too
+    monkeypatch.setattr(command, "shares_terminal", lambda: True)
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("measured: the storage path only") == 1
+    assert out.startswith("requests ")
+
+
+def test_shares_terminal_tells_one_terminal_from_pipes(monkeypatch):
+    import os
+    import pty
+    import sys
+
+    from tiering.core.bench.command import shares_terminal
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "w", closefd=False) as tty, open(os.devnull, "w") as null:
+            monkeypatch.setattr(sys, "stdout", tty)
+            monkeypatch.setattr(sys, "stderr", tty)
+            assert shares_terminal()
+            monkeypatch.setattr(sys, "stdout", null)
+            assert not shares_terminal()
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_latencies_are_in_ms_alike_and_sizes_never_read_1024():
+    from tiering.core.bench.report import _ms
+    from tiering.core.units import format_bytes
+
+    assert [_ms(s) for s in (16.9e-6, 0.0389, 0.05, 87.8319e-3, 10.0, 0.9e-6)] == [
+        "0.017 ms",
+        "38.9 ms",
+        "50 ms",
+        "87.8 ms",
+        "10,000 ms",
+        "0.0009 ms",
+    ]
+    assert format_bytes((1 << 30) - 1) == "1.0 GiB"
+    assert format_bytes((1 << 20) - 1) == "1.0 MiB"

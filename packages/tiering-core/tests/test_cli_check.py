@@ -234,3 +234,12 @@ def test_check_probe_names_the_entry_then_an_os_error_and_its_type(tmp_path, cap
     assert err.endswith(
         "tiering check: error: secondary_tiers[0]: No such file or directory: '/nonexistent/zzz' (FileNotFoundError)\n"
     )
+
+
+@requires_tier("example")
+def test_check_counts_schema_keys_in_words(tmp_path, capsys):
+    assert (
+        main(["check", _write(tmp_path, {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example"}]})]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "every value checked against its schema (1 key)" in out

@@ -118,6 +118,16 @@ def test_stat_block_bytes_takes_a_unit(tmp_path, capsys):
     assert '"resident_blocks"' in capsys.readouterr().out
 
 
+@requires_tier("fs")
+def test_stat_of_an_uncapped_tier_says_unbounded_for_both_capacities(tmp_path, capsys):
+    assert main(["bench", "--root", str(tmp_path), "--requests", "2"]) == 0
+    capsys.readouterr()
+    assert main(["stat", "--tier", "fs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  capacity_bytes               unbounded\n" in out
+    assert "  configured_capacity_bytes    unbounded\n" in out
+
+
 def test_a_missing_module_path_gets_the_pythonpath_advice_once(tmp_path, capsys):
     config = tmp_path / "c.json"
     tiers = [{"type": "DictTier", "module_path": "no_such_tiers_module"}]

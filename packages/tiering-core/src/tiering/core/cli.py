@@ -109,7 +109,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         schema = getattr(tier_cls, "config_schema", None)
         if schema is not None:
             schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
-            checked = f"every value checked against its schema ({len(schema.keys)} keys)"
+            checked = (
+                f"every value checked against its schema ({len(schema.keys)} key{'' if len(schema.keys) == 1 else 's'})"
+            )
         else:
             checked = "keys checked against its constructor (the tier declares no schema; --probe checks values)"
         echo(

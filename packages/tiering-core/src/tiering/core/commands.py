@@ -229,9 +229,13 @@ def cmd_stat(args: argparse.Namespace) -> int:
         where = f" at {entry['location']}" if entry.get("location") else ""
         echo(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
         for key, value in sorted(entry["stats"].items()):
-            shown = "unbounded" if key == "capacity_bytes" and not value else value
+            shown = "unbounded" if key in UNBOUNDED_WHEN_ZERO and not value else value
             echo(f"  {key:<28} {shown}")
     return 0
+
+
+UNBOUNDED_WHEN_ZERO = frozenset({"capacity_bytes", "configured_capacity_bytes"})
+"""Stats whose 0 means no cap: printed as ``unbounded``."""
 
 
 def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: str) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -264,7 +265,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         data["stack"] = stack
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}
         data["config"] = redact_offloading_config(config)
-        print(format_report(data, header))
+        # On one terminal the header printed at the start is still on screen: not twice.
+        print(format_report(data, None if shares_terminal() else header))
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         if args.plot:
@@ -274,6 +276,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if temporary:
             print(f"{LABEL}: removing the temporary directory {directory}", file=sys.stderr)
     return stopper.exit_status or 0
+
+
+def shares_terminal() -> bool:
+    """Whether stdout and stderr are the same terminal (a shell without redirection)."""
+    try:
+        if not (sys.stdout.isatty() and sys.stderr.isatty()):
+            return False
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+    return (out.st_dev, out.st_ino, out.st_rdev) == (err.st_dev, err.st_ino, err.st_rdev)
 
 
 def _stack(

@@ -95,6 +95,17 @@ def _size_argument(n: int) -> str:
     return str(n)
 
 
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds, every latency of the report alike: ``16.9e-6`` -> ``"0.017 ms"``,
+    ``0.05`` -> ``"50 ms"``, ``0.0389`` -> ``"38.9 ms"``, ``10.0`` -> ``"10,000 ms"``."""
+    ms = seconds * 1e3
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 0.001:
+        return f"{ms:.3g} ms" if ms >= 1 else f"{ms:.2g} ms"
+    return f"{ms:.4f} ms"
+
+
 def _primary_first(item: tuple[str, Any]) -> tuple[bool, str]:
     """Sort key of ``(tier name, value)`` pairs: the primary tier, then the secondary tiers in order."""
     return item[0] != "primary", item[0]
@@ -137,7 +148,7 @@ def _tier_rows(data: dict[str, Any]) -> list[str]:
         if name != "primary" and blocks and stored != blocks * block:
             notes.append(
                 f"  {name} counts bytes as stored: {stored // blocks:,} B per {format_bytes(block)} block "
-                f"({stored / blocks / block - 1:+.0%}: block header and padding included)"
+                f"({stored / blocks / block - 1:+.1%}: block header and padding included)".replace(".0%", "%")
             )
     return lines + notes
 
@@ -151,8 +162,7 @@ def _latency_rows(data: dict[str, Any]) -> list[str]:
         lines.append(
             _row(
                 f"  {r['tier']} {r['kind']}",
-                f"{r['jobs']:,} jobs: p50 {r['p50'] * 1e3:g} ms, p99 {r['p99'] * 1e3:g} ms, "
-                f"mean {r['mean'] * 1e3:.1f} ms",
+                f"{r['jobs']:,} jobs: p50 {_ms(r['p50'])}, p99 {_ms(r['p99'])}, mean {_ms(r['mean'])}",
             )
         )
     return lines
@@ -209,8 +219,8 @@ def format_report(data: dict[str, Any], header: str | None = None) -> str:
         _row(
             "scheduler calls",
             f"{data['scheduler_calls']:,} calls into the tiering manager from the request loop, as an engine's "
-            f"scheduler makes them (lookup, prepare/complete load and store, get_finished): p50 {lat['p50']:.1f} us, "
-            f"p90 {lat['p90']:.1f} us, p99 {lat['p99']:.1f} us, max {lat['max']:.1f} us",
+            f"scheduler makes them (lookup, prepare/complete load and store, get_finished): "
+            + ", ".join(f"{q} {_ms(lat[q] / 1e6)}" for q in ("p50", "p90", "p99", "max")),
         ),
         _row("wall time", f"{data['wall_s']:.2f} s"),
     ]
