@@ -96,8 +96,10 @@ def _size_argument(n: int) -> str:
 
 
 def _ms(seconds: float) -> str:
-    """Seconds as milliseconds, every latency of the report alike: ``16.9e-6`` -> ``"0.017 ms"``,
-    ``0.05`` -> ``"50 ms"``, ``0.0389`` -> ``"38.9 ms"``, ``10.0`` -> ``"10,000 ms"``."""
+    """Seconds as milliseconds, every latency of the report alike.
+
+    ``16.9e-6`` -> ``"0.017 ms"``, ``0.05`` -> ``"50 ms"``, ``0.0389`` -> ``"38.9 ms"``, ``10.0`` -> ``"10,000 ms"``.
+    """
     ms = seconds * 1e3
     if ms >= 100:
         return f"{ms:,.0f} ms"
