@@ -42,9 +42,9 @@ def check_output_file(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise ValueError(f"{flag} {path}: cannot write there (permission denied)")
-    # Permission bits do not tell everything (/proc, a read-only mount, a full
-    # directory): open the file for append, as the end of the run will, and
-    # remove it again when it did not exist before.
+    # Permission bits do not tell everything (/proc, a read-only mount): open
+    # the file for append, as the end of the run will write it, and remove it
+    # again when it did not exist before.
     existed = target.exists()
     try:
         os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
