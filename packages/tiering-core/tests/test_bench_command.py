@@ -15,6 +15,7 @@ from tiering.core.bench.workload import resolve_trace
 from tiering.core.cli import build_parser, split_tier_options
 from tiering.core.commands import option_pairs
 from tiering.core.configfile import install_hint, plain_tier_entries
+from tiering.core.testing import requires_tier
 
 
 def primary_only():
@@ -118,3 +119,36 @@ def test_install_hint_gives_both_forms():
     )
     assert "pip install 'tiering-core[plot]'" in install_hint("tiering-core", extra="plot")
     assert "pip install './packages/tiering-core[plot]'" in install_hint("tiering-core", extra="plot")
+
+
+@requires_tier("fs")
+def test_written_bytes_of_a_tier_are_what_it_wrote_not_blocks_it_already_held(tmp_path, monkeypatch):
+    from tiering.core.base import ReqContext, block_view
+    from tiering.core.bench.payload import payload_for
+
+    config = {
+        "cpu_bytes_to_use": 64 * 1024,
+        "block_bytes": 1024,
+        "secondary_tiers": [{"type": "fs", "root": str(tmp_path)}],
+    }
+    manager = TieringOffloadingSpec(config).get_manager()
+    try:
+        replayer = Replayer(manager, ["0:fs"])
+        ctx = ReqContext("r0")
+        keys = [bytes([i]) * 16 for i in range(3)]
+        alloc = manager.prepare_store(keys, ctx)
+        for key, block_id in zip(alloc.keys, alloc.block_ids, strict=True):
+            block_view(manager.primary.kv_view, block_id)[:] = payload_for(key, 1024)
+        manager.complete_store(alloc.keys, ctx)
+        replayer.drain()
+        # The same blocks cascaded again, as when a later request stores them while the first
+        # store is still in flight (the tier's lookup answers None, not True): the tier holds
+        # them by the time the second job runs and does not write them again.
+        monkeypatch.setattr(manager, "_tier_holds", lambda idx, key, req_context: False)
+        manager._cascade(alloc.keys, ctx, range(1))
+        report = replayer.run([]).to_dict()
+    finally:
+        manager.shutdown()
+    stats = report["tier_stats"]["0:fs"]
+    assert stats["blocks_stored"] + stats["stores_already_present"] == 6
+    assert report["bytes_stored"]["0:fs"] == stats["blocks_stored"] * 1024 == 3 * 1024

@@ -18,7 +18,7 @@ def primary_only_config(tmp_path, block_bytes=1024, blocks=64):
 
 @pytest.mark.parametrize("flag", ["--json", "--plot"])
 def test_an_output_file_in_a_missing_directory_is_refused_before_the_replay(tmp_path, capsys, flag):
-    target = tmp_path / "nonexistent" / "dir" / "x.out"
+    target = tmp_path / "nonexistent" / "dir" / "x.png"
     argv = ["bench", "--config", primary_only_config(tmp_path), "--requests", "5", flag, str(target)]
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -80,8 +80,9 @@ def test_header_says_what_was_measured_the_stack_and_the_real_block_size():
     )
     assert header[3] == (
         "blocks: 512 tokens, 16.0 KiB of payload (32 B/token); scaled down: a Llama-3.1-8B block of 512 tokens "
-        "(bf16) is 64.0 MiB (128.0 KiB/token); replay with real sizes: --block-bytes 64MiB (the primary tier is "
-        "1,024 blocks: 64.0 GiB of memory), or --config with your block_bytes and cpu_bytes_to_use."
+        "(bf16) is 64.0 MiB (128.0 KiB/token); replay with real sizes: --block-bytes 64MiB --cpu-bytes 4GiB "
+        "--requests 10 (a primary tier of 64 blocks; 1,024 would need 64.0 GiB of memory), or --config with your "
+        "block_bytes and cpu_bytes_to_use."
     )
 
 

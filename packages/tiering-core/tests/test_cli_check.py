@@ -155,13 +155,18 @@ class Abstract(SecondaryTierManager):
 class Raising(ExampleSecondaryTierManager):
     def __init__(self, offloading_spec, primary_kv_view, tier_type):
         raise RuntimeError("cannot reach the cluster")
+
+
+class RaisingOSError(ExampleSecondaryTierManager):
+    def __init__(self, offloading_spec, primary_kv_view, tier_type):
+        open("/nonexistent/zzz")
 """
 
 
-def _bad_tier_config(tmp_path, monkeypatch, name):
+def _bad_tier_config(tmp_path, monkeypatch, name, **keys):
     (tmp_path / "bad_tiers_for_check.py").write_text(BAD_TIERS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    entry = {"type": name, "module_path": "bad_tiers_for_check"}
+    entry = {"type": name, "module_path": "bad_tiers_for_check", **keys}
     return _write(tmp_path, {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [entry]})
 
 
@@ -205,3 +210,36 @@ def test_check_says_cpu_bytes_to_use_must_hold_one_block(tmp_path, capsys):
         "config key 'cpu_bytes_to_use' must be an integer >= 100000 (the primary tier must hold at least one "
         "block of block_bytes 100000), got 65536"
     ) in capsys.readouterr().err
+
+
+@requires_tier("example")
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("OneArgument", "bad_tiers_for_check.OneArgument(spec) cannot be called as "),
+        ("Abstract", "bad_tiers_for_check.Abstract is abstract; it must implement "),
+    ],
+)
+def test_c14_the_class_fault_is_named_before_an_unknown_key(tmp_path, capsys, monkeypatch, name, message):
+    assert main(["check", _bad_tier_config(tmp_path, monkeypatch, name, url="http://x")]) == 2
+    err = capsys.readouterr().err
+    assert f"secondary_tiers[0] (type {name!r}): {message}" in err
+    assert "unknown key" not in err
+
+
+@requires_tier("example")
+def test_check_probe_names_the_entry_then_an_os_error_and_its_type(tmp_path, capsys, monkeypatch):
+    assert main(["check", _bad_tier_config(tmp_path, monkeypatch, "RaisingOSError"), "--probe"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "tiering check: error: secondary_tiers[0]: No such file or directory: '/nonexistent/zzz' (FileNotFoundError)\n"
+    )
+
+
+@requires_tier("example")
+def test_check_counts_schema_keys_in_words(tmp_path, capsys):
+    assert (
+        main(["check", _write(tmp_path, {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{"type": "example"}]})]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "every value checked against its schema (1 key)" in out

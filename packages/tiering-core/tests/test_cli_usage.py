@@ -103,6 +103,31 @@ def test_a_bad_size_says_what_sizes_look_like(capsys):
     assert "invalid" not in err
 
 
+def test_a_bad_duration_names_its_flag(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["gc", "--root", "x", "--older-than", "7x"])
+    assert info.value.code == 2
+    assert "argument --older-than: duration '7x' is not a number followed by s, m, h, d or w" in capsys.readouterr().err
+
+
+@requires_tier("fs")
+def test_stat_block_bytes_takes_a_unit(tmp_path, capsys):
+    assert main(["bench", "--root", str(tmp_path), "--requests", "2", "--block-bytes", "64KiB"]) == 0
+    capsys.readouterr()
+    assert main(["stat", "--root", str(tmp_path), "--block-bytes", "64KiB", "--json"]) == 0
+    assert '"resident_blocks"' in capsys.readouterr().out
+
+
+@requires_tier("fs")
+def test_stat_of_an_uncapped_tier_says_unbounded_for_both_capacities(tmp_path, capsys):
+    assert main(["bench", "--root", str(tmp_path), "--requests", "2"]) == 0
+    capsys.readouterr()
+    assert main(["stat", "--tier", "fs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  capacity_bytes               unbounded\n" in out
+    assert "  configured_capacity_bytes    unbounded\n" in out
+
+
 def test_a_missing_module_path_gets_the_pythonpath_advice_once(tmp_path, capsys):
     config = tmp_path / "c.json"
     tiers = [{"type": "DictTier", "module_path": "no_such_tiers_module"}]

@@ -63,3 +63,19 @@ def test_vllm_config_refuses_a_unit_where_vllm_reads_the_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cpu_bytes_to_use: '4GiB': vLLM reads this key of kv_connector_extra_config itself" in err
     assert "write 4294967296" in err
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_the_binding_spec_refuses_a_unit_in_both_config_forms(tmp_path, capsys, wrapped):
+    extra = {
+        "spec_name": "TieringSpec",
+        "spec_module_path": "tiering.core.vllm.spec",
+        "cpu_bytes_to_use": "1GiB",
+        "block_bytes": 65536,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"kv_connector_extra_config": extra} if wrapped else extra))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cpu_bytes_to_use: '1GiB': vLLM reads this key of kv_connector_extra_config itself" in err
+    assert "write 1073741824" in err

@@ -112,7 +112,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         schema = getattr(tier_cls, "config_schema", None)
         if schema is not None:
             schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
-            checked = f"every value checked against its schema ({len(schema.keys)} keys)"
+            checked = (
+                f"every value checked against its schema ({len(schema.keys)} key{'' if len(schema.keys) == 1 else 's'})"
+            )
         else:
             checked = "keys checked against its constructor (the tier declares no schema; --probe checks values)"
         echo(
@@ -156,6 +158,10 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
             if not isinstance(labelled, CONFIG_ERRORS):
                 # a tier's own exception type would otherwise end the command with a traceback
                 raise TierOpenError(f"{labelled} ({type(exc).__name__})") from exc
+            if isinstance(labelled, OSError) and labelled.errno is not None:
+                # "[Errno 2] secondary_tiers[0]: ..." would put the errno before the entry and hide the type
+                text = re.sub(r"^\[Errno -?\d+\] ", "", str(labelled))
+                raise TierOpenError(f"{text} ({type(exc).__name__})") from exc
             if labelled is exc:
                 raise
             raise labelled from exc

@@ -27,6 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from tiering.core.bench.arguments import positive_size
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
 from tiering.core.configfile import load_config, redact_text
 from tiering.core.factory import SecondaryTierFactory
@@ -228,9 +229,13 @@ def cmd_stat(args: argparse.Namespace) -> int:
         where = f" at {entry['location']}" if entry.get("location") else ""
         echo(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
         for key, value in sorted(entry["stats"].items()):
-            shown = "unbounded" if key == "capacity_bytes" and not value else value
+            shown = "unbounded" if key in UNBOUNDED_WHEN_ZERO and not value else value
             echo(f"  {key:<28} {shown}")
     return 0
+
+
+UNBOUNDED_WHEN_ZERO = frozenset({"capacity_bytes", "configured_capacity_bytes"})
+"""Stats whose 0 means no cap: printed as ``unbounded``."""
 
 
 def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: str) -> list[str]:
@@ -256,7 +261,7 @@ def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """Remove a stale namespace, blocks older than a duration, or the oldest blocks down to a size."""
-    cutoff = time.time() - parse_duration(args.older_than) if args.older_than else None
+    cutoff = time.time() - args.older_than if args.older_than is not None else None
     verb = "would remove" if args.dry_run else "removed"
     found_namespace = False
     for index, tier_config, inspector in _inspectors(_config(args)):
@@ -344,6 +349,14 @@ def size_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def duration_argument(text: str) -> float:
+    """:func:`parse_duration` for argparse: seconds; a bad duration is reported as ``argument --older-than: ...``."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
     parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
@@ -363,7 +376,7 @@ def add_commands(sub: Any) -> None:
     stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
     stat.add_argument(
         "--block-bytes",
-        type=int,
+        type=positive_size,
         help=f"without CONFIG: bytes per block of the namespace to open (default {DEFAULT_BENCH_BLOCK_BYTES})",
     )
     stat.set_defaults(func=cmd_stat)
@@ -372,7 +385,10 @@ def add_commands(sub: Any) -> None:
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
     what.add_argument(
-        "--older-than", metavar="DURATION", help="remove blocks older than e.g. 7d, 12h, 30m (m: minutes), 90s, 2w"
+        "--older-than",
+        type=duration_argument,
+        metavar="DURATION",
+        help="remove blocks older than e.g. 7d, 12h, 30m (m: minutes), 90s, 2w",
     )
     what.add_argument(
         "--to-bytes",

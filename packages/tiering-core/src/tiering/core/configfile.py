@@ -81,11 +81,13 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
             config = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read config {path}: {exc}") from exc
-    if isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict):
+    wrapped = isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict)
+    if wrapped:
         config = config["kv_connector_extra_config"]
-        _check_vllm_byte_counts(path, config)
     if not isinstance(config, dict):
         raise ValueError(f"config {path} must hold a JSON object")
+    if wrapped or config.get("spec_name") == VLLM_SPEC[0]:
+        _check_vllm_byte_counts(path, config)
     lines = plain_spec(config) + plain_tier_entries(config)
     if notes is None:
         for line in lines:
@@ -96,17 +98,27 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
 
 
 def _check_vllm_byte_counts(path: str, config: dict[str, Any]) -> None:
-    """Refuse a size with a unit where vLLM, not tiering, reads the key (vLLM takes an integer of bytes only)."""
-    value = config.get("cpu_bytes_to_use")
-    if isinstance(value, str):
+    """Refuse a size with a unit where vLLM, not tiering, reads the key (vLLM takes an integer of bytes only).
+
+    That is a config for the vLLM binding: a ``--kv-transfer-config`` object, or one naming its spec
+    (``TieringSpec``), which vLLM's offloading connector builds from the same keys.
+    """
+    for key in VLLM_BYTE_KEYS:
+        value = config.get(key)
+        if not isinstance(value, str):
+            continue
         try:
             hint = f"write {parse_size(value)}"
         except ValueError:
             hint = "write an integer of bytes"
         raise ValueError(
-            f"config {path}: cpu_bytes_to_use: {value!r}: vLLM reads this key of kv_connector_extra_config itself "
-            f"and takes an integer of bytes only; {hint}"
+            f"config {path}: {key}: {value!r}: vLLM reads this key of kv_connector_extra_config itself "
+            f"(a config for the vLLM binding's {VLLM_SPEC[0]}) and takes an integer of bytes only; {hint}"
         )
+
+
+VLLM_BYTE_KEYS = ("cpu_bytes_to_use",)
+"""Byte-count keys vLLM reads itself from ``kv_connector_extra_config``: an integer there, no unit."""
 
 
 VLLM_SPEC = ("TieringSpec", "tiering.core.vllm.spec")

@@ -99,10 +99,12 @@ def check_callable(
     label: str,
     expected: str,
     redact: Callable[[object], str],
+    partial: bool = False,
 ) -> None:
     """Whether ``cls(*args, **kwargs)`` could be called, found by inspection alone (nothing is constructed).
 
     Args: as :func:`construct`; only the names and number of the arguments matter, not their values.
+        ``partial``: only whether the constructor takes these arguments; required ones may be missing.
 
     Raises:
         TypeError: the call does not fit the constructor's signature, or the
@@ -111,7 +113,8 @@ def check_callable(
     """
     name = qualified_name(cls)
     try:
-        inspect.signature(cls).bind(*args, **kwargs)
+        signature = inspect.signature(cls)
+        (signature.bind_partial if partial else signature.bind)(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(
             f"{label}: {name}{signature_text(cls)} cannot be called as {name}{expected}: {redact(exc)}"

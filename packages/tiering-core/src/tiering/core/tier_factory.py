@@ -230,12 +230,26 @@ def resolve_tier(
         cls = SecondaryTierFactory.get_class(tier_type, module_path)
     except (ValueError, ImportError, AttributeError, TypeError) as exc:
         raise label_error(exc, f"secondary_tiers[{index}]", Redactor(tier_config))  # noqa: B904 - relabelled in place
+    label = f"secondary_tiers[{index}] (type {tier_type!r})"
+    # An abstract class, or a constructor that cannot take the factory's
+    # positional arguments, is the fault to report before any key: its
+    # parameters are not config keys, so an unknown-key message would point
+    # the wrong way.
+    check_callable(
+        cls,
+        (None, None, tier_type),
+        {},
+        label=label,
+        expected=TIER_SIGNATURE,
+        redact=Redactor(tier_config),
+        partial=True,
+    )
     if cls.config_schema is not None:
         cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
         # The tier is given integers of bytes even where the config wrote "4GiB".
         kwargs = cls.config_schema.parse_sizes(kwargs, entry=f"secondary_tiers[{index}]")
     else:
-        check_tier_keys(cls, kwargs, f"secondary_tiers[{index}] (type {tier_type!r})")
+        check_tier_keys(cls, kwargs, label)
     return cls, tier_type, kwargs
 
 

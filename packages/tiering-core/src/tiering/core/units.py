@@ -36,7 +36,7 @@ def format_bytes(n: float) -> str:
     """
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+        if abs(round(value, 1)) < 1024 or unit == "TiB":  # 1023.99 MiB is "1.0 GiB", never "1024.0 MiB"
             return f"{value:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         value /= 1024
     raise AssertionError("unreachable")

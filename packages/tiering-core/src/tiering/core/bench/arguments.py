@@ -42,6 +42,38 @@ def check_output_file(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise ValueError(f"{flag} {path}: cannot write there (permission denied)")
+    # Permission bits do not tell everything (/proc, a read-only mount): open
+    # the file for append, as the end of the run will write it, and remove it
+    # again when it did not exist before.
+    existed = target.exists()
+    try:
+        os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot create the file: {exc.strerror or exc}") from None
+    if not existed:
+        target.unlink(missing_ok=True)
+
+
+PLOT_FORMATS = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
+"""File name extensions matplotlib's non-interactive backends write (a name without one is written as PNG)."""
+
+
+def check_plot_file(path: str) -> None:
+    """Fail now, before a replay, when ``--plot path`` could not be drawn at the end.
+
+    The format is taken from the extension, as matplotlib does; matplotlib is not imported.
+
+    Raises:
+        ValueError: the extension is not one of :data:`PLOT_FORMATS`, or :func:`check_output_file` fails;
+            the message names ``--plot``.
+    """
+    suffix = Path(path).suffix.lower().removeprefix(".")
+    if suffix and suffix not in PLOT_FORMATS:
+        raise ValueError(
+            f"--plot {path}: matplotlib cannot write the format {suffix!r}; use one of {', '.join(PLOT_FORMATS)} "
+            "(e.g. replay.png)"
+        )
+    check_output_file("--plot", path)
 
 
 def check_output_dir(flag: str, path: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tiering.core.bench.arguments import check_output_dir, check_output_file, positive_size
+from tiering.core.bench.arguments import check_output_dir, check_output_file, check_plot_file, positive_size
 from tiering.core.bench.interrupt import StopOnSignal
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
@@ -97,6 +98,14 @@ def add_bench_parser(sub: Any) -> None:
         help=(
             f"bytes per block, e.g. 16KiB or 64MiB (default: the config's; {DEFAULT_BENCH_BLOCK_BYTES} for the "
             "default stack, whose primary tier holds 1,024 blocks)"
+        ),
+    )
+    bench.add_argument(
+        "--cpu-bytes",
+        type=positive_size,
+        help=(
+            "bytes of the CPU primary tier, e.g. 4GiB (default: the config's cpu_bytes_to_use; 1,024 blocks "
+            "for the default stack); it must fit in this machine's memory"
         ),
     )
     bench.add_argument("--json", help="also write the report as JSON to this file")
@@ -193,9 +202,13 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
         # namespace `tiering check`, `stat` and an engine use; --block-bytes
         # overrides it only when given, and says so.
         config = load_config(args.config)
-        if args.block_bytes is not None and config.get("block_bytes") != args.block_bytes:
-            print(f"{LABEL}: --block-bytes {args.block_bytes} overrides the config's block_bytes", file=sys.stderr)
-            config["block_bytes"] = args.block_bytes
+        for flag, key, value in (
+            ("--block-bytes", "block_bytes", args.block_bytes),
+            ("--cpu-bytes", "cpu_bytes_to_use", args.cpu_bytes),
+        ):
+            if value is not None and config.get(key) != value:
+                print(f"{LABEL}: {flag} {value} overrides the config's {key}", file=sys.stderr)
+                config[key] = value
         return config
     tier = default_local_tier(directory)
     if tier is None:
@@ -205,7 +218,20 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
             f"are listed at {documentation_url('index.md')}) or pass --config",
             file=sys.stderr,
         )
-    return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES)
+    return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES, args.cpu_bytes)
+
+
+def _check_primary_fits(spec: Any) -> None:
+    """Refuse a primary tier larger than this machine's memory, naming the flag that sets its size."""
+    from tiering.core.primary.memory import check_primary_fits
+
+    try:
+        check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}; in tiering bench pass --cpu-bytes with a smaller size (e.g. --cpu-bytes 4GiB), "
+            "which overrides the config's cpu_bytes_to_use"
+        ) from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -218,7 +244,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         check_output_file("--json", args.json)
     if args.plot:
-        check_output_file("--plot", args.plot)
+        check_plot_file(args.plot)
     if args.root is not None and default_local_tier(args.root) is None:
         raise ValueError(
             f"--root {args.root}: no installed tier keeps blocks in a local directory, so nothing would be kept "
@@ -250,7 +276,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 break
         if rate:
             data["modelled_ttft"] = {"recompute_tokens_per_s": rate, **views}
-        print(format_report(data, header))
+        # On one terminal the header printed at the start is still on screen: not twice.
+        print(format_report(data, None if shares_terminal() else header))
         if rate:
             print("\n".join(format_ttft_rows(views, rate)))
         if args.json:
@@ -281,6 +308,7 @@ def _replay_pass(
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
             raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
+        _check_primary_fits(spec)
         requests = list(load_mooncake_trace(trace, args.requests))
         if len(requests) < args.requests:
             print(
@@ -337,6 +365,17 @@ def _manager(spec: Any, throttle: tuple[float, float | None] | None, block_token
     if throttle is not None:
         tiers = [ThrottledTier(tier, *throttle) for tier in tiers]
     return TieringManager(primary, tiers, load_cost=spec.load_cost, block_tokens=block_tokens)
+
+
+def shares_terminal() -> bool:
+    """Whether stdout and stderr are the same terminal (a shell without redirection)."""
+    try:
+        if not (sys.stdout.isatty() and sys.stderr.isatty()):
+            return False
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+    return (out.st_dev, out.st_ino, out.st_rdev) == (err.st_dev, err.st_ino, err.st_rdev)
 
 
 def _stack(

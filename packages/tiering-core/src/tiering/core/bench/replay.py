@@ -349,9 +349,15 @@ class Replayer:
         self.report.wall_s = time.perf_counter() - start
         self.report.tier_stats["primary"] = primary_stats(self.manager.primary, self.report.store_rejected)
         for idx, name in enumerate(self.tier_names):
-            self.report.bytes_stored[name] += int(self.manager.metrics.value("stored_bytes_total", index=str(idx)))
             tier = self.manager.secondary_tiers[idx]
-            self.report.tier_stats[name] = dict(tier.stats())
+            stats = self.report.tier_stats[name] = dict(tier.stats())
+            # The manager counts every block of a successful store job, also one the tier
+            # already held (stored again while its first store was queued) and did not
+            # rewrite; the tier's own count, where it keeps one, is what it wrote.
+            written = stats.get("bytes_stored")
+            if written is None:
+                written = self.manager.metrics.value("stored_bytes_total", index=str(idx))
+            self.report.bytes_stored[name] += int(written)
             for kind in ("store", "load"):
                 hist = self.manager.metrics.histogram(f"{kind}_duration_seconds", **tier_labels(tier.tier_type, idx))
                 if hist is not None and hist.count:

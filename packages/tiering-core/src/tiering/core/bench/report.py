@@ -17,6 +17,9 @@ LLAMA_3_1_8B_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
 
 NAME_WIDTH = 18
 
+REAL_PRIMARY_BLOCKS = 64
+"""Primary blocks the header advises for a replay with real block sizes (64 x 64 MiB = 4 GiB of memory)."""
+
 
 def describe_stack(spec: Any, tiers: list[dict[str, Any]], block_tokens: int, default_stack: bool) -> dict[str, Any]:
     """The stack a replay drives, JSON-ready (the report's ``stack``).
@@ -25,13 +28,15 @@ def describe_stack(spec: Any, tiers: list[dict[str, Any]], block_tokens: int, de
         spec: the :class:`~tiering.core.spec.TieringOffloadingSpec`.
         tiers: per secondary tier ``{"name", "capacity_bytes" (0: unbounded), "location" (None: in memory),
             "temporary"}``.
-        block_tokens: tokens per block of the workload (512 for the Mooncake traces).
+        block_tokens: tokens per block of the workload (512 for the Mooncake traces): each of the trace's
+            block hashes is one block, whatever the config's ``block_size`` says (kept as ``config_block_size``).
         default_stack: whether it is ``tiering bench``'s own stack (no ``--config``).
     """
     return {
         "primary_blocks": spec.num_primary_blocks,
         "block_bytes": spec.block_bytes,
         "block_tokens": block_tokens,
+        "config_block_size": spec.block_size,
         "eviction_policy": spec.eviction_policy,
         "tiers": tiers,
         "default_stack": default_stack,
@@ -51,8 +56,9 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
     real = LLAMA_3_1_8B_BYTES_PER_TOKEN * tokens
     if stack["default_stack"]:
         how = (
-            f"--block-bytes {_size_argument(real)} (the primary tier is {primary:,} "
-            f"blocks: {format_bytes(primary * real)} of memory), or --config with your block_bytes and cpu_bytes_to_use"
+            f"--block-bytes {_size_argument(real)} --cpu-bytes {_size_argument(REAL_PRIMARY_BLOCKS * real)} "
+            f"--requests 10 (a primary tier of {REAL_PRIMARY_BLOCKS} blocks; {primary:,} would need "
+            f"{format_bytes(primary * real)} of memory), or --config with your block_bytes and cpu_bytes_to_use"
         )
     else:
         how = "block_bytes and cpu_bytes_to_use of the --config (or --block-bytes)"
@@ -62,6 +68,12 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
     )
     if block < real:
         scale = f"scaled down: {scale}; replay with real sizes: {how}"
+    configured = stack.get("config_block_size", tokens)
+    if configured != tokens:
+        scale += (
+            f"; the trace's blocks of {tokens} tokens are what counts (one per block hash), "
+            f"not the config's block_size {configured}"
+        )
     return "\n".join(
         [
             f"tiering bench: trace {trace}, {requests:,} requests",
@@ -78,7 +90,23 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
 
 def _size_argument(n: int) -> str:
     """``67108864`` -> ``"64MiB"``: a size as ``--block-bytes`` takes it."""
-    return f"{n >> 20}MiB" if n % (1 << 20) == 0 else f"{n >> 10}KiB" if n % 1024 == 0 else str(n)
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds, every latency of the report alike.
+
+    ``16.9e-6`` -> ``"0.017 ms"``, ``0.05`` -> ``"50 ms"``, ``0.0389`` -> ``"38.9 ms"``, ``10.0`` -> ``"10,000 ms"``.
+    """
+    ms = seconds * 1e3
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 0.001:
+        return f"{ms:.3g} ms" if ms >= 1 else f"{ms:.2g} ms"
+    return f"{ms:.4f} ms"
 
 
 def _primary_first(item: tuple[str, Any]) -> tuple[bool, str]:
@@ -123,7 +151,7 @@ def _tier_rows(data: dict[str, Any]) -> list[str]:
         if name != "primary" and blocks and stored != blocks * block:
             notes.append(
                 f"  {name} counts bytes as stored: {stored // blocks:,} B per {format_bytes(block)} block "
-                f"({stored / blocks / block - 1:+.0%}: block header and padding included)"
+                f"({stored / blocks / block - 1:+.1%}: block header and padding included)".replace(".0%", "%")
             )
     return lines + notes
 
@@ -137,8 +165,7 @@ def _latency_rows(data: dict[str, Any]) -> list[str]:
         lines.append(
             _row(
                 f"  {r['tier']} {r['kind']}",
-                f"{r['jobs']:,} jobs: p50 {r['p50'] * 1e3:g} ms, p99 {r['p99'] * 1e3:g} ms, "
-                f"mean {r['mean'] * 1e3:.1f} ms",
+                f"{r['jobs']:,} jobs: p50 {_ms(r['p50'])}, p99 {_ms(r['p99'])}, mean {_ms(r['mean'])}",
             )
         )
     return lines
@@ -195,8 +222,8 @@ def format_report(data: dict[str, Any], header: str | None = None) -> str:
         _row(
             "scheduler calls",
             f"{data['scheduler_calls']:,} calls into the tiering manager from the request loop, as an engine's "
-            f"scheduler makes them (lookup, prepare/complete load and store, get_finished): p50 {lat['p50']:.1f} us, "
-            f"p90 {lat['p90']:.1f} us, p99 {lat['p99']:.1f} us, max {lat['max']:.1f} us",
+            f"scheduler makes them (lookup, prepare/complete load and store, get_finished): "
+            + ", ".join(f"{q} {_ms(lat[q] / 1e6)}" for q in ("p50", "p90", "p99", "max")),
         ),
         _row("wall time", f"{data['wall_s']:.2f} s"),
     ]

@@ -68,16 +68,19 @@ def _accepts(cls: type[SecondaryTierManager], key: str) -> bool:
     return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def bench_config(tiers: list[dict[str, Any]], block_bytes: int = DEFAULT_BENCH_BLOCK_BYTES) -> dict[str, Any]:
+def bench_config(
+    tiers: list[dict[str, Any]], block_bytes: int = DEFAULT_BENCH_BLOCK_BYTES, cpu_bytes: int | None = None
+) -> dict[str, Any]:
     """The default stack's config around ``tiers``: a primary of 1,024 blocks, Mooncake block geometry.
 
     Args:
         tiers: the ``secondary_tiers`` entries.
         block_bytes: bytes per block.
+        cpu_bytes: bytes of the primary tier; None: 1,024 blocks.
     """
     return {
         "spec_name": "TieringOffloadingSpec",
-        "cpu_bytes_to_use": DEFAULT_BENCH_PRIMARY_BLOCKS * block_bytes,
+        "cpu_bytes_to_use": cpu_bytes if cpu_bytes is not None else DEFAULT_BENCH_PRIMARY_BLOCKS * block_bytes,
         "block_bytes": block_bytes,
         "block_size": MOONCAKE_BLOCK_TOKENS,
         "eviction_policy": "lru",
