@@ -31,8 +31,9 @@ from tiering.core.bench.arguments import positive_size
 from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
 from tiering.core.configfile import load_config, redact_text
 from tiering.core.factory import SecondaryTierFactory
-from tiering.core.inspection import BlockInfo, TierInspector, inspector_for, parse_duration, parse_size
+from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.terminal import echo, printable
+from tiering.core.units import duration_argument, size_argument
 
 STAT_WAIT_S = 60.0
 
@@ -339,22 +340,6 @@ STACK_EPILOG = (
     "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
     "opens one tier of that type with those config keys (e.g. --tier s3 --bucket kv --prefix fleet-a)."
 )
-
-
-def size_argument(text: str) -> int:
-    """:func:`parse_size` for argparse: a bad size is reported with what sizes look like (not ``invalid value``)."""
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def duration_argument(text: str) -> float:
-    """:func:`parse_duration` for argparse: seconds; a bad duration is reported as ``argument --older-than: ...``."""
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _stack_arguments(parser: argparse.ArgumentParser) -> None:

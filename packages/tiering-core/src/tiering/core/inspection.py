@@ -12,12 +12,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, parse_header, verify_block
-from tiering.core.units import parse_size as parse_size  # re-exported: callers import it from here
+from tiering.core.units import parse_duration as parse_duration  # re-exported: callers import both from here
+from tiering.core.units import parse_size as parse_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,22 +140,6 @@ class TierInspector(abc.ABC):
         except BlockFormatError as exc:
             return f"{exc.reason}: {exc}"
         return None
-
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str) -> float:
-    """``"90s"``, ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
-
-    Raises:
-        ValueError: another form; the message names the value.
-    """
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
 def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector | None:

@@ -1,4 +1,4 @@
-"""Byte sizes, read and written one way everywhere: ``"4GiB"`` in, ``"4.0 GiB"`` out.
+"""Byte sizes and durations, read and written one way everywhere: ``"4GiB"`` in, ``"4.0 GiB"`` out.
 
 :func:`parse_size` reads what a person writes (``gc --to-bytes 100MB``, a
 config's ``"cpu_bytes_to_use": "4GiB"``); :func:`format_bytes` is how every
@@ -7,6 +7,7 @@ report prints a size (binary units: KiB, MiB, GiB, TiB).
 
 from __future__ import annotations
 
+import argparse
 import re
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?$", re.IGNORECASE)
@@ -29,6 +30,22 @@ def parse_size(text: str) -> int:
     return int(float(number) * (1024 if binary else 1000) ** power)
 
 
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
+
+    Raises:
+        ValueError: another form; the message names the value.
+    """
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
 def format_bytes(n: float) -> str:
     """``34359738368`` -> ``"32.0 GiB"``, ``20480`` -> ``"20.0 KiB"``, ``512`` -> ``"512 B"``.
 
@@ -40,3 +57,27 @@ def format_bytes(n: float) -> str:
             return f"{value:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def size_argument(text: str) -> int:
+    """:func:`parse_size` as an argparse type: a bad size is reported with what sizes look like.
+
+    Raises:
+        argparse.ArgumentTypeError: not a size (argparse names the flag).
+    """
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def duration_argument(text: str) -> float:
+    """A duration (``"90s"``, ``"12h"``, ``"7d"``) as an argparse type: seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration (argparse names the flag).
+    """
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

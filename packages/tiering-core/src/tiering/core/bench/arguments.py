@@ -10,7 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tiering.core.units import parse_size
+from tiering.core.units import size_argument
 
 
 def positive_size(text: str) -> int:
@@ -19,10 +19,7 @@ def positive_size(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: anything else.
     """
-    try:
-        value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    value = size_argument(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
     return value
