@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiering.core.vllm.testing_engine import build_tiny_llama, prompt_ids, run_engine
+from tiering.core.vllm.testing_engine import ENGINE_ENV, build_tiny_llama, prompt_ids, run_engine
 
 CONFIGS = ("recompute", "vllm-fs", "tiering-fs")
 DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "content" / "vllm.md"
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# setup of {DOCS_PAGE.name}: env {setup['env']}, engine args {setup['engine_args']}")
     print(f"# kv_transfer_config: {json.dumps(setup['kv_transfer_config'])}")
     print(f"# deviations from the page: {', '.join(deviations) or 'none'}; tier root replaced per run")
+    harness = {k: v for k, v in {**ENGINE_ENV, **env}.items() if k not in setup["env"]}
+    print(f"# harness environment (testing_engine): {harness}")
     print(
         f"# prompt {args.prompt_tokens} tokens, {args.max_tokens} generated greedily, model {args.layers} layers x "
         f"{args.hidden}, float32; a fresh engine per run, {args.repeat} rounds in rotating order",

@@ -123,8 +123,8 @@ def run_engine(
             defaults: exactly these arguments of ``vllm.LLM`` besides
             ``model`` and the transfer config, as a user would write them),
             ``kv_events_config``, ``wait_for`` (:func:`stored_blocks`'
-            argument plus ``count``: before exiting, step the engine until
-            the tier holds ``count`` blocks).
+            argument plus ``count``, or a list of them: before exiting,
+            step the engine until each tier holds its ``count`` blocks).
         timeout_s: limit for the whole process.
         env: environment variables set on top of :data:`ENGINE_ENV` (e.g.
             ``{"VLLM_CPU_OMP_THREADS_BIND": "auto"}``: vLLM's default
@@ -252,17 +252,17 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
         )
     wait = request.get("wait_for")
     if wait:
-        count = int(wait["count"])
-        deadline = time.monotonic() + float(wait.get("timeout_s", 120))
+        waits = wait if isinstance(wait, list) else [wait]
+        deadline = time.monotonic() + max(float(w.get("timeout_s", 120)) for w in waits)
         nudge = 0
-        while stored_blocks(wait) < count and time.monotonic() < deadline:
+        while any(stored_blocks(w) < int(w["count"]) for w in waits) and time.monotonic() < deadline:
             # An idle engine does not step; a one-token request steps it so cascades get polled.
             nudge += 1
             engine.add_request(f"nudge-{nudge}", TokensPrompt(prompt_token_ids=[2, 3]), SamplingParams(max_tokens=1))
             while engine.has_unfinished_requests():
                 engine.step()
             time.sleep(0.2)
-    metrics = _offload_metrics(llm)
+    metrics = _offload_metrics(llm) if engine.log_stats else {}  # vLLM keeps no metrics with stats disabled
     del engine
     llm.llm_engine.engine_core.shutdown()
     return {"outputs": outputs, "metrics": metrics, "startup_s": startup}
