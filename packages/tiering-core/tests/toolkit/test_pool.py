@@ -102,14 +102,14 @@ def frequent_thread_switches():
     sys.setswitchinterval(old)
 
 
-def test_a_submit_between_a_workers_last_look_and_its_sleep_still_runs():
-    # A submit takes no lock when nobody waits; a worker going to sleep looks at the queues again after it counts
-    # itself as waiting. Here the submit lands exactly between the worker's last look (an empty queue) and that
-    # count, so it sees no waiting thread and wakes nobody: without the re-check the item stays queued for ever.
-    pool = IOPool(1, 0)
-    fn, on_error, done, errors = collect()
+def pause_before_sleep(pool, fn, on_error):
+    """Run ``["first"]`` on ``pool``'s only reader, then hold it between its last look at the queues and its sleep.
+
+    Returns the event that lets it go on: submissions made before setting it land in that window (the pool lock
+    is held there, so a submit must not need it).
+    """
     wait_for(lambda: pool._waiting[True] == 1)
-    about_to_sleep, submitted, armed = threading.Event(), threading.Event(), [False]
+    about_to_sleep, submitted, armed = threading.Event(), threading.Event(), [True]
     take = pool._take
 
     def paused_take(is_reader):
@@ -117,13 +117,22 @@ def test_a_submit_between_a_workers_last_look_and_its_sleep_still_runs():
         if unit is None and armed[0]:
             armed[0] = False
             about_to_sleep.set()
-            submitted.wait(5)  # the pool lock is held: the submit below must not need it
+            submitted.wait(5)
         return unit
 
     pool._take = paused_take
-    armed[0] = True
     pool.submit("read", fn, ["first"], on_error)  # wakes the worker; after it, the worker finds the queue empty
     assert about_to_sleep.wait(5)
+    return submitted
+
+
+def test_a_submit_between_a_workers_last_look_and_its_sleep_still_runs():
+    # A submit takes no lock when nobody waits; a worker going to sleep looks at the queues again after it counts
+    # itself as waiting. Here the submit lands exactly between the worker's last look (an empty queue) and that
+    # count, so it sees no waiting thread and wakes nobody: without the re-check the item stays queued for ever.
+    pool = IOPool(1, 0)
+    fn, on_error, done, errors = collect()
+    submitted = pause_before_sleep(pool, fn, on_error)
     pool.submit("read", fn, ["second"], on_error)
     submitted.set()
     assert pool.wait_idle(5), f"{pool.pending()} item left queued with every thread asleep"
@@ -137,22 +146,7 @@ def test_a_worker_whose_last_look_finds_work_still_joins_queued_units():
     # would not join them into one share (cross-job merging lost for that take).
     pool = IOPool(1, 0, max_batch=4)
     fn, on_error, done, errors = collect()
-    wait_for(lambda: pool._waiting[True] == 1)
-    about_to_sleep, submitted, armed = threading.Event(), threading.Event(), [False]
-    take = pool._take
-
-    def paused_take(is_reader):
-        unit = take(is_reader)
-        if unit is None and armed[0]:
-            armed[0] = False
-            about_to_sleep.set()
-            submitted.wait(5)
-        return unit
-
-    pool._take = paused_take
-    armed[0] = True
-    pool.submit("read", fn, ["first"], on_error)
-    assert about_to_sleep.wait(5)
+    submitted = pause_before_sleep(pool, fn, on_error)
     pool.submit("read", fn, ["a"], on_error, merge=True)
     pool.submit("read", fn, ["b"], on_error, merge=True)
     submitted.set()

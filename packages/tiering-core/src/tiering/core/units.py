@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?$", re.IGNORECASE)
 
@@ -59,25 +63,24 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def size_argument(text: str) -> int:
-    """:func:`parse_size` as an argparse type: a bad size is reported with what sizes look like.
+def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` as an argparse ``type``: its ``ValueError`` becomes argparse's error, which names the flag.
 
-    Raises:
-        argparse.ArgumentTypeError: not a size (argparse names the flag).
+    Used as ``type=argument_type(parse_size)``: a bad value reads ``argument --to-bytes: size '7x' is not ...``
+    instead of argparse's bare ``invalid value``.
     """
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
 
 
-def duration_argument(text: str) -> float:
-    """A duration (``"90s"``, ``"12h"``, ``"7d"``) as an argparse type: seconds.
-
-    Raises:
-        argparse.ArgumentTypeError: not a duration (argparse names the flag).
-    """
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+size_argument = argument_type(parse_size)
+"""A byte count with an optional unit, as an argparse type."""
+duration_argument = argument_type(parse_duration)
+"""A duration (``"90s"``, ``"12h"``, ``"7d"``) in seconds, as an argparse type."""
