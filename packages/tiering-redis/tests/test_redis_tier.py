@@ -223,8 +223,15 @@ def test_c21_process_cap_holds_on_the_server_when_unlink_starts_failing(redis_se
               "eviction": "process", "capacity_bytes": cap}  # fmt: skip
     peak, watching = [0], threading.Event()
 
+    # Bytes of block values at one instant: a script runs atomically on the server (a SCAN followed by STRLENs
+    # could count a victim deleted mid-scan and the block written in its room both).
+    sum_blocks = admin.register_script(
+        "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do "
+        "if not string.find(k, ':namespace$') then n = n + redis.call('STRLEN', k) end end return n"
+    )
+
     def held():
-        return sum(admin.strlen(k) for k in admin.scan_iter(match=f"{prefix}:*") if not k.endswith(b":namespace"))
+        return int(sum_blocks(args=[f"{prefix}:*"]))
 
     def watch():
         while not watching.is_set():
