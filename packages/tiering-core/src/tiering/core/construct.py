@@ -103,8 +103,9 @@ def check_callable(
 ) -> None:
     """Whether ``cls(*args, **kwargs)`` could be called, found by inspection alone (nothing is constructed).
 
-    Args: as :func:`construct`; only the names and number of the arguments matter, not their values.
-        ``partial``: only whether the constructor takes these arguments; required ones may be missing.
+    The arguments are those of :func:`construct` (only their names and number
+    matter, not their values); with ``partial`` only whether the constructor
+    takes these arguments is checked, required ones may be missing.
 
     Raises:
         TypeError: the call does not fit the constructor's signature, or the
