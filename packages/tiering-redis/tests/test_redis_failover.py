@@ -23,6 +23,17 @@ JOB_BOUND_S = 15.0
 """Longest a job may take while the primary changes: timeouts x (retries + 1) + backoff, with margin."""
 
 
+def sentinel_tier(sentinel, service_name, prefix, retries, model):
+    """A redis tier through ``sentinel`` (2 s socket timeout, 1 s connect timeout) and its primary view."""
+    config = {
+        "type": "redis", "mode": "sentinel", "sentinels": sentinel.sentinels, "service_name": service_name,
+        "prefix": prefix, "socket_timeout_s": 2, "socket_connect_timeout_s": 1, "retries": retries,
+    }  # fmt: skip
+    view = allocate_host_buffer(SLOTS, BLOCK)
+    spec = OffloadingSpec({"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": model})
+    return create_secondary_tier(config, view, spec), view
+
+
 def store(tier, view, keys, timeout_s=60.0):
     for i, key in enumerate(keys):
         block_view(view, i)[:] = block_payload(key, BLOCK)
@@ -69,13 +80,7 @@ def test_a_new_primary_continues_the_old_data_set_only_when_promoted_from_its_re
 def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_primary_serves(prefix):
     with LocalSentinel(service_name="fo", replicas=1) as sentinel:
         old_primary = sentinel.primary
-        config = {
-            "type": "redis", "mode": "sentinel", "sentinels": sentinel.sentinels, "service_name": "fo",
-            "prefix": prefix, "socket_timeout_s": 2, "socket_connect_timeout_s": 1, "retries": 3,
-        }  # fmt: skip
-        view = allocate_host_buffer(SLOTS, BLOCK)
-        spec = OffloadingSpec({"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": "redis/failover"})
-        tier = create_secondary_tier(config, view, spec)
+        tier, view = sentinel_tier(sentinel, "fo", prefix, retries=3, model="redis/failover")
         try:
             before = [make_key(i, b"before") for i in range(16)]
             assert store(tier, view, before[:8]) and store(tier, view, before[8:])
@@ -142,13 +147,7 @@ def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_th
     # down-after 2 s: a quick promotion, yet long enough that a loaded 2-core machine does not fail over by itself
     with LocalSentinel(service_name="c23", replicas=1, down_after_ms=2000) as sentinel:
         old_primary = sentinel.primary
-        config = {
-            "type": "redis", "mode": "sentinel", "sentinels": sentinel.sentinels, "service_name": "c23",
-            "prefix": prefix, "socket_timeout_s": 2, "socket_connect_timeout_s": 1, "retries": 2,
-        }  # fmt: skip
-        view = allocate_host_buffer(SLOTS, BLOCK)
-        spec = OffloadingSpec({"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": "redis/c23"})
-        tier = create_secondary_tier(config, view, spec)
+        tier, view = sentinel_tier(sentinel, "c23", prefix, retries=2, model="redis/c23")
         try:
             assert tier.wait_for_scan(30)
             before = [make_key(i, b"c23-before") for i in range(96)]
