@@ -50,10 +50,14 @@ class ReqContext:
     Attributes:
         req_id: the engine's request id.
         extra: free-form per-request data (vLLM's ``kv_transfer_params``).
+        tenant: who the request belongs to (for example vLLM's ``cache_salt``);
+            ``""`` is the default tenant. Tiers that keep per-tenant quotas,
+            TTLs or usage attribute the request's blocks to it.
     """
 
     req_id: str
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tenant: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
