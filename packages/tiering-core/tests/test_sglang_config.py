@@ -62,7 +62,9 @@ def test_c27_namespace_carries_engine_ranks_layout_and_interface() -> None:
     config = parse_extra_config({**BASE, "interface_v1": 1, "tiering": EXAMPLE})
     fields = {"model": "m", "dtype": "bfloat16", "layout": "layer_first", "page_size": 64, "page_bytes": 4096}
     spec = TieringOffloadingSpec(spec_config(config, Ranks(tp_rank=1, tp_size=2, pp_rank=1, pp_size=2), **fields))
-    assert spec.namespace.kv_layout == "sglang/layer_first/page-buffers/tp1of2/pp1of2/cp0of1"
+    assert spec.namespace.kv_layout == (
+        '{"engine":"sglang","layout":"layer_first","pages":"page-buffers","tp":"1of2","pp":"1of2","cp":"0of1"}'
+    )
     assert (spec.namespace.block_size, spec.namespace.block_bytes, spec.num_primary_blocks) == (64, 4096, 64)
     digests = {
         TieringOffloadingSpec(spec_config(config, ranks, **fields)).namespace.digest

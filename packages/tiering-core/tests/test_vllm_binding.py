@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -419,7 +420,8 @@ def test_namespace_covers_revision_and_layout() -> None:
         entry = {"type": "tiering_example", "module_path": MODULE, **entry_keys}
         with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, _d):
             ns = manager.secondary_tiers[0].tiering_spec.namespace
-            assert ns.kv_layout.startswith(entry_keys.get("kv_layout", "opaque") + ";engine=vllm")
+            layout = json.loads(ns.kv_layout)
+            assert (layout["layout"], layout["engine"]) == (entry_keys.get("kv_layout", "opaque"), "vllm")
             return str(ns.digest)
 
     base = digest(model_revision="a", kv_layout="nhd")

@@ -50,14 +50,22 @@ class ReqContext:
     Attributes:
         req_id: the engine's request id.
         extra: free-form per-request data (vLLM's ``kv_transfer_params``).
-        tenant: who the request belongs to (for example vLLM's ``cache_salt``);
-            ``""`` is the default tenant. Tiers that keep per-tenant quotas,
+        tenant: who the request belongs to; ``""`` is the default tenant.
+            The manager keeps tenants' blocks apart by key
+            (:mod:`tiering.core.tenants`); tiers that keep per-tenant quotas,
             TTLs or usage attribute the request's blocks to it.
+
+    Raises:
+        TypeError: ``tenant`` is not a str.
     """
 
     req_id: str
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     tenant: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant, str):
+            raise TypeError(f"request {self.req_id!r}: tenant must be a str, got {type(self.tenant).__name__}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ class LoadResult:
 
     Attributes:
         req_context: the request.
-        keys: the loaded blocks, a prefix of the keys given to
+        keys: the loaded blocks (as the caller named them), a prefix of the keys given to
             :meth:`~tiering.core.manager.TieringManager.prepare_load` (shorter when a promotion
             failed: the rest are misses to recompute).
         block_ids: primary slot of each key, pinned until
@@ -50,6 +50,8 @@ class PendingLoad:
         block_ids: primary slot of each key.
         sources: per key, :data:`PRIMARY` or the secondary tier index it is promoted from.
         requested: how many keys were asked for.
+        asked: the keys asked for, as the caller named them (``keys`` holds
+            their tenant-scoped names, :mod:`tiering.core.tenants`).
         jobs: ids of the promotion jobs not yet reported.
         pinned: keys pinned for this load (released exactly once).
         failed_at: index of the first key whose promotion failed, None while none did.
@@ -61,6 +63,7 @@ class PendingLoad:
     block_ids: list[int]
     sources: list[int]
     requested: int
+    asked: list[OffloadKey] = dataclasses.field(default_factory=list)
     jobs: set[int] = dataclasses.field(default_factory=set)
     pinned: list[OffloadKey] = dataclasses.field(default_factory=list)
     failed_at: int | None = None

@@ -1,17 +1,15 @@
 """The tiering manager: the scheduler-side orchestrator of a tier stack.
 
-It answers lookups across the CPU primary tier and the secondary tiers,
-promotes blocks secondary -> primary for loads, cascades stores primary ->
-every secondary tier (write-through), and releases the primary slots' pins
-as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
-(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no
-request ever waits forever and no exception from a tier escapes (a failed
-job turns its blocks into misses, which the engine recomputes); and a block
-promoted from secondary tier N is also written to tiers 0..N-1 that lack it
-(fill on hit, as in an inclusive cache hierarchy: a block a local disk lost
-or never had is fetched from a remote tier once, not on every primary
-miss). A found prefix is cut where loading it stops paying: the engine recomputes
-the rest (:class:`~tiering.core.costmodel.LoadCostModel`).
+It answers lookups across the CPU primary tier and the secondary tiers, promotes blocks secondary -> primary
+for loads, cascades stores primary -> every secondary tier (write-through), and releases the primary slots'
+pins as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
+(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no request ever waits forever and no
+exception from a tier escapes (a failed job turns its blocks into misses, which the engine recomputes); and a
+block promoted from secondary tier N is also written to tiers 0..N-1 that lack it (fill on hit, as in an
+inclusive cache hierarchy: a block a local disk lost or never had is fetched from a remote tier once, not on
+every primary miss). A found prefix is cut where loading it stops paying: the engine recomputes the rest
+(:class:`~tiering.core.costmodel.LoadCostModel`). Keys are scoped to the request's tenant before any tier
+sees them (:mod:`tiering.core.tenants`).
 
 All methods run on the scheduler's thread. In a child forked after the
 manager was built, those that start, wait for or report work raise
@@ -34,6 +32,7 @@ from tiering.core.guard import FinishedJob, GuardedTier
 from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.primary import Allocation, CPUPrimaryTier
+from tiering.core.tenants import caller_allocation, scope_keys
 from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.jobs import JobState, JobTracker
 
@@ -105,6 +104,7 @@ class TieringManager:
             first key not found elsewhere is still pending (ask again).
         """
         self._poll_tiers()
+        keys = scope_keys(req_context.tenant, keys)
         failed = [f for g in self._guards if (f := g.failed_keys(req_context.req_id))]
         sources: list[int] = []
         for key in keys:
@@ -160,7 +160,8 @@ class TieringManager:
         req_id = req_context.req_id
         if req_id in self._loads or req_id in self._held:
             raise ValueError(f"request {req_id!r} already has a load in progress")
-        load = PendingLoad(req_context, [], [], [], requested=len(keys))
+        load = PendingLoad(req_context, [], [], [], requested=len(keys), asked=list(keys))
+        keys = scope_keys(req_context.tenant, keys)
         # Pin the resident blocks first, so promotions cannot evict them.
         resident = {key: self.primary.pin([key])[0] for key in keys if self.primary.lookup(key)}
         load.pinned.extend(resident)
@@ -220,7 +221,7 @@ class TieringManager:
         self.metrics.inc("blocks_loaded_total", self._primary_labels, len(held))
         self.metrics.inc("loaded_bytes_total", self._primary_labels, len(held) * self.primary.block_bytes)
         self._finished_loads.append(
-            LoadResult(load.req_context, load.keys[:n], load.block_ids[:n], load.sources[:n], load.requested)
+            LoadResult(load.req_context, load.asked[:n], load.block_ids[:n], load.sources[:n], load.requested)
         )
 
     # -- store --------------------------------------------------------------
@@ -228,16 +229,18 @@ class TieringManager:
         """Give each absent key a pinned primary slot to be filled by the caller.
 
         Present keys are only touched. Keys that find every slot pinned are
-        reported in ``rejected`` and are simply not stored.
+        reported in ``rejected`` and are simply not stored (:func:`~tiering.core.tenants.caller_allocation`).
         """
         self._poll_tiers()
-        alloc = self.primary.allocate(keys)
+        scoped = scope_keys(req_context.tenant, keys)
+        alloc = self.primary.allocate(scoped)
         if alloc.present:
-            self._touch_secondaries(alloc.present, req_context)
+            for guard in self._guards:
+                guard.touch(alloc.present, req_context)
         if alloc.rejected:
             labels = {**self._primary_labels, "cause": "no_slot"}
             self.metrics.inc("store_failures_total", labels, len(alloc.rejected))
-        return alloc
+        return caller_allocation(req_context.tenant, alloc, scoped, keys)
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Mark slots from :meth:`prepare_store` written and cascade them to every secondary tier.
@@ -247,6 +250,7 @@ class TieringManager:
         True); the keys it holds are touched instead.
         """
         self._owner.check()
+        keys = scope_keys(req_context.tenant, keys)
         self.primary.complete_write(keys, success)
         if not success or not keys:
             return
@@ -261,7 +265,7 @@ class TieringManager:
             held_set = set(held)
             missing = [key for key in keys if key not in held_set]
             if held:
-                self._touch_tier(idx, held, req_context)
+                self._guards[idx].touch(held, req_context)
             if not missing:
                 continue
             block_ids = self.primary.pin(missing, record_access=False)
@@ -277,15 +281,10 @@ class TieringManager:
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
         self._owner.check()
+        keys = scope_keys(req_context.tenant, keys)
         self.primary.touch(keys)
-        self._touch_secondaries(keys, req_context)
-
-    def _touch_secondaries(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        for idx in range(len(self.secondary_tiers)):
-            self._touch_tier(idx, keys, req_context)
-
-    def _touch_tier(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        self._guards[idx].touch(keys, req_context)
+        for guard in self._guards:
+            guard.touch(keys, req_context)
 
     # -- jobs ---------------------------------------------------------------
     def _submit(self, idx: int, job: JobMetadata) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core.configfile import load_config
+from tiering.core.fields import structured
 from tiering.core.registry import closest_name
 from tiering.core.spec import VLLM_KEYS
 from tiering.core.tier_factory import resolve_tier
@@ -169,15 +170,23 @@ class Ranks:
 
 
 def kv_layout(ranks: Ranks, layout: str, interface_v1: bool) -> str:
-    """The namespace's ``kv_layout`` of SGLang pages, e.g. ``sglang/layer_first/page-buffers/tp0of2/pp0of1/cp0of1``.
+    """The namespace's ``kv_layout`` of SGLang pages: JSON text of its fields (:func:`~tiering.core.fields.structured`).
 
-    It starts with the engine name, which no vLLM layout does, so SGLang's
-    pages and vLLM's blocks never share a namespace. With MLA the TP part is
+    E.g. ``{"engine":"sglang","layout":"layer_first","pages":"page-buffers","tp":"0of2","pp":"0of1","cp":"0of1"}``.
+    Its ``engine`` is ``sglang``, which no vLLM layout's is, so SGLang's
+    pages and vLLM's blocks never share a namespace. With MLA ``tp`` is
     ``mla`` (one copy for every TP rank).
     """
-    tp = "mla" if ranks.is_mla else f"tp{ranks.tp_rank}of{ranks.tp_size}"
-    pages = "page-buffers" if interface_v1 else "flat-page"
-    return f"{ENGINE}/{layout}/{pages}/{tp}/pp{ranks.pp_rank}of{ranks.pp_size}/cp{ranks.cp_rank}of{ranks.cp_size}"
+    return structured(
+        {
+            "engine": ENGINE,
+            "layout": layout,
+            "pages": "page-buffers" if interface_v1 else "flat-page",
+            "tp": "mla" if ranks.is_mla else f"{ranks.tp_rank}of{ranks.tp_size}",
+            "pp": f"{ranks.pp_rank}of{ranks.pp_size}",
+            "cp": f"{ranks.cp_rank}of{ranks.cp_size}",
+        }
+    )
 
 
 def spec_config(

@@ -19,6 +19,13 @@ successful_keys, transfer_bytes)``            successful_keys)``
 ``get_stats``, ``config_info`` (0.33)         ``stats()``, the namespace digest
 ============================================  ==========================================
 
+Tenants: a request's tenant is ``kv_transfer_params["tenant"]``
+(:func:`~tiering.core.tenants.tenant_from_params`); the wrapper scopes every
+key to it before the tiering tier sees it, and hands vLLM back vLLM's own
+keys. A request naming a tenant that is not a string gets no tiering at all
+(every lookup MISS, every job failed, one error logged): serving it the
+default tenant's blocks would break the isolation it asked for.
+
 The wrapper never lets an exception of the tiering tier reach vLLM's
 scheduler: every call goes through :class:`~tiering.core.guard.GuardedTier`
 (the same guard the standalone manager uses): a failing ``lookup`` is a
@@ -40,6 +47,7 @@ from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
 from tiering.core.guard import GuardedTier
+from tiering.core.tenants import scope_key, scope_keys, tenant_from_params
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
@@ -155,6 +163,9 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         spec = self.tiering_spec
         self._gate = LoadGate(spec.extra_config, spec.block_bytes, spec.block_size)
         self._contexts: dict[str, TieringReqContext] = {}
+        self._refused: set[str] = set()  # requests whose tenant is unusable: no tiering for them
+        self._refused_jobs: list[JobResult] = []  # their jobs, reported failed by the next get_finished_jobs
+        self._vllm_keys: dict[int, dict[TieringOffloadKey, Any]] = {}  # promotions of a tenant: scoped -> vLLM key
         logger.info(
             "tiering tier %r (%s.%s) serving vLLM tier %r, namespace %s",
             self.tiering_name,
@@ -169,18 +180,35 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         ctx = self._contexts.get(req_context.req_id)
         if ctx is None:
             params = req_context.kv_transfer_params
-            ctx = TieringReqContext(req_context.req_id, dict(params) if params else {})
+            try:
+                tenant = tenant_from_params(params)
+            except ValueError as exc:
+                logger.error("request %r: %s; no tiering for this request", req_context.req_id, exc)
+                self._refused.add(req_context.req_id)
+                tenant = ""
+            ctx = TieringReqContext(req_context.req_id, dict(params) if params else {}, tenant)
             self._contexts[req_context.req_id] = ctx
         return ctx
 
     def _job(self, job: Any) -> JobMetadata:
+        ctx = self._context(job.req_context)
+        keys = [TieringOffloadKey(bytes(k)) for k in job.keys]
+        scoped = scope_keys(ctx.tenant, keys)
+        if ctx.tenant and job.is_promotion:
+            self._vllm_keys[int(job.job_id)] = dict(zip(scoped, job.keys, strict=True))
         return JobMetadata(
             job_id=int(job.job_id),
-            keys=[TieringOffloadKey(bytes(k)) for k in job.keys],
+            keys=scoped,
             block_ids=[int(c) for c in job.chunk_ids],
             is_promotion=bool(job.is_promotion),
-            req_context=self._context(job.req_context),
+            req_context=ctx,
         )
+
+    def _submit(self, job: JobMetadata) -> None:
+        if job.req_context.req_id in self._refused:
+            self._refused_jobs.append(JobResult(job_id=job.job_id, success=False))
+        else:
+            self._guard.submit(job)
 
     # -- vLLM SecondaryTierManager ----------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
@@ -190,20 +218,23 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         already failed for this request, and one the load cost model
         declines (:class:`~tiering.core.vllm.cost.LoadGate`).
         """
-        verdict = self._guard.lookup(TieringOffloadKey(bytes(key)), self._context(req_context))
+        ctx = self._context(req_context)
+        if req_context.req_id in self._refused:
+            return to_lookup_result(False)
+        verdict = self._guard.lookup(scope_key(ctx.tenant, TieringOffloadKey(bytes(key))), ctx)
         if verdict and not self._gate.admit(req_context.req_id):
             verdict = False
         return to_lookup_result(verdict)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Hand a cascade (primary -> tier) to the tiering tier; returns at once."""
-        self._guard.submit(self._job(job_metadata))
+        self._submit(self._job(job_metadata))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Hand a promotion (tier -> primary) to the tiering tier; returns at once."""
         job = self._job(job_metadata)
         self._gate.loading(job.job_id, len(job.keys))
-        self._guard.submit(job)
+        self._submit(job)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         """Jobs finished since the last call, as vLLM ``JobResult`` with ``transfer_bytes``.
@@ -215,16 +246,18 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         Results for job ids vLLM never submitted, or reported twice, are
         dropped with an error log.
         """
-        results = []
+        results, self._refused_jobs = self._refused_jobs, []
         for done in self._guard.get_finished():
             if done.job.is_promotion:
                 self._gate.finished(done.job.job_id, done.success)
-            moved = len(done.job.keys) if done.success else len(done.loaded)
+            names = self._vllm_keys.pop(done.job.job_id, None)
+            loaded = [names[k] for k in done.loaded] if names else done.loaded  # vLLM's keys, not the scoped ones
+            moved = len(done.job.keys) if done.success else len(loaded)
             results.append(
                 JobResult(
                     job_id=done.job.job_id,
                     success=done.success,
-                    successful_keys=[OffloadKey(k) for k in done.loaded] if done.loaded else None,
+                    successful_keys=[OffloadKey(k) for k in loaded] if loaded else None,
                     transfer_bytes=moved * self.block_size_bytes if moved else None,
                 )
             )
@@ -239,6 +272,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """Forward to the tier and forget the request's context and failed keys."""
         ctx = self._context(req_context)
         del self._contexts[req_context.req_id]
+        self._refused.discard(req_context.req_id)
         self._gate.forget(req_context.req_id)
         self._guard.on_request_finished(ctx)
 
@@ -260,11 +294,13 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Forward a use of ``keys`` to the tier's recency order."""
-        self._guard.touch([TieringOffloadKey(bytes(k)) for k in keys], self._context(req_context))
+        ctx = self._context(req_context)
+        if req_context.req_id not in self._refused:
+            self._guard.touch(scope_keys(ctx.tenant, [TieringOffloadKey(bytes(k)) for k in keys]), ctx)
 
     def has_pending_work(self) -> bool:
         """Whether a job vLLM submitted has not been reported back to it yet."""
-        return self._guard.in_flight() > 0
+        return self._guard.in_flight() > 0 or bool(self._refused_jobs)
 
     def drain_jobs(self) -> None:
         """Block until the tier has reported every submitted job (none is aborted).

@@ -15,6 +15,7 @@ import logging
 import numbers
 from typing import Any
 
+from tiering.core.fields import structured
 from tiering.core.primary.buffer import as_block_view
 from tiering.core.spec import OffloadingSpec
 from tiering.core.vllm.compat import LookupResult
@@ -125,7 +126,9 @@ def layout_descriptor(vllm_spec: Any, kv_layout: str | None) -> str:
     parallel sizes but not the model revision nor the KV layout; tiering's
     namespace takes the revision from its own field and folds every vLLM
     fact that shapes a row's bytes into this string, so two engines that
-    would lay a row out differently never share blocks.
+    would lay a row out differently never share blocks. The result is
+    JSON text (:func:`~tiering.core.fields.structured`), e.g.
+    ``{"layout":"opaque","engine":"vllm","kv_cache_layout":"default",...}``.
 
     With vLLM's replicated layout (:func:`is_replicated`: every rank holds
     the same KV, one copy per row) the parallel sizes are left out, as
@@ -163,8 +166,9 @@ def layout_descriptor(vllm_spec: Any, kv_layout: str | None) -> str:
         "tokens_per_hash": _int_field(config.cache.tokens_per_hash, "config.cache.tokens_per_hash"),
         "groups": groups_digest,
     }
-    described = ",".join(f"{k}={v}" for k, v in facts.items())
-    return f"{kv_layout or 'opaque'};{described}"
+    # Structured, never joined: a user layout or a vLLM layout name holding "," ";" or "=" must not pass
+    # for another combination of facts.
+    return structured({"layout": kv_layout or "opaque", **facts})
 
 
 def tiering_spec_from_vllm(

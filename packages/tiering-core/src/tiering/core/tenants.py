@@ -1,0 +1,127 @@
+"""Tenants: who a request belongs to, and the block keys that keep tenants apart.
+
+A request's tenant is :attr:`tiering.core.base.ReqContext.tenant` (``""``:
+the default tenant). It is the only place a request's tenant is kept: the
+engine bindings fill it (vLLM: ``kv_transfer_params["tenant"]``, see
+:func:`tenant_from_params`; LMCache: the objects' ``cache_salt``), the
+standalone API and ``tiering bench --tenants N`` set it directly, and tiers
+read it from ``job.req_context`` to attribute blocks.
+
+Isolation is in the key. Before any tier (the primary tier included) sees a
+key of tenant ``t``, :func:`scope_key` turns it into SHA-256 of a domain tag,
+the length-prefixed tenant and the length-prefixed key: the same engine key
+of two tenants names two different blocks, so one tenant's lookup can never
+find another's block, even when the engine gave identical prompts the same
+prefix hash. The default tenant keeps the engine's key unchanged, so blocks
+stored before tenants existed stay readable. A scoped key is 32 bytes
+whatever the key's length (within :data:`tiering.core.format.MAX_KEY_BYTES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tiering.core.base import OffloadKey
+from tiering.core.fields import length_prefixed
+from tiering.core.primary.tier import Allocation
+
+DEFAULT_TENANT = ""
+"""The tenant of a request that names none: its keys are the engine's, unchanged."""
+
+TENANT_PARAM = "tenant"
+"""The entry of vLLM's ``kv_transfer_params`` that names the request's tenant."""
+
+MAX_TENANT_CHARS = 1024
+"""The longest tenant a request may name (vLLM's limit for ``cache_salt``)."""
+
+_SCOPE_DOMAIN = b"tiering/tenant-key/v1\x00"
+
+
+def scope_key(tenant: str, key: OffloadKey) -> OffloadKey:
+    """The key under which tenant ``tenant`` stores and finds the block the engine named ``key``.
+
+    Args:
+        tenant: the request's tenant; ``""`` (the default tenant) returns ``key`` unchanged.
+        key: the engine's key (bytes).
+
+    Returns:
+        ``key`` for the default tenant, else 32 bytes: SHA-256 of a domain
+        tag, the tenant's UTF-8 bytes and the key, each field length-prefixed
+        (:func:`~tiering.core.fields.length_prefixed`), so no pair of a tenant
+        and a key gives another pair's bytes.
+    """
+    if not tenant:
+        return key
+    return OffloadKey(hashlib.sha256(_SCOPE_DOMAIN + length_prefixed(tenant.encode(), bytes(key))).digest())
+
+
+def scope_keys(tenant: str, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+    """:func:`scope_key` of each of ``keys``, in order (a new list; ``keys`` itself for the default tenant)."""
+    if not tenant:
+        return list(keys)
+    return [scope_key(tenant, key) for key in keys]
+
+
+def check_tenant(value: Any, where: str) -> str:
+    """``value`` as a tenant name, or a clear error naming ``where`` it came from.
+
+    Raises:
+        ValueError: ``value`` is not a str, or longer than :data:`MAX_TENANT_CHARS`.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string, got {type(value).__name__} {str(value)[:80]!r}")
+    if len(value) > MAX_TENANT_CHARS:
+        raise ValueError(f"{where} is {len(value)} characters long, at most {MAX_TENANT_CHARS} are allowed")
+    return value
+
+
+def tenant_from_params(params: Mapping[str, Any] | None) -> str:
+    """The tenant a vLLM request names in its ``kv_transfer_params`` (``{"tenant": "acme"}``).
+
+    vLLM hands offloading tiers only the request id and ``kv_transfer_params``
+    (its ``cache_salt`` goes into the block hashes, not to the tiers), so the
+    tenant travels in ``kv_transfer_params``: the OpenAI server's request
+    field of that name, or ``SamplingParams(extra_args={"kv_transfer_params": ...})``.
+
+    Returns:
+        The tenant; :data:`DEFAULT_TENANT` when ``params`` is None or has no
+        ``"tenant"`` entry (or it is None).
+
+    Raises:
+        ValueError: the entry is not a string or is too long (see :func:`check_tenant`).
+    """
+    if not params:
+        return DEFAULT_TENANT
+    value = params.get(TENANT_PARAM)
+    if value is None:
+        return DEFAULT_TENANT
+    return check_tenant(value, f"kv_transfer_params[{TENANT_PARAM!r}]")
+
+
+def caller_allocation(
+    tenant: str, alloc: Allocation, scoped: Sequence[OffloadKey], keys: Sequence[OffloadKey]
+) -> Allocation:
+    """``alloc``, made for the ``scoped`` keys, naming the caller's ``keys`` instead.
+
+    The caller hands the allocation's keys back to ``complete_store``, which
+    scopes them again, so they must be the caller's. ``evicted`` keeps the
+    stored names: the evicted blocks may be another tenant's.
+
+    Args:
+        tenant: the request's tenant (the default tenant returns ``alloc`` as it is).
+        alloc: the primary tier's allocation for ``scoped``.
+        scoped: :func:`scope_keys` of ``keys``.
+        keys: the caller's keys.
+    """
+    if not tenant:
+        return alloc
+    names = dict(zip(scoped, keys, strict=True))
+    return dataclasses.replace(
+        alloc,
+        keys=[names[k] for k in alloc.keys],
+        present=[names[k] for k in alloc.present],
+        rejected=[names[k] for k in alloc.rejected],
+    )
