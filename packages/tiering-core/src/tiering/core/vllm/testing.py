@@ -189,10 +189,10 @@ class SchedulerDriver:
         """Release the driver's view of the primary region (before the manager shuts down)."""
         self.flat.release()
 
-    def new_context(self, prefix: str = "req") -> Any:
-        """A fresh vLLM ``ReqContext`` registered with the manager (``on_new_request``)."""
+    def new_context(self, prefix: str = "req", kv_transfer_params: dict[str, Any] | None = None) -> Any:
+        """A fresh vLLM ``ReqContext`` with ``kv_transfer_params`` (``{"tenant": "a"}``), known to the manager."""
         self._req += 1
-        ctx = ReqContext(req_id=f"{prefix}-{self._req}")
+        ctx = ReqContext(req_id=f"{prefix}-{self._req}", kv_transfer_params=kv_transfer_params)
         with manager_lock(self.manager):
             self.manager.on_new_request(ctx)
         return ctx
@@ -226,12 +226,18 @@ class SchedulerDriver:
             steps += 1
             time.sleep(self.step_sleep_s)
 
-    def store(self, requests: Sequence[Sequence[Key]], data: Callable[[Key], bytes]) -> list[Any]:
+    def store(
+        self,
+        requests: Sequence[Sequence[Key]],
+        data: Callable[[Key], bytes],
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> list[Any]:
         """Store each request's keys GPU -> primary (bytes written in place of the DMA) -> cascade.
 
         One ``prepare_store``/``complete_store`` per request, so each request
         becomes one cascade job per secondary tier, as one scheduler step
         offloading that request's new chunks. Does not wait for the cascades.
+        Every request carries ``kv_transfer_params``.
 
         Returns:
             The requests' contexts (finish them with :meth:`finish`).
@@ -241,7 +247,7 @@ class SchedulerDriver:
         """
         contexts = []
         for keys in requests:
-            ctx = self.new_context("store")
+            ctx = self.new_context("store", kv_transfer_params)
             with manager_lock(self.manager):
                 out = self.manager.prepare_store(list(keys), ctx)
             if out is None:
