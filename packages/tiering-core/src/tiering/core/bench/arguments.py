@@ -1,4 +1,4 @@
-"""Arguments of ``tiering bench`` checked before a replay: sizes with a unit, and the paths it will write.
+"""Arguments of ``tiering bench``: numbers and sizes with a unit, and the paths it will write, checked before a replay.
 
 A replay takes seconds to minutes; a path that cannot be written is reported
 at once, naming its flag, instead of after the replay.
@@ -11,6 +11,32 @@ import os
 from pathlib import Path
 
 from tiering.core.units import size_argument
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 def positive_size(text: str) -> int:

@@ -25,7 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tiering.core.bench.arguments import check_output_dir, check_output_file, check_plot_file, positive_size
+from tiering.core.bench.arguments import (
+    check_output_dir,
+    check_output_file,
+    check_plot_file,
+    positive_float,
+    positive_int,
+    positive_size,
+)
 from tiering.core.bench.interrupt import StopOnSignal
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
@@ -37,8 +44,10 @@ from tiering.core.bench.workload import (
     SHIPPED_TRACES,
     TRACE_FORMAT,
     Request,
+    assign_tenants,
     load_mooncake_trace,
     resolve_trace,
+    tenant_rule,
 )
 from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
 from tiering.core.factory import redact_offloading_config
@@ -48,21 +57,6 @@ from tiering.core.throttle import ThrottledTier, parse_throttle
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1.
-
-    Raises:
-        argparse.ArgumentTypeError: anything else.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -120,23 +114,18 @@ def add_bench_parser(sub: Any) -> None:
         ),
     )
     bench.add_argument(
+        "--tenants",
+        type=positive_int,
+        default=1,
+        help="give the requests to N tenants, request i to tenant i mod N (default 1: no tenants)",
+    )
+    bench.add_argument(
         "--throttle",
         type=_throttle,
         metavar="LATENCY_S[,BANDWIDTH]",
         help="make every secondary tier's loads slow on purpose, e.g. 0.05,20MiB (50 ms per job, 20 MiB/s)",
     )
     bench.set_defaults(func=cmd_bench)
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
 
 
 def _throttle(text: str) -> tuple[float, float | None]:
@@ -309,7 +298,7 @@ def _replay_pass(
         if not isinstance(spec, TieringOffloadingSpec):
             raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
         _check_primary_fits(spec)
-        requests = list(load_mooncake_trace(trace, args.requests))
+        requests = assign_tenants(list(load_mooncake_trace(trace, args.requests)), args.tenants)
         if len(requests) < args.requests:
             print(
                 f"{LABEL}: the trace {args.trace} has only {len(requests)} requests; replaying all "
@@ -333,6 +322,8 @@ def _replay_pass(
                 stack["throttle"] = f"throttle: every secondary tier's loads take +{latency:g} s per job{limit}"
             if model is not None:
                 stack["load_cost_model"] = spec.load_cost.describe()
+            if args.tenants > 1:
+                stack["tenants"] = tenant_rule(args.tenants)
             header = format_header(args.trace, len(requests), stack)
             print(header, file=sys.stderr, flush=True)
             replayer = Replayer(manager, names, abandon=stopper.abandon)

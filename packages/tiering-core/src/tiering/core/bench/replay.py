@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from tiering.core.base import ReqContext, block_view
+from tiering.core.base import OffloadKey, ReqContext, block_view
 from tiering.core.bench.payload import payload_for
 from tiering.core.bench.series import ReplaySeries
 from tiering.core.bench.ttft import RequestTimings
@@ -24,6 +24,7 @@ from tiering.core.bench.workload import Request
 from tiering.core.manager import PRIMARY, LoadResult, TieringManager
 from tiering.core.metrics import snapshot, tier_labels
 from tiering.core.primary import CPUPrimaryTier
+from tiering.core.tenants import scope_key
 
 T = TypeVar("T")
 
@@ -200,6 +201,10 @@ class Replayer:
         finally:
             self.report.scheduler_call_s.append(time.perf_counter() - start)
 
+    def _payload(self, ctx: ReqContext, key: OffloadKey) -> bytes:
+        # Each tenant's bytes differ for the same key: a block served to another tenant fails verification.
+        return payload_for(scope_key(ctx.tenant, key), self.block_bytes)
+
     def _source_name(self, source: int) -> str:
         return "primary" if source == PRIMARY else self.tier_names[source]
 
@@ -233,7 +238,7 @@ class Replayer:
         """
         self._backpressure()
         rep = self.report
-        ctx = ReqContext(req.req_id)
+        ctx = ReqContext(req.req_id, tenant=req.tenant)
         rep.requests += 1
         rep.block_lookups += len(req.keys)
         rep.tokens_looked_up += req.prompt_tokens
@@ -245,7 +250,7 @@ class Replayer:
             self._timed(lambda: self.manager.prepare_load(req.keys[:n], ctx))
             result = self._wait_load(req)
             for key, block_id, source in zip(result.keys, result.block_ids, result.sources, strict=True):
-                if block_view(self.manager.primary.kv_view, block_id) != payload_for(key, self.block_bytes):
+                if block_view(self.manager.primary.kv_view, block_id) != self._payload(ctx, key):
                     raise VerificationError(
                         f"request {req.req_id}: block {key.hex()} from {self._source_name(source)} "
                         "differs from the bytes stored under its key"
@@ -263,7 +268,7 @@ class Replayer:
         if rest:
             alloc = self._timed(lambda: self.manager.prepare_store(rest, ctx))
             for key, block_id in zip(alloc.keys, alloc.block_ids, strict=True):
-                block_view(self.manager.primary.kv_view, block_id)[:] = payload_for(key, self.block_bytes)
+                block_view(self.manager.primary.kv_view, block_id)[:] = self._payload(ctx, key)
             self._timed(lambda: self.manager.complete_store(alloc.keys, ctx))
             rep.blocks_stored += len(alloc.keys)
             rep.store_rejected += len(alloc.rejected)

@@ -84,7 +84,7 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
             + "".join(f" -> {t}" for t in tiers),
             f"blocks: {tokens} tokens, {format_bytes(block)} of payload ({block / tokens:,.0f} B/token); {scale}.",
         ]
-        + [stack[name] for name in ("throttle", "load_cost_model") if stack.get(name)]
+        + [stack[name] for name in ("throttle", "load_cost_model", "tenants") if stack.get(name)]
     )
 
 
