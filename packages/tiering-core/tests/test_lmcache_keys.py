@@ -16,6 +16,7 @@ from tiering.core.lmcache.keys import (
     namespace_config,
     pack_row,
     row_payload,
+    tenant_of,
 )
 from tiering.core.lmcache.params import parse_params
 from tiering.core.spec import OffloadingSpec
@@ -47,6 +48,18 @@ def test_every_object_key_field_changes_the_key() -> None:
 def test_fields_cannot_run_into_each_other() -> None:
     # Length-prefixed fields: moving a character from the model to the salt is another key.
     assert encode_key(Key(model_name="ab", cache_salt="c")) != encode_key(Key(model_name="a", cache_salt="bc"))
+
+
+def test_object_key_known_answer() -> None:
+    # These bytes name stored LMCache objects: a change would turn every stored object into a miss.
+    key = Key(cache_salt="acme", kv_rank=1, object_group_id=2)
+    assert encode_key(key).hex() == "de6ad635701d96cc5c80bd443749bb6aacb3314d5178dc76c2358cfd01430cdf"
+
+
+def test_the_cache_salt_is_the_tenant() -> None:
+    assert tenant_of([Key(cache_salt="a"), Key(chunk_hash=b"x", cache_salt="a")]) == "a"
+    assert tenant_of([Key(cache_salt="a"), Key(cache_salt="b")]) == ""  # mixed: the default tenant
+    assert tenant_of([Key()]) == "" and tenant_of([]) == ""
 
 
 def test_namespace_names_the_engine_apart_from_vllm() -> None:

@@ -40,7 +40,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from tiering.core.base import OffloadKey
 from tiering.core.base import SecondaryTierManager as TieringTier
-from tiering.core.lmcache.keys import encode_key, namespace_config
+from tiering.core.lmcache.keys import encode_key, namespace_config, tenant_of
 from tiering.core.lmcache.params import AdapterParams, parse_params
 from tiering.core.lmcache.worker import Task, TierWorker, flat
 from tiering.core.spec import TieringOffloadingSpec
@@ -143,12 +143,12 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _submit(self, kind: str, keys: Sequence[Any], objects: Sequence[Any] = ()) -> int:
         if kind != "lookup" and len(objects) != len(keys):
             raise ValueError(f"{kind} task: {len(keys)} keys but {len(objects)} objects")
-        okeys = [encode_key(k) for k in keys]
+        okeys, tenant = [encode_key(k) for k in keys], tenant_of(keys)
         with self._lock:
             # Queued under the lock that close() takes: no task can land behind the worker's stop mark.
             if self._closed:
                 raise RuntimeError("TieringL2Adapter is closed")
-            task = Task(kind, next(self._ids), list(keys), okeys, list(objects))
+            task = Task(kind, next(self._ids), list(keys), okeys, list(objects), tenant=tenant)
             self._worker.submit(task)
         return task.task_id
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
+from tiering.core.fields import length_prefixed
 
 ENGINE = "lmcache"
 """The engine name written into every key's domain tag and into the namespace."""
@@ -54,15 +56,27 @@ def encode_key(key: Any) -> OffloadKey:
         value = getattr(key, name)
         if not isinstance(value, str):
             raise TypeError(f"ObjectKey.{name} must be str, got {type(value).__name__}")
-        raw = value.encode()
-        digest.update(_LENGTH.pack(len(raw)) + raw)
+        digest.update(length_prefixed(value.encode()))
     for name in ("kv_rank", "object_group_id"):
         value = getattr(key, name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"ObjectKey.{name} must be int, got {type(value).__name__}")
-        digest.update(struct.pack("<q", value))
-    digest.update(_LENGTH.pack(len(chunk_hash)) + bytes(chunk_hash))
+        digest.update(struct.pack("<q", value))  # fixed width: needs no length
+    digest.update(length_prefixed(bytes(chunk_hash)))
     return OffloadKey(digest.digest())
+
+
+def tenant_of(keys: Sequence[Any]) -> str:
+    """The tenant of a batch of LMCache ``ObjectKey`` s: their common ``cache_salt`` (``""`` when they differ).
+
+    LMCache's ``cache_salt`` is the tenant. Isolation needs nothing more (the
+    salt is in every key, :func:`encode_key`); the tenant only tells tiers
+    whose blocks these are (quotas, usage). A batch mixing salts is
+    attributed to the default tenant ``""``.
+    """
+    salts = {getattr(key, "cache_salt", "") for key in keys}
+    salt = salts.pop() if len(salts) == 1 else ""
+    return salt if isinstance(salt, str) else ""
 
 
 def namespace_config(object_bytes: int) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class Task:
         failed: store: some object was not stored (the task fails as a whole).
         bytes_done: store: object bytes stored.
         stored: store: indices stored.
+        tenant: the tenant the task's objects belong to (:func:`~tiering.core.lmcache.keys.tenant_of`).
     """
 
     kind: str
@@ -70,6 +71,7 @@ class Task:
     abandoned: bool = False  # reported failed already; its jobs still in flight only free their rows
     pending: list[int] = dataclasses.field(default_factory=list)  # lookup: keys still "not known yet"
     deadline: float = 0.0
+    tenant: str = ""
 
     def done(self) -> bool:
         """Every key handed to the tier and every job reported."""
@@ -129,7 +131,7 @@ class TierWorker:
         return self._view[row : row + 1].cast("B")
 
     def _context(self, task: Task) -> ReqContext:
-        return ReqContext(f"lmcache-{task.kind}-{task.task_id}")
+        return ReqContext(f"lmcache-{task.kind}-{task.task_id}", tenant=task.tenant)
 
     # -- the loop ---------------------------------------------------------------------
     def _run(self) -> None:
