@@ -151,7 +151,7 @@ def layout_descriptor(vllm_spec: Any, kv_layout: str | None) -> str:
     ]
     groups_digest = hashlib.sha256(json.dumps(groups, sort_keys=True).encode()).hexdigest()[:12]
     layout = config.kv_cache_layout
-    facts = {
+    facts: dict[str, str | int] = {
         "engine": "vllm",
         "kv_cache_layout": _str_field(layout, "config.kv_cache_layout") if layout else "default",
         "worker_bytes": _int_field(config.worker_kv_bytes_per_block, "config.worker_kv_bytes_per_block"),
