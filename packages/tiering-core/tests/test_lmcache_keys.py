@@ -108,3 +108,46 @@ def test_package_imports_without_lmcache(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delitem(sys.modules, "tiering.core.lmcache.adapter", raising=False)
     with pytest.raises(ImportError):
         importlib.import_module("tiering.core.lmcache.adapter")
+
+
+def test_the_worker_hands_the_tier_the_tasks_tenant() -> None:
+    import threading
+    from typing import ClassVar
+
+    from tiering.core.base import SecondaryTierManager
+    from tiering.core.harness import make_spec
+    from tiering.core.lmcache.worker import Task, TierWorker
+    from tiering.core.primary.buffer import allocate_host_buffer
+
+    class Recording(SecondaryTierManager):
+        tenants: ClassVar[list[str]] = []
+
+        def lookup(self, key, req_context):  # type: ignore[no-untyped-def]
+            self.tenants.append(req_context.tenant)
+            return False
+
+        def submit_store(self, job):  # type: ignore[no-untyped-def]
+            raise AssertionError("no store expected")
+
+        submit_load = submit_store
+
+        def get_finished(self):  # type: ignore[no-untyped-def]
+            return []
+
+    spec = make_spec(block_bytes=4096, num_blocks=2)
+    view = allocate_host_buffer(2, 4096)
+    tier = Recording(spec, view, "recording")
+    done = threading.Event()
+    worker = TierWorker(
+        tier,
+        view,
+        lookup_timeout_s=1.0,
+        on_complete=lambda t: done.set(),
+        on_removed=lambda keys: None,
+        on_tick=lambda: None,
+    )
+    keys = [Key(cache_salt="acme"), Key(chunk_hash=b"\x02" * 32, cache_salt="acme")]
+    worker.submit(Task("lookup", 1, keys, [encode_key(k) for k in keys], tenant=tenant_of(keys)))
+    assert done.wait(10)
+    worker.stop()
+    assert tier.tenants and set(tier.tenants) == {"acme"}
