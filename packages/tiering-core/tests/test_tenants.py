@@ -159,3 +159,11 @@ def test_identical_prompts_of_two_tenants_never_share_primary_blocks() -> None:
     assert rows == [block_payload(b"b" + key, BLOCK) for key in keys]
     manager.complete_load(b)
     manager.on_request_finished(b)
+
+
+def test_harness_jobs_carry_the_tenant() -> None:
+    from tiering.core.harness import load_job, store_job
+
+    assert store_job([ENGINE_KEY], [0], tenant="a").req_context.tenant == "a"
+    assert load_job([ENGINE_KEY], [0]).req_context.tenant == ""
+    assert store_job([ENGINE_KEY], [0], tenant="a").keys == [ENGINE_KEY]  # tier-level: keys as given

@@ -122,14 +122,22 @@ def fill_slots(view: memoryview, keys: Sequence[OffloadKey], slots: Sequence[int
         block_view(view, slot)[:] = block_payload(key, block_bytes)
 
 
-def store_job(keys: Sequence[OffloadKey], slots: Sequence[int], req_id: str = "harness") -> JobMetadata:
-    """A store job of ``keys`` from ``slots`` with a fresh id."""
-    return JobMetadata(next_job_id(), list(keys), list(slots), False, ReqContext(req_id))
+def store_job(
+    keys: Sequence[OffloadKey], slots: Sequence[int], req_id: str = "harness", *, tenant: str = ""
+) -> JobMetadata:
+    """A store job of ``keys`` from ``slots`` with a fresh id, for a request of ``tenant``.
+
+    A tier-level job: ``keys`` reach the tier as given (the manager, not the
+    tier, scopes keys per tenant); the tenant only tells the tier whose blocks they are.
+    """
+    return JobMetadata(next_job_id(), list(keys), list(slots), False, ReqContext(req_id, tenant=tenant))
 
 
-def load_job(keys: Sequence[OffloadKey], slots: Sequence[int], req_id: str = "harness") -> JobMetadata:
-    """A load job of ``keys`` into ``slots`` with a fresh id."""
-    return JobMetadata(next_job_id(), list(keys), list(slots), True, ReqContext(req_id))
+def load_job(
+    keys: Sequence[OffloadKey], slots: Sequence[int], req_id: str = "harness", *, tenant: str = ""
+) -> JobMetadata:
+    """A load job of ``keys`` into ``slots`` with a fresh id, for a request of ``tenant`` (see :func:`store_job`)."""
+    return JobMetadata(next_job_id(), list(keys), list(slots), True, ReqContext(req_id, tenant=tenant))
 
 
 def store_blocks(
@@ -138,15 +146,17 @@ def store_blocks(
     keys: Sequence[OffloadKey],
     slots: Sequence[int] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    tenant: str = "",
 ) -> bool:
-    """Fill ``slots`` (default ``0..len(keys)-1``) with the keys' payloads, store them as one job, wait.
+    """Fill ``slots`` (default ``0..len(keys)-1``) with the keys' payloads, store them as one job of ``tenant``, wait.
 
     Returns:
         The job's success.
     """
     slots = list(slots if slots is not None else range(len(keys)))
     fill_slots(view, keys, slots)
-    job = store_job(keys, slots)
+    job = store_job(keys, slots, tenant=tenant)
     tier.submit_store(job)
     return wait_for_jobs(tier, [job.job_id], timeout_s)[job.job_id]
 
