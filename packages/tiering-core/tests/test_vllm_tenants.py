@@ -106,3 +106,33 @@ def test_vllm_layout_fields_that_joined_text_confused_now_differ() -> None:
     a, b = (layout_descriptor(spec(layout), user) for user, layout in (one, two))
     assert a != b
     assert json.loads(a)["kv_cache_layout"] == "NHD;engine=vllm,kv_cache_layout=HND"
+
+
+def test_a_partly_failed_promotion_of_a_tenant_names_vllms_keys(tmp_path: Any) -> None:
+    from tiering.core.tenants import scope_key
+    from tiering.core.vllm import compat, testing
+
+    with testing.vllm_manager(_extra(_entry("example", tmp_path)), worker_kv_bytes_per_block=ROW) as (_, m, d):
+        keys = [testing.make_key(i, seed=b"part") for i in range(6)]
+        d.finish(d.store([keys], lambda k: testing.payload(k, d.row_bytes), {"tenant": "acme"}))
+        d.evict_all()
+        tier = m.secondary_tiers[0]
+        seen: list[Any] = []
+        original = tier.get_finished_jobs
+
+        def spy() -> Any:
+            results = list(original())
+            seen.extend(results)
+            return results
+
+        tier.get_finished_jobs = spy
+        ctx = d.new_context("load", {"tenant": "acme"})
+        with compat.manager_lock(m):
+            first = [m.lookup(k, ctx) for k in keys]  # HIT_PENDING: vLLM queues one promotion
+        assert all(r is testing.LookupResult.HIT_PENDING for r in first), first
+        del tier.tier._blocks[scope_key("acme", keys[3])]  # block 4 vanishes before the load runs
+        assert d.lookup([keys], [ctx], max_rounds=2000, timeout_s=60).hits == [3]
+        (result,) = [r for r in seen if not r.success]
+        assert list(result.successful_keys) == keys[:3] + keys[4:]  # vLLM's keys, not the tier's scoped ones
+        assert d.read(keys[:3], ctx) == [testing.payload(k, d.row_bytes) for k in keys[:3]]
+        d.finish([ctx])
