@@ -1,22 +1,20 @@
 """The tiering manager: the scheduler-side orchestrator of a tier stack.
 
-It answers lookups across the CPU primary tier and the secondary tiers,
-promotes blocks secondary -> primary for loads, cascades stores primary ->
-every secondary tier (write-through), and releases the primary slots' pins
-as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
-(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no
-request ever waits forever and no exception from a tier escapes (a failed
-job turns its blocks into misses, which the engine recomputes); and a block
-promoted from secondary tier N is also written to tiers 0..N-1 that lack it
-(fill on hit, as in an inclusive cache hierarchy: a block a local disk lost
-or never had is fetched from a remote tier once, not on every primary
-miss). A found prefix is cut where loading it stops paying: the engine recomputes
-the rest (:class:`~tiering.core.costmodel.LoadCostModel`).
+It answers lookups across the CPU primary tier and the secondary tiers, promotes blocks secondary ->
+primary for loads, cascades stores primary -> every secondary tier (write-through), and releases the
+primary slots' pins as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
+(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no request ever waits forever and no
+exception from a tier escapes (a failed job turns its blocks into misses, which the engine recomputes);
+and a block promoted from secondary tier N is also written to tiers 0..N-1 that lack it (fill on hit, as
+in an inclusive cache hierarchy: a block a local disk lost or never had is fetched from a remote tier
+once, not on every primary miss). A found prefix is cut where loading it stops paying: the engine
+recomputes the rest (:class:`~tiering.core.costmodel.LoadCostModel`). :meth:`TieringManager.pin` pins
+blocks in every secondary tier (:mod:`tiering.core.pinning`).
 
-All methods run on the scheduler's thread. In a child forked after the
-manager was built, those that start, wait for or report work raise
-:class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does
-nothing: build the stack after forking.
+All methods run on the scheduler's thread (except :meth:`TieringManager.pin`, which blocks on the
+tiers' media). In a child forked after the manager was built, those that start, wait for or report work
+raise :class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does nothing: build the
+stack after forking.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import functools
 import itertools
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
@@ -33,6 +31,7 @@ from tiering.core.costmodel import LoadCostConfig, LoadCostModel
 from tiering.core.guard import FinishedJob, GuardedTier
 from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
+from tiering.core.pinning import pin_in_tiers
 from tiering.core.primary import Allocation, CPUPrimaryTier
 from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.jobs import JobState, JobTracker
@@ -254,6 +253,13 @@ class TieringManager:
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
         self._cascade(keys, req_context, range(len(self.secondary_tiers)))
 
+    def pin(self, keys: Sequence[OffloadKey], ttl_s: float) -> list[bool]:
+        """Pin ``keys`` for ``ttl_s`` seconds in every secondary tier; per tier, whether it pinned them all.
+
+        See :func:`~tiering.core.pinning.pin_in_tiers` (blocks on each medium; ValueError: ``ttl_s`` <= 0).
+        """
+        return pin_in_tiers(self.secondary_tiers, keys, ttl_s)
+
     def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
         """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier)."""
         for idx in tier_indices:
@@ -261,7 +267,7 @@ class TieringManager:
             held_set = set(held)
             missing = [key for key in keys if key not in held_set]
             if held:
-                self._touch_tier(idx, held, req_context)
+                self._guards[idx].touch(held, req_context)
             if not missing:
                 continue
             block_ids = self.primary.pin(missing, record_access=False)
@@ -281,11 +287,8 @@ class TieringManager:
         self._touch_secondaries(keys, req_context)
 
     def _touch_secondaries(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        for idx in range(len(self.secondary_tiers)):
-            self._touch_tier(idx, keys, req_context)
-
-    def _touch_tier(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        self._guards[idx].touch(keys, req_context)
+        for guard in self._guards:
+            guard.touch(keys, req_context)
 
     # -- jobs ---------------------------------------------------------------
     def _submit(self, idx: int, job: JobMetadata) -> None:
@@ -350,10 +353,7 @@ class TieringManager:
 
     def in_flight_jobs(self) -> dict[int, int]:
         """Jobs submitted and not yet reported, per secondary tier index."""
-        counts: dict[int, int] = defaultdict(int)
-        for state in self._jobs.in_flight_states():
-            counts[state.context.tier_idx] += 1
-        return dict(counts)
+        return dict(Counter(state.context.tier_idx for state in self._jobs.in_flight_states()))
 
     # -- lifecycle ----------------------------------------------------------
     def on_request_finished(self, req_context: ReqContext) -> None:

@@ -25,8 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tiering.core.bench.arguments import check_output_dir, check_output_file, check_plot_file, positive_size
+from tiering.core.bench.arguments import (
+    check_output_dir,
+    check_output_file,
+    check_plot_file,
+    positive_float,
+    positive_int,
+    positive_size,
+    throttle_argument,
+)
 from tiering.core.bench.interrupt import StopOnSignal
+from tiering.core.bench.pins import PIN_TTL_S, format_pin_rows, pin_candidates, pin_figures, survivors, with_pin_budget
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
 from tiering.core.bench.report import describe_stack, format_header, format_report
@@ -44,25 +53,10 @@ from tiering.core.configfile import documentation_url, install_hint, load_config
 from tiering.core.factory import redact_offloading_config
 from tiering.core.manager import TieringManager
 from tiering.core.primary.memory import format_bytes
-from tiering.core.throttle import ThrottledTier, parse_throttle
+from tiering.core.throttle import ThrottledTier
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1.
-
-    Raises:
-        argparse.ArgumentTypeError: anything else.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -121,29 +115,20 @@ def add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument(
         "--throttle",
-        type=_throttle,
+        type=throttle_argument,
         metavar="LATENCY_S[,BANDWIDTH]",
         help="make every secondary tier's loads slow on purpose, e.g. 0.05,20MiB (50 ms per job, 20 MiB/s)",
     )
+    bench.add_argument(
+        "--pin",
+        type=positive_int,
+        metavar="N",
+        help=(
+            "replay twice, each on a fresh stack: without pins, then with the trace's N most shared blocks pinned "
+            "in every tier that can pin; report the hit ratio of the pinned blocks and of the rest for both"
+        ),
+    )
     bench.set_defaults(func=cmd_bench)
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _throttle(text: str) -> tuple[float, float | None]:
-    try:
-        return parse_throttle(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_plot_available() -> None:
@@ -255,9 +240,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _check_plot_available()
     trace = resolve_trace(args.trace)
     rate = args.recompute_tokens_per_s
-    # With a recompute rate: the same replay with the cost model off, then on, each on a fresh stack.
-    passes: list[bool | None] = [False, True] if rate else [None]
+    if rate and args.pin:
+        raise ValueError("--pin and --recompute-tokens-per-s each replay twice: give one of them")
+    # With a recompute rate (or --pin): the same replay with the cost model (pins) off, then on, each on a fresh stack.
+    passes: list[bool | None] = [False, True] if rate or args.pin else [None]
     views: dict[str, dict[str, float]] = {}
+    pin_views: dict[str, dict[str, Any]] = {}
     if rate and args.config:
         print(
             f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second (model on) "
@@ -272,6 +260,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             data, header = outcome
             if rate:
                 views[f"model {'on' if model else 'off'}"] = modelled_ttft(data["timings"], rate)
+            if args.pin:
+                pin_views[f"pins {'on' if model else 'off'}"] = data["pins"]
             if stopper.reason() is not None:
                 break
         if rate:
@@ -280,6 +270,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(format_report(data, None if shares_terminal() else header))
         if rate:
             print("\n".join(format_ttft_rows(views, rate)))
+        if pin_views:
+            data["pin_comparison"] = pin_views
+            print("\n".join(format_pin_rows(pin_views)))
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         if args.plot:
@@ -294,8 +287,8 @@ def _replay_pass(
 ) -> tuple[dict[str, Any], str] | int:
     """One replay on a fresh stack: ``(report data, header)``, or the exit status of a failed replay.
 
-    ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate);
-    None keeps the config's settings.
+    ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate)
+    or, with ``--pin N``, the pins; None keeps the config's settings.
     """
     from tiering.core.factory import create_spec
     from tiering.core.spec import TieringOffloadingSpec
@@ -303,13 +296,16 @@ def _replay_pass(
     with _workspace(args.root, not args.config) as workspace:
         directory, temporary = workspace
         config = _stack_config(args, directory)
-        if model is not None:
+        requests = list(load_mooncake_trace(trace, args.requests))
+        pinned = pin_candidates(requests, args.pin) if args.pin else []
+        if model and args.pin:
+            config = with_pin_budget(config, len(pinned), create_spec(config).block_bytes)
+        elif model is not None and not args.pin:
             config = {**config, "load_cost_model": model, "recompute_tokens_per_s": args.recompute_tokens_per_s}
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
             raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
         _check_primary_fits(spec)
-        requests = list(load_mooncake_trace(trace, args.requests))
         if len(requests) < args.requests:
             print(
                 f"{LABEL}: the trace {args.trace} has only {len(requests)} requests; replaying all "
@@ -331,11 +327,12 @@ def _replay_pass(
                 latency, bandwidth = args.throttle
                 limit = f", {format_bytes(bandwidth)}/s" if bandwidth else ""
                 stack["throttle"] = f"throttle: every secondary tier's loads take +{latency:g} s per job{limit}"
-            if model is not None:
+            if model is not None and not args.pin:
                 stack["load_cost_model"] = spec.load_cost.describe()
             header = format_header(args.trace, len(requests), stack)
             print(header, file=sys.stderr, flush=True)
-            replayer = Replayer(manager, names, abandon=stopper.abandon)
+            replayer = Replayer(manager, names, abandon=stopper.abandon, pinned=pinned)
+            pinned_in = manager.pin(pinned, PIN_TTL_S) if model and pinned else []
 
             def figures() -> tuple[int, int, int, int]:
                 rep = replayer.report
@@ -343,12 +340,15 @@ def _replay_pass(
 
             with Progress(len(requests), figures, label=LABEL) as progress:
                 report = replayer.run(requests, progress.update, stop=stopper.reason)
+            survived = survivors(manager, pinned)
         except (VerificationError, TimeoutError) as exc:
             print(f"{LABEL}: FAILED: {redact_text(str(exc), config)}", file=sys.stderr)
             return 1
         finally:
             manager.shutdown()
         data = report.to_dict()
+        if args.pin:
+            data["pins"] = pin_figures(data, len(pinned), survived, pinned_in)
         data["trace"] = args.trace
         data["stack"] = stack
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}

@@ -40,6 +40,7 @@ from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
 from tiering.core.guard import GuardedTier
+from tiering.core.pinning import RequestPins
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
@@ -155,6 +156,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         spec = self.tiering_spec
         self._gate = LoadGate(spec.extra_config, spec.block_bytes, spec.block_size)
         self._contexts: dict[str, TieringReqContext] = {}
+        self._request_pins = RequestPins()
         logger.info(
             "tiering tier %r (%s.%s) serving vLLM tier %r, namespace %s",
             self.tiering_name,
@@ -196,8 +198,14 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         return to_lookup_result(verdict)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        """Hand a cascade (primary -> tier) to the tiering tier; returns at once."""
-        self._guard.submit(self._job(job_metadata))
+        """Hand a cascade (primary -> tier) to the tiering tier; returns at once.
+
+        A request whose ``kv_transfer_params`` hold :data:`~tiering.core.pinning.PIN_PARAM` also pins the
+        job's blocks in the tier (queued on a background thread: :class:`~tiering.core.pinning.RequestPins`).
+        """
+        job = self._job(job_metadata)
+        self._guard.submit(job)
+        self._request_pins.submit([self.tier], job.keys, job.req_context)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Hand a promotion (tier -> primary) to the tiering tier; returns at once."""
@@ -297,6 +305,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         cleans up right after; a view the tier still exports (e.g. through
         numpy) keeps the mapping alive, which vLLM reports and tolerates.
         """
+        self._request_pins.close()
         self._guard.shutdown()
         try:
             self._view.release()
