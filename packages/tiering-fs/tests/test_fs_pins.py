@@ -1,5 +1,6 @@
 """Pinned blocks in the fs tier: kept from eviction until their pin expires, recorded on disk."""
 
+import json
 import logging
 import signal
 import time
@@ -7,6 +8,8 @@ import time
 import pytest
 from fs_test_helpers import BB, CTX, block_files, run_worker, store
 
+from tiering.core.cli import main
+from tiering.core.keys import block_keys
 from tiering.core.testing import make_key
 from tiering.core.toolkit import InvalidValueError
 from tiering.fs.layout import TRAILER_BYTES
@@ -124,3 +127,35 @@ def test_markers_are_not_foreign_and_go_with_their_namespace(tmp_path, open_tier
     assert list(inspector.foreign()) == []
     inspector.remove_namespace(tier.namespace.digest)
     assert markers(tmp_path) == []
+
+
+def _config(tmp_path, **tier):
+    config = tmp_path / "config.json"
+    entry = {"type": "fs", "root": str(tmp_path / "kv"), "capacity_bytes": 10 * STORED, **tier}
+    config.write_text(json.dumps({"cpu_bytes_to_use": 16 * BB, "block_bytes": BB, "secondary_tiers": [entry]}))
+    return str(config)
+
+
+def test_tiering_pin_pins_a_prompt_from_its_token_ids_and_unpins_it(tmp_path, capsys):
+    config = _config(tmp_path, max_pinned_bytes="100KiB")
+    tokens = tmp_path / "prompt.json"
+    tokens.write_text(json.dumps(list(range(40))))  # 2 full blocks of 16 tokens, 8 tokens left over
+    assert main(["pin", config, "--ttl", "1h", "--tokens", str(tokens)]) == 0
+    out = capsys.readouterr().out
+    assert "secondary_tiers[0] fs: pinned 2 blocks for 3600 s; 0 blocks pinned, 2 not stored yet" in out
+    found = sorted(parse_marker(p.name)[0] for p in markers(tmp_path))
+    assert found == sorted(block_keys(list(range(40)), 16))
+    assert main(["pin", config, "--unpin", "--tokens", str(tokens)]) == 0
+    assert markers(tmp_path) == []
+
+
+def test_tiering_pin_refused_past_the_bound_exits_1_and_check_validates_the_key(tmp_path, capsys, caplog):
+    config = _config(tmp_path, max_pinned_bytes=STORED)
+    with caplog.at_level(logging.WARNING):
+        assert main(["pin", config, "--ttl", "10m", "--hash-ids", "0,1"]) == 1
+    captured = capsys.readouterr()
+    assert "fs: refused" in captured.out and "no tier pinned the prefix" in captured.err
+    assert "pinning 2 more blocks would pin 40960 bytes, over max_pinned_bytes 20480" in caplog.text
+    bad = _config(tmp_path, max_pinned_bytes="lots")
+    assert main(["check", bad]) == 2
+    assert "secondary_tiers[0].max_pinned_bytes:" in capsys.readouterr().err

@@ -182,11 +182,12 @@ class PinBook:
         with self._lock:
             self._read()
             live = self._expiry
-            total = (len(live) + sum(1 for k in unique if k not in live)) * self.block_bytes
+            new = sum(1 for k in unique if k not in live)
+            total = (len(live) + new) * self.block_bytes
             if total > self.max_pinned_bytes:
                 self._refuse(len(unique))
                 raise PinRefusedError(
-                    f"{self.label}: pinning {len(unique)} blocks would pin {total} bytes, over max_pinned_bytes "
+                    f"{self.label}: pinning {new} more blocks would pin {total} bytes, over max_pinned_bytes "
                     f"{self.max_pinned_bytes} ({len(live)} blocks, {len(live) * self.block_bytes} bytes pinned now)"
                 )
             expiry = self.clock() + ttl_s
