@@ -12,8 +12,8 @@ from tiering.core.cli import main
 from tiering.core.keys import block_keys
 from tiering.core.testing import make_key
 from tiering.core.toolkit import InvalidValueError
+from tiering.core.toolkit.pins import parse_marker
 from tiering.fs.layout import TRAILER_BYTES
-from tiering.fs.pins import parse_marker
 
 STORED = BB + TRAILER_BYTES
 

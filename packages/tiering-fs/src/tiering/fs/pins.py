@@ -16,30 +16,15 @@ temporaries of markers as it does those of blocks.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 
 from tiering.core.base import OffloadKey
+from tiering.core.toolkit.pins import marker_name, parse_marker
 from tiering.fs.io import Backend
 from tiering.fs.layout import temp_namer
 
 PINS_DIR = "pins"
 """The directory of pin markers inside a namespace directory."""
-MARKER_RE = re.compile(r"^((?:[0-9a-f]{2})+)\.([0-9]{1,16})\.pin$")
-"""A pin marker's base name: key hex, expiry in milliseconds."""
-
-
-def marker_name(key: bytes, expiry: float) -> str:
-    """The base name of the marker pinning ``key`` until ``expiry`` (epoch seconds, kept to the millisecond)."""
-    return f"{key.hex()}.{round(expiry * 1000)}.pin"
-
-
-def parse_marker(name: str) -> tuple[OffloadKey, float] | None:
-    """``(key, expiry seconds)`` of a marker base name; None for any other name."""
-    match = MARKER_RE.match(name)
-    if match is None:
-        return None
-    return OffloadKey(bytes.fromhex(match.group(1))), int(match.group(2)) / 1000
 
 
 class FsPins:

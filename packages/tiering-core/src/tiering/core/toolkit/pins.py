@@ -27,6 +27,7 @@ ends a pin at once.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,10 +37,27 @@ from tiering.core.base import OffloadKey
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PIN_STATS", "PinBook", "PinMedium", "PinRefusedError", "PinningTier"]
+__all__ = ["PIN_STATS", "PinBook", "PinMedium", "PinRefusedError", "PinningTier", "marker_name", "parse_marker"]
 
 PIN_STATS = ("pinned_blocks", "pinned_bytes", "pins_pending", "pins_refused", "max_pinned_bytes")
 """The figures of :meth:`PinBook.stats` (in the stats vocabulary)."""
+
+
+MARKER_RE = re.compile(r"^((?:[0-9a-f]{2})+)\.([0-9]{1,16})\.pin$")
+"""The name of a pin marker (file or object) of media that keep one marker per pin: key hex, expiry in ms."""
+
+
+def marker_name(key: bytes, expiry: float) -> str:
+    """The marker name pinning ``key`` until ``expiry`` (epoch seconds, kept to the millisecond)."""
+    return f"{key.hex()}.{round(expiry * 1000)}.pin"
+
+
+def parse_marker(name: str) -> tuple[OffloadKey, float] | None:
+    """``(key, expiry seconds)`` of a marker name (:func:`marker_name`); None for any other name."""
+    match = MARKER_RE.match(name)
+    if match is None:
+        return None
+    return OffloadKey(bytes.fromhex(match.group(1))), int(match.group(2)) / 1000
 
 
 class PinRefusedError(ValueError):
