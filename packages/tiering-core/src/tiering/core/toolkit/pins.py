@@ -126,8 +126,12 @@ class PinBook:
 
     def protects(self, key: OffloadKey) -> bool:
         """Whether ``key`` is pinned now (must not be evicted). No lock, no I/O."""
+        return self.expiry(key) is not None
+
+    def expiry(self, key: OffloadKey) -> float | None:
+        """When the pin of ``key`` ends (epoch seconds); None when it is not pinned now. No lock, no I/O."""
         expiry = self._expiry.get(key)
-        return expiry is not None and expiry > self.clock()
+        return expiry if expiry is not None and expiry > self.clock() else None
 
     def pinned(self) -> dict[OffloadKey, float]:
         """The live pins as last read: key -> expiry (epoch seconds)."""
