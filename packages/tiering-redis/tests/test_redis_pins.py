@@ -75,7 +75,7 @@ def test_fleet_lru_scores_pinned_blocks_at_their_expiry_so_the_trim_passes_them(
         later = make_key(0, b"pinned-before-stored")
         assert tier.pin([later], 3600)  # pinned before it is stored: applies once stored
         pinned = [make_key(i, b"prompt") for i in range(1)]
-        store(tier, view, pinned + [later])
+        store(tier, view, [*pinned, later])
         assert tier.pin(pinned, 3600)
         fill(tier, view, b"flood", 60)
         lru = tier.fleet.lru_key

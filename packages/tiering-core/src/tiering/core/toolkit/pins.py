@@ -31,7 +31,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from tiering.core.base import OffloadKey
 
@@ -160,7 +160,7 @@ class PinBook:
         except Exception as exc:
             logger.warning("%s: reading the pin records failed (the last read stays in force): %s", self.label, exc)
 
-    def refresh_soon(self, submit_call: Callable[[str, Callable[[], None]], None]) -> None:
+    def refresh_soon(self, submit_call: Callable[[Literal["read"], Callable[[], None]], None]) -> None:
         """Queue a :meth:`refresh` with ``submit_call("read", fn)`` (an I/O pool's) when one is :meth:`due`."""
         if self.due():
             submit_call("read", self.refresh)
