@@ -85,7 +85,7 @@ def format_pin_rows(passes: dict[str, dict[str, Any]]) -> list[str]:
     for name, fig in passes.items():
         rows.append(
             f"  {name:<9} {fig['blocks']} blocks, {fig['survived']} still stored at the end; hit ratio: pinned "
-            f"{fig['pinned_hit_ratio']:.1%} of {fig['pinned_lookups']} lookups, rest {fig['rest_hit_ratio']:.1%} "
+            f"{fig['pinned_hit_ratio']:.2%} of {fig['pinned_lookups']} lookups, rest {fig['rest_hit_ratio']:.2%} "
             f"of {fig['rest_lookups']}"
         )
     return rows
