@@ -154,3 +154,15 @@ def test_a_medium_failure_refuses_the_pin_and_keeps_the_last_read():
     pins.refresh()  # logged, never raised
     assert pins.protects(k(1)) and not pins.protects(k(2))
     assert pins.stats(lambda key: True)["pins_refused"] == 1
+
+
+def test_a_write_failing_half_way_takes_back_the_records_written():
+    class HalfWay(MemoryPins):
+        def write_pins(self, keys, expiry):
+            self.records.add((keys[0], expiry))
+            raise OSError("disk full")
+
+    medium = HalfWay()
+    pins = book(medium=medium)
+    assert pins.try_pin([k(1), k(2)], 60) is False
+    assert medium.records == set() and not pins.protects(k(1))

@@ -26,6 +26,7 @@ ends a pin at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -150,9 +151,10 @@ class PinBook:
         """Read every pin record from the medium; remove the expired and superseded ones (best effort).
 
         Never raises: a medium error is logged and the pins as last read stay in force (those that
-        expire meanwhile end as they should).
+        expire meanwhile end as they should). Does nothing while pinning is off (no request to the medium):
+        every process sharing a tier sets ``max_pinned_bytes`` for all of them to honour the pins.
         """
-        if self.medium is None:
+        if not self.enabled:
             return
         try:
             with self._lock:
@@ -213,7 +215,12 @@ class PinBook:
                     f"{self.max_pinned_bytes} ({len(live)} blocks, {len(live) * self.block_bytes} bytes pinned now)"
                 )
             expiry = self.clock() + ttl_s
-            self.medium.write_pins(unique, expiry)
+            try:
+                self.medium.write_pins(unique, expiry)
+            except Exception:  # all or none: take back the records already written (best effort)
+                with contextlib.suppress(Exception):
+                    self.medium.remove_pins([(k, expiry) for k in unique])
+                raise
             superseded = [(k, live[k]) for k in unique if k in live and live[k] < expiry]
             self._expiry = {**live, **{k: max(expiry, live.get(k, expiry)) for k in unique}}
             if superseded:
