@@ -1,20 +1,22 @@
 """The tiering manager: the scheduler-side orchestrator of a tier stack.
 
-It answers lookups across the CPU primary tier and the secondary tiers, promotes blocks secondary ->
-primary for loads, cascades stores primary -> every secondary tier (write-through), and releases the
-primary slots' pins as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
-(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no request ever waits forever and no
-exception from a tier escapes (a failed job turns its blocks into misses, which the engine recomputes);
-and a block promoted from secondary tier N is also written to tiers 0..N-1 that lack it (fill on hit, as
-in an inclusive cache hierarchy: a block a local disk lost or never had is fetched from a remote tier
-once, not on every primary miss). A found prefix is cut where loading it stops paying: the engine
-recomputes the rest (:class:`~tiering.core.costmodel.LoadCostModel`). :meth:`TieringManager.pin` pins
-blocks in every secondary tier (:mod:`tiering.core.pinning`).
+It answers lookups across the CPU primary tier and the secondary tiers,
+promotes blocks secondary -> primary for loads, cascades stores primary ->
+every secondary tier (write-through), and releases the primary slots' pins
+as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
+(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no
+request ever waits forever and no exception from a tier escapes (a failed
+job turns its blocks into misses, which the engine recomputes); and a block
+promoted from secondary tier N is also written to tiers 0..N-1 that lack it
+(fill on hit, as in an inclusive cache hierarchy: a block a local disk lost
+or never had is fetched from a remote tier once, not on every primary
+miss). A found prefix is cut where loading it stops paying: the engine recomputes
+the rest (:class:`~tiering.core.costmodel.LoadCostModel`).
 
-All methods run on the scheduler's thread (except :meth:`TieringManager.pin`, which blocks on the
-tiers' media). In a child forked after the manager was built, those that start, wait for or report work
-raise :class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does nothing: build the
-stack after forking.
+All methods run on the scheduler's thread. In a child forked after the
+manager was built, those that start, wait for or report work raise
+:class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does
+nothing: build the stack after forking.
 """
 
 from __future__ import annotations
@@ -254,10 +256,7 @@ class TieringManager:
         self._cascade(keys, req_context, range(len(self.secondary_tiers)))
 
     def pin(self, keys: Sequence[OffloadKey], ttl_s: float) -> list[bool]:
-        """Pin ``keys`` for ``ttl_s`` seconds in every secondary tier; per tier, whether it pinned them all.
-
-        See :func:`~tiering.core.pinning.pin_in_tiers` (blocks on each medium; ValueError: ``ttl_s`` <= 0).
-        """
+        """Pin ``keys`` in every secondary tier; per tier, whether it did; blocks on media (:func:`pin_in_tiers`)."""
         return pin_in_tiers(self.secondary_tiers, keys, ttl_s)
 
     def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
