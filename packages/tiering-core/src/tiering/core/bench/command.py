@@ -246,10 +246,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     passes: list[bool | None] = [False, True] if rate or args.pin else [None]
     views: dict[str, dict[str, float]] = {}
     pin_views: dict[str, dict[str, Any]] = {}
-    if rate and args.config:
+    if (rate or args.pin) and args.config:
         print(
-            f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second (model on) "
-            "starts with the blocks the first stored",
+            f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second "
+            f"({'pins' if args.pin else 'model'} on) starts with the blocks the first stored",
             file=sys.stderr,
         )
     with StopOnSignal(LABEL) as stopper:
