@@ -201,7 +201,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """Hand a cascade (primary -> tier) to the tiering tier; returns at once.
 
         A request whose ``kv_transfer_params`` hold :data:`~tiering.core.pinning.PIN_PARAM` also pins the
-        job's blocks in the tier (queued on a background thread: :class:`~tiering.core.pinning.RequestPins`).
+        job's blocks in the tier (queued on a background thread: :class:`~tiering.core.pinning.RequestPins`);
+        :meth:`touch` pins the blocks it uses that were stored already.
         """
         job = self._job(job_metadata)
         self._guard.submit(job)
@@ -267,8 +268,10 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         return to_offloading_events(events, self.medium, self.locality, self.tier_type)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Forward a use of ``keys`` to the tier's recency order."""
-        self._guard.touch([TieringOffloadKey(bytes(k)) for k in keys], self._context(req_context))
+        """Forward a use of ``keys`` to the tier's recency order (and pin them when the request asks for pins)."""
+        ctx, tiering_keys = self._context(req_context), [TieringOffloadKey(bytes(k)) for k in keys]
+        self._guard.touch(tiering_keys, ctx)
+        self._request_pins.submit([self.tier], tiering_keys, ctx)  # blocks it found stored are pinned too
 
     def has_pending_work(self) -> bool:
         """Whether a job vLLM submitted has not been reported back to it yet."""
