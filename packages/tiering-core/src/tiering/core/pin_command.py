@@ -6,8 +6,10 @@ stack's ``block_size``, :func:`tiering.core.pinning.prefix_keys`), as block
 ids of a Mooncake trace (``--hash-ids 0,1,2``: the keys ``tiering bench``
 replays), or as keys in hex (``--keys``). The stack is given as for
 ``tiering stat`` (a CONFIG file, ``--root DIR`` or ``--tier TYPE --KEY
-VALUE``). Exit status 0 when every tier that can pin took every key, 1 when
-one refused (the reason is logged) or none can pin, 2 on bad arguments.
+VALUE``); the tiers are opened as an engine opens them (a root or namespace
+not there yet is created: a block may be pinned before it is stored). Exit
+status 0 when every tier pinned every key, 1 when a tier refused or cannot
+pin (the reason is logged), 2 on bad arguments.
 """
 
 from __future__ import annotations
