@@ -153,3 +153,19 @@ def test_the_pins_set_is_ours_and_goes_with_its_namespace(config, redis_server):
         assert redis_server.client().exists(tier.layout.pins_key(tier.digest)) == 0
     finally:
         inspector.close()
+
+
+def test_pins_in_a_cluster_keep_blocks_spread_over_every_primary(redis_cluster, prefix):
+    cfg = {"type": "redis", "mode": "cluster", "url": redis_cluster.url, "prefix": prefix, "ttl_s": 60,
+           "eviction": "process", "capacity_bytes": "120KiB", "max_pinned_bytes": "40KiB"}  # fmt: skip
+    tier, view = build(cfg)
+    try:
+        pinned = [make_key(i, b"cluster") for i in range(2)]
+        store(tier, view, pinned)
+        assert tier.pin(pinned, 600)
+        fill(tier, view, b"flood", 30)
+        assert [tier.lookup(k, CTX) for k in pinned] == [True, True]
+        assert all(tier._client.pttl(tier.block_key(k)) > 500_000 for k in pinned)
+        assert sorted(tier.pin_records.list_pins()) == sorted((k, tier.pins.expiry(k)) for k in pinned)
+    finally:
+        tier.shutdown()
