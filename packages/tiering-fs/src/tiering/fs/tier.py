@@ -83,7 +83,7 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
     plus temporaries. The keys are declared in :data:`~tiering.fs.config.FS_SCHEMA`
     and documented on :class:`~tiering.fs.config.FsConfig` and in the package
     README (with the layout and the multi-process semantics). The keyword
-    arguments after ``tier_type`` (``root`` ... ``startup_scan_wait_s``) are
+    arguments after ``tier_type`` (``root`` ... ``max_pinned_bytes``) are
     those config keys.
 
     Args:
