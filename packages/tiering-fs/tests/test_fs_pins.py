@@ -159,3 +159,15 @@ def test_tiering_pin_refused_past_the_bound_exits_1_and_check_validates_the_key(
     bad = _config(tmp_path, max_pinned_bytes="lots")
     assert main(["check", bad]) == 2
     assert "secondary_tiers[0].max_pinned_bytes:" in capsys.readouterr().err
+
+
+def test_a_running_process_honours_a_pin_another_process_takes(tmp_path, open_tier):
+    cfg = {"capacity_bytes": 6 * STORED, "max_pinned_bytes": STORED, "rescan_interval_s": 0}
+    holder, view = open_tier(tmp_path, **cfg)
+    pinner, _ = open_tier(tmp_path, **cfg)
+    key = make_key(0, b"shared")
+    assert store(holder, view, [key])
+    assert pinner.pin([key], 3600)  # taken elsewhere: the holder reads it at its next refresh
+    holder.pins.refresh_interval_s = 0.01  # (5 s by default) so that the refresh comes during the fill
+    fill(holder, view, b"flood", 20)
+    assert holder.lookup(key, CTX) is True and holder.pins.protects(key)

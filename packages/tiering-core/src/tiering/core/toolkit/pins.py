@@ -116,7 +116,7 @@ class PinBook:
         self.clock = clock
         self._expiry: dict[OffloadKey, float] = {}  # replaced whole on refresh: readers need no lock
         self._lock = threading.Lock()  # one medium round at a time
-        self._next_refresh = 0.0
+        self._last_refresh = float("-inf")  # monotonic seconds of the latest read (or queued refresh)
         self._refused = 0
         self._count_lock = threading.Lock()
 
@@ -142,9 +142,9 @@ class PinBook:
     def due(self) -> bool:
         """Whether a :meth:`refresh` is due; True once per interval (the caller queues it on an I/O thread). Cheap."""
         now = time.monotonic()
-        if not self.enabled or now < self._next_refresh:
+        if not self.enabled or now - self._last_refresh < self.refresh_interval_s:
             return False
-        self._next_refresh = now + self.refresh_interval_s
+        self._last_refresh = now  # one queued refresh per interval, however many stores ask
         return True
 
     def refresh(self) -> None:
@@ -169,7 +169,7 @@ class PinBook:
 
     def _read(self) -> None:
         assert self.medium is not None
-        self._next_refresh = time.monotonic() + self.refresh_interval_s
+        self._last_refresh = time.monotonic()
         now = self.clock()
         latest: dict[OffloadKey, float] = {}
         records = list(self.medium.list_pins())
