@@ -8,8 +8,8 @@ Only files laid out by this package are blocks or namespace files
 are neither reported as foreign nor removed here (the tier's own start-up scan
 cleans stale ones); pin markers (``<root>/<digest>/pins/<key hex>.<ms>.pin``,
 :mod:`tiering.fs.pins`) are not foreign and go with their namespace; anything
-else, every symlink (to a file or a directory, wherever it is) and every FIFO, socket or device node is foreign and is never
-deleted, followed or opened.
+else, every symlink (to a file or a directory, wherever it is) and every FIFO,
+socket or device node is foreign and is never deleted, followed or opened.
 """
 
 from __future__ import annotations
