@@ -222,3 +222,28 @@ def test_fs_without_a_root_is_refused_naming_the_key(tmp_path: Any, primary: Any
     spec, view, _ = primary
     with pytest.raises((TypeError, ValueError), match="root"):
         compat.VLLMSecondaryTierFactory.create_secondary_tier({"type": "tiering_fs", "module_path": MODULE}, view, spec)
+
+
+@pytest.mark.skipif(not HAS_FS, reason="tiering-fs is not installed")
+def test_a_request_asking_for_a_pin_pins_the_blocks_it_stores(tmp_path: Any, primary: Any) -> None:
+    import numpy as np
+
+    from tiering.core.vllm import compat, testing
+
+    tier = make_tier("fs", tmp_path, primary, capacity_bytes=16 * (ROW + 4096), max_pinned_bytes=4 * (ROW + 4096))
+    try:
+        keys = [testing.make_key(i, seed=b"pin") for i in range(3)]
+        for i, key in enumerate(keys):
+            primary[2].row(i)[:] = testing.payload(key, ROW)
+        ctx = compat.ReqContext(req_id="pinned", kv_transfer_params={"tiering_pin_ttl": "1h"})
+        tier.submit_store(
+            compat.TransferJob(job_id=1, keys=keys, chunk_ids=np.arange(3), is_promotion=False, req_context=ctx)
+        )
+        assert finish(tier, {1})[1].success
+        deadline = time.monotonic() + 10
+        while tier.tier.stats()["pinned_blocks"] < 3:
+            assert time.monotonic() < deadline, tier.tier.stats()
+            time.sleep(0.01)
+        assert sorted(tier.tier.pins.pinned()) == sorted(keys)
+    finally:
+        tier.shutdown()

@@ -3,7 +3,9 @@
 Usage: python fs_worker.py '<json config>'. Prints "ready" before waiting for
 the optional go file, "stored" after its blocks are stored, and with
 "hang": true, "hanging" once a further store has written part of its
-temporary file and then blocks forever (the parent kills it with SIGKILL).
+temporary file and then blocks forever (the parent kills it with SIGKILL);
+with "pin_ttl_s": N, "pinned" once its blocks are pinned for N seconds, then
+it waits to be killed.
 """
 
 import json
@@ -42,6 +44,10 @@ def main() -> None:
         result = wait_for_jobs(tier, [job.job_id], 60)
         assert result == {job.job_id: True}, result
     print("stored", flush=True)
+    if cfg.get("pin_ttl_s"):  # pin every block, then wait to be killed (a crash: nothing unpins)
+        assert tier.pin(keys, cfg["pin_ttl_s"])
+        print("pinned", flush=True)
+        time.sleep(3600)
     if cfg.get("hang"):
         real = os.pwritev
 

@@ -265,6 +265,25 @@ class SecondaryTierManager(abc.ABC):
         """Whether jobs are still in flight. Default: False."""
         return False
 
+    def pin(self, keys: Sequence[OffloadKey], ttl_s: float) -> bool:
+        """Keep ``keys`` from eviction for ``ttl_s`` seconds (all or none); blocks on the medium.
+
+        A key not stored yet is pinned once stored within the pin's lifetime;
+        pinning again extends a pin. The pin is recorded on the tier's medium
+        (it outlives this process and ends by itself). Default: the tier
+        cannot pin, False.
+
+        Returns:
+            True when every key is pinned; False when the pin was refused
+            (pinning off, the tier cannot pin, ``max_pinned_bytes`` would be
+            passed, the medium failed): logged with the reason, counted in
+            ``pins_refused``.
+        """
+        return False
+
+    def unpin(self, keys: Sequence[OffloadKey]) -> None:  # noqa: B027
+        """End the pins of ``keys`` now (they become evictable). Default: no-op."""
+
     def stats(self) -> dict[str, int | float]:
         """Figures of the tier for metrics and ``tiering stat``. Default: none.
 

@@ -1,7 +1,7 @@
-"""The ``tiering`` command: ``bench``, ``check``, ``ls``, ``stat``, ``gc``, ``verify``.
+"""The ``tiering`` command: ``bench``, ``check``, ``ls``, ``stat``, ``gc``, ``verify``, ``pin``.
 
 ``bench`` lives in :mod:`tiering.core.bench.command`, ``ls``/``stat``/``gc``/``verify``
-in :mod:`tiering.core.commands`.
+in :mod:`tiering.core.commands`, ``pin`` in :mod:`tiering.core.pin_command`.
 
 Exit status: 0 on success, 1 when a replay or a check of stored blocks fails,
 2 on a bad configuration or bad arguments, 130 / 143 when ended by SIGINT /
@@ -26,6 +26,7 @@ from tiering.core.cli_options import check_tier_options, split_tier_options
 from tiering.core.commands import add_commands, option_pairs
 from tiering.core.configfile import install_hint, load_config, redact_text
 from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
+from tiering.core.pin_command import add_pin_parser
 from tiering.core.primary.memory import check_primary_fits
 from tiering.core.terminal import echo
 from tiering.core.tier_factory import check_tier_constructor
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--probe", action="store_true", help="also construct each tier: opens roots, buckets, servers")
     check.set_defaults(func=cmd_check)
     add_commands(sub)
+    add_pin_parser(sub)
     return parser
 
 

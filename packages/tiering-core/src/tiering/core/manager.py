@@ -11,9 +11,8 @@ every primary miss). A found prefix is cut where loading it stops paying: the en
 (:class:`~tiering.core.costmodel.LoadCostModel`). Keys are scoped to the request's tenant before any tier
 sees them (:mod:`tiering.core.tenants`).
 
-All methods run on the scheduler's thread. In a child forked after the
-manager was built, those that start, wait for or report work raise
-:class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does
+All methods run on the scheduler's thread. In a child forked after the manager was built, those that start,
+wait for or report work raise :class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does
 nothing: build the stack after forking.
 """
 
@@ -23,7 +22,7 @@ import functools
 import itertools
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
@@ -31,6 +30,7 @@ from tiering.core.costmodel import LoadCostConfig, LoadCostModel
 from tiering.core.guard import FinishedJob, GuardedTier
 from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
+from tiering.core.pinning import pin_in_tiers
 from tiering.core.primary import Allocation, CPUPrimaryTier
 from tiering.core.tenants import caller_allocation, scope_keys
 from tiering.core.toolkit.forks import ProcessOwner
@@ -258,6 +258,10 @@ class TieringManager:
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
         self._cascade(keys, req_context, range(len(self.secondary_tiers)))
 
+    def pin(self, keys: Sequence[OffloadKey], ttl_s: float, tenant: str = "") -> list[bool]:
+        """Pin ``tenant``'s ``keys`` in every secondary tier: per tier, whether it did (:func:`pin_in_tiers`)."""
+        return pin_in_tiers(self.secondary_tiers, scope_keys(tenant, keys), ttl_s)
+
     def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
         """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier)."""
         for idx in tier_indices:
@@ -349,10 +353,7 @@ class TieringManager:
 
     def in_flight_jobs(self) -> dict[int, int]:
         """Jobs submitted and not yet reported, per secondary tier index."""
-        counts: dict[int, int] = defaultdict(int)
-        for state in self._jobs.in_flight_states():
-            counts[state.context.tier_idx] += 1
-        return dict(counts)
+        return dict(Counter(state.context.tier_idx for state in self._jobs.in_flight_states()))
 
     # -- lifecycle ----------------------------------------------------------
     def on_request_finished(self, req_context: ReqContext) -> None:

@@ -18,7 +18,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.core.toolkit.config import ConfigKey, ConfigSchema, InvalidValueError
+from tiering.core.toolkit.config import (
+    MAX_PINNED_BYTES,
+    ConfigKey,
+    ConfigSchema,
+    InvalidValueError,
+    pins_below_capacity,
+)
 from tiering.fs.layout import TRAILER_BYTES
 
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
@@ -79,6 +85,9 @@ class FsConfig:
             from the in-memory index instead of ``lookup_fallback``; a
             larger namespace keeps scanning in the background after the
             wait. 0 returns at once.
+        max_pinned_bytes: bound on the bytes of pinned blocks (stored size,
+            trailer included; every pinned key counts, stored or not); 0
+            (default) turns pinning off. Below ``capacity_bytes``.
     """
 
     root: str
@@ -92,6 +101,7 @@ class FsConfig:
     lookup_fallback: str = "auto"
     o_direct: bool | str = "auto"
     startup_scan_wait_s: float = 2.0
+    max_pinned_bytes: int = 0
 
     @classmethod
     def check(cls, tier_type: str, stored_block_bytes: int, values: Mapping[str, Any]) -> FsConfig:
@@ -110,7 +120,11 @@ class FsConfig:
             InvalidValueError: a value out of range, or ``capacity_bytes``
                 smaller than one stored block.
         """
-        schema = FS_SCHEMA if tier_type == FS_SCHEMA.tier else ConfigSchema(tier_type, list(FS_SCHEMA.keys.values()))
+        schema = (
+            FS_SCHEMA
+            if tier_type == FS_SCHEMA.tier
+            else ConfigSchema(tier_type, list(FS_SCHEMA.keys.values()), [pins_below_capacity])
+        )
         cfg = cls(**schema.validate(values))
         cap = cfg.capacity_bytes
         if cap is not None and cap < stored_block_bytes:
@@ -147,6 +161,8 @@ FS_SCHEMA = ConfigSchema(
         ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),
         ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
         _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
+        MAX_PINNED_BYTES,
     ],
+    [pins_below_capacity],
 )
 """Every key of an ``fs`` entry (:attr:`FsspecSecondaryTierManager.config_schema`)."""

@@ -6,9 +6,10 @@ Only files laid out by this package are blocks or namespace files
 4096-byte trailer page that starts with the header); temporaries
 (``<name>.tmp.<host>.<pid>.<nonce>.<counter>``, see :mod:`tiering.fs.layout`)
 are neither reported as foreign nor removed here (the tier's own start-up scan
-cleans stale ones); anything else, every symlink (to a file or a directory,
-wherever it is) and every FIFO, socket or device node is foreign and is never
-deleted, followed or opened.
+cleans stale ones); pin markers (``<root>/<digest>/pins/<key hex>.<ms>.pin``,
+:mod:`tiering.fs.pins`) are not foreign and go with their namespace; anything
+else, every symlink (to a file or a directory, wherever it is) and every FIFO,
+socket or device node is foreign and is never deleted, followed or opened.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 
 from tiering.core.format import HEADER_SIZE, TruncatedBlockError
 from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.core.toolkit.pins import parse_marker
 from tiering.fs.io import Backend, StoredFile, open_backend
 from tiering.fs.layout import BLOCK_RE as _BLOCK
 from tiering.fs.layout import DIGEST_RE as _DIGEST
 from tiering.fs.layout import NAMESPACE_FILE, TRAILER_BYTES, is_temp_name
+from tiering.fs.pins import PINS_DIR, FsPins
 
 
 class FsInspector(TierInspector):
@@ -103,7 +106,9 @@ class FsInspector(TierInspector):
     def foreign(self) -> Iterator[str]:
         for rel, stored in self._files():
             top, _, rest = rel.partition("/")
-            ours = _DIGEST.match(top) and (rest == NAMESPACE_FILE or _BLOCK.match(rest) or is_temp_name(rest))
+            ours = _DIGEST.match(top) and (
+                rest == NAMESPACE_FILE or _BLOCK.match(rest) or is_temp_name(rest) or _is_marker(rest)
+            )
             if stored.is_link or stored.is_special or not ours:
                 yield stored.path
 
@@ -146,9 +151,18 @@ class FsInspector(TierInspector):
             raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
         removed = self.remove_blocks(digest, list(self.blocks(digest)))
         self.backend.remove(f"{self.root}/{digest}/{NAMESPACE_FILE}")
+        pins = FsPins(self.backend, f"{self.root}/{digest}")
+        with contextlib.suppress(OSError):  # a marker left behind expires by itself
+            pins.remove_pins(list(pins.list_pins()))
         if self.backend.is_local:
             _remove_empty_dirs(os.path.join(self.root, digest))
         return removed
+
+
+def _is_marker(rest: str) -> bool:
+    """Whether ``rest`` (relative to a namespace directory) is a pin marker (:mod:`tiering.fs.pins`)."""
+    directory, _, name = rest.partition("/")
+    return directory == PINS_DIR and parse_marker(name) is not None
 
 
 def _remove_empty_dirs(top: str) -> None:

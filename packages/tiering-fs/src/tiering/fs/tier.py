@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
@@ -32,8 +32,9 @@ from tiering.core.inspection import TierInspector
 from tiering.core.spec import OffloadingSpec
 from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
-from tiering.core.toolkit.jobs import SHUTDOWN
+from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
+from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
 from tiering.fs.blocks import BlockFiles
 from tiering.fs.config import FS_SCHEMA, FsConfig
@@ -42,6 +43,7 @@ from tiering.fs.io import open_backend
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.native import NATIVE_MIN_SHARE, open_native
+from tiering.fs.pins import FsPins
 from tiering.fs.root import direct_obstacle, prepare_namespace_dir
 from tiering.fs.scanner import Rescanner, scan_namespace
 from tiering.fs.transfer import Transfers
@@ -69,7 +71,7 @@ _COUNTERS = (
 )
 
 
-class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
+class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier storing one file per block on a local disk or any fsspec filesystem.
 
     Config (``secondary_tiers`` entry)::
@@ -81,7 +83,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
     plus temporaries. The keys are declared in :data:`~tiering.fs.config.FS_SCHEMA`
     and documented on :class:`~tiering.fs.config.FsConfig` and in the package
     README (with the layout and the multi-process semantics). The keyword
-    arguments after ``tier_type`` (``root`` ... ``startup_scan_wait_s``) are
+    arguments after ``tier_type`` (``root`` ... ``max_pinned_bytes``) are
     those config keys.
 
     Args:
@@ -120,6 +122,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         lookup_fallback: str = "auto",
         o_direct: bool | str = "auto",
         startup_scan_wait_s: float = 2.0,
+        max_pinned_bytes: int = 0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         values = {k: v for k, v in locals().items() if k in FS_SCHEMA.keys}  # the config keys given
@@ -156,6 +159,9 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         logger.info("fs tier: %s uses %s", self.namespace_dir, self.block_io)
 
         self.index = CapacityIndex(cfg.capacity_bytes)
+        pin_medium = FsPins(self.backend, self.namespace_dir)
+        self.pins = PinBook(pin_medium, cfg.max_pinned_bytes, self.stored_block_bytes, self.namespace_dir)
+        self.index.keep = self.pins.protects
         self.jobs = JobTracker()
         self.counters = Counters(_COUNTERS)
         self._lookup_counts = dict.fromkeys(_LOOKUP_COUNTERS, 0)
@@ -281,26 +287,23 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
     # -- stores and loads ---------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
         """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
-        state = self.jobs.start(job)
-        if not state.finished:
-            if self._stopping:
-                state.fail_rest(SHUTDOWN)
-            else:
-                self.transfers.store(state)
+        self._start(job, self.transfers.store)
+        self.pins.refresh_soon(self.pool.submit_call)  # other processes' pins, read again now and then
 
     def submit_load(self, job: JobMetadata) -> None:
         """Queue ``job``'s blocks for reading into their primary slots; returns at once."""
+        self._start(job, self.transfers.load)
+
+    def _start(self, job: JobMetadata, run: Callable[[JobState], None]) -> None:
         state = self.jobs.start(job)
         if not state.finished:
-            if self._stopping:
-                state.fail_rest(SHUTDOWN)
-            else:
-                self.transfers.load(state)
+            state.fail_rest(SHUTDOWN) if self._stopping else run(state)
 
     # -- scans ------------------------------------------------------------------------------------------
     def _scan(self, first: bool) -> None:
         """One pass over the namespace directory, reconciled with the index (see :mod:`tiering.fs.scanner`)."""
         started = time.monotonic()
+        self.pins.refresh()  # the pins first: the eviction down to the cap below keeps pinned blocks
         with self.index.reading() as ticket:
             result = scan_namespace(
                 self.backend, self.namespace_dir, self.stored_block_bytes, self.config.stale_temp_s, self._is_stopping
@@ -361,6 +364,7 @@ class FsspecSecondaryTierManager(JobReporting, SecondaryTierManager):
         out.update(self._lookup_counts)
         out.update(self.index.stats())
         out.update(self.jobs.stats())
+        out.update(self.pins.stats(self.index.__contains__))
         out.update(failure_totals(out))
         if self._lookup_cache is not None:
             cache = self._lookup_cache.stats()

@@ -35,7 +35,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 from tiering.core.redact import Redactor
-from tiering.core.toolkit.config import ConfigKey, ConfigSchema
+from tiering.core.toolkit.config import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, pins_below_capacity
 from tiering.redis.layout import check_prefix
 
 MODES = ("standalone", "cluster", "sentinel")
@@ -174,8 +174,9 @@ SCHEMA = ConfigSchema(
                       "learn what is stored"),
         ConfigKey("lookup_negative_ttl_s", (float,), default=2.0, minimum=0, exclusive_minimum=True,
                   doc="seconds a 'not there' lookup answer is trusted (another replica may store it)"),
+        MAX_PINNED_BYTES,
     ],
-    checks=[_cross_check],
+    checks=[_cross_check, pins_below_capacity],
 )  # fmt: skip
 """Every key of a ``redis`` tier entry."""
 

@@ -228,5 +228,5 @@ class RedisInspector(TierInspector):
                 continue
             (blocks if parsed[1] == "block" else others).append(name)
         removed = sum(1 for r in self._pipelined("UNLINK", blocks) if r == 1)
-        self._pipelined("UNLINK", [*others, self.layout.lru_key(digest)])
+        self._pipelined("UNLINK", [*others, self.layout.lru_key(digest), self.layout.pins_key(digest)])
         return removed

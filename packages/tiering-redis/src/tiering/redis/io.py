@@ -132,6 +132,17 @@ class RedisBlockIO(RedisServerSync):
                 self._count_error(exc, f"counting {len(new)} blocks in the fleet's LRU")
             else:
                 self._fleet_evict(victims)
+        if new and self.pin_records is not None:
+            self._keep_pinned(new)
+
+    def _keep_pinned(self, new: Sequence[OffloadKey]) -> None:
+        """Blocks just stored that are pinned: scored at their pin's expiry in the fleet's LRU, ``ttl_s`` extended."""
+        pinned = {key: expiry for key in new if (expiry := self.pins.expiry(key)) is not None}
+        if pinned and self.pin_records is not None:
+            try:
+                self.pin_records.keep_alive(pinned)
+            except Exception as exc:  # the next refresh of the pins asserts them again
+                self._count_error(exc, f"keeping {len(pinned)} pinned blocks")
 
     def _with_room(self, tasks: Sequence[Task]) -> Sequence[Task]:
         """The tasks whose room under the cap is free now or within :data:`ROOM_WAIT_S`; the rest fail ``no_space``.

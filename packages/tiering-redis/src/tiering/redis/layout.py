@@ -7,6 +7,8 @@ Layout (``:`` separated, the Redis convention)::
     <prefix>:<namespace digest>:probe:<32 hex>  a start-up probe (written, read and deleted at once)
     <prefix>:{<namespace digest>}:lru           eviction "tier": the fleet's shared LRU (a sorted set,
                                                 see :mod:`tiering.redis.fleet`; one hash tag, one slot)
+    <prefix>:{<namespace digest>}:pins          pinned blocks: key hex scored by the pin's expiry
+                                                (a sorted set, see :mod:`tiering.redis.pins`)
 
 No block key carries a hash tag (``{...}``), so in Redis Cluster the blocks of one
 namespace spread over every slot (and so every primary); the prefix may not
@@ -24,6 +26,7 @@ import re
 NAMESPACE_SUFFIX = "namespace"
 PROBE_INFIX = "probe"
 LRU_SUFFIX = "lru"
+PINS_SUFFIX = "pins"
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _HEX = re.compile(r"^(?:[0-9a-f]{2})+$")
 _PROBE = re.compile(r"^probe:[0-9a-f]{32}$")
@@ -73,6 +76,10 @@ class KeyLayout:
         """The sorted set of the fleet-wide cap (``eviction: "tier"``); hash-tagged, so one cluster slot."""
         return f"{self.prefix}:{{{digest}}}:{LRU_SUFFIX}"
 
+    def pins_key(self, digest: str) -> str:
+        """The sorted set of pinned blocks (:mod:`tiering.redis.pins`); hash-tagged, so one cluster slot."""
+        return f"{self.prefix}:{{{digest}}}:{PINS_SUFFIX}"
+
     def namespace_key(self, digest: str) -> str:
         """The Redis key holding the namespace's JSON record."""
         return f"{self.prefix}:{digest}:{NAMESPACE_SUFFIX}"
@@ -94,7 +101,7 @@ class KeyLayout:
 
         Returns:
             ``(digest, kind, key)`` with kind ``"block"`` (``key`` the
-            OffloadKey), ``"namespace"``, ``"probe"`` or ``"lru"`` (``key`` None); None
+            OffloadKey), ``"namespace"``, ``"probe"``, ``"lru"`` or ``"pins"`` (``key`` None); None
             for a name that is not ours (another prefix, or foreign under ours).
         """
         text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
@@ -102,8 +109,8 @@ class KeyLayout:
         if not text.startswith(head):
             return None
         digest, sep, rest = text[len(head) :].partition(":")
-        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and rest == LRU_SUFFIX:
-            return digest[1:-1], "lru", None
+        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and rest in (LRU_SUFFIX, PINS_SUFFIX):
+            return digest[1:-1], rest, None
         if not sep or not is_digest(digest):
             return None
         if rest == NAMESPACE_SUFFIX:

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, KVEventLog, LookupCache, Victim
+from tiering.core.toolkit.pins import PinBook
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import classify_error
 from tiering.redis.fleet import FleetCap
 from tiering.redis.layout import KeyLayout
+from tiering.redis.pins import RedisPins
 from tiering.redis.presence import PresenceQuery
 from tiering.redis.probe import Primaries, primaries
 
@@ -62,6 +64,8 @@ class RedisServerSync:
     _forget_only: bool
     _known_limit: int
     fleet: FleetCap | None
+    pins: PinBook
+    pin_records: RedisPins | None
 
     def _trim_known(self) -> None:
         """With the server evicting: forget the least recently used known blocks beyond its ``maxmemory``.

@@ -52,12 +52,14 @@ from tiering.core.toolkit import (
     Victim,
 )
 from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
 from tiering.redis.fleet import FleetCap
 from tiering.redis.io import RedisBlockIO, Task
 from tiering.redis.layout import KeyLayout
+from tiering.redis.pins import RedisPins
 from tiering.redis.presence import PresenceQuery
 from tiering.redis.probe import EVICTING_POLICIES, probe
 
@@ -84,7 +86,7 @@ _COUNTERS = (
 )
 
 
-class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager):
+class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, SecondaryTierManager):
     """A secondary tier keeping blocks as keys of a Redis server, Cluster or Sentinel-managed primary.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "redis", "url":
@@ -163,6 +165,17 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
             self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
         )
         self.index = CapacityIndex(capacity)
+        refuse = eviction == "server" and self.server.server_evicts  # the server's LRU cannot be told to keep a key
+        self.pin_records = None if refuse else RedisPins(
+            self._client, self.layout.pins_key(self.digest), self.fleet.lru_key if self.fleet else None,
+            self.block_key if self.ttl_s else None,
+        )  # fmt: skip
+        label = f"redis tier {self.location}" + (
+            f" (the server evicts any key: {self.server.policy})" if refuse else ""
+        )
+        self.pins = PinBook(self.pin_records, settings["max_pinned_bytes"], self.object_bytes, label)
+        self.index.keep = self.pins.protects
+        self.pins.refresh()  # before the start-up scan evicts down to the cap
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
         self.counters = Counters(_COUNTERS)
@@ -302,6 +315,7 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         if now:
             state.record(now)
         self.pool.submit("write", self._store_batch, tasks, self._tasks_failed, merge=True)
+        self.pins.refresh_soon(self.pool.submit_call)  # other processes' pins, read again now and then
 
     # -- loads --------------------------------------------------------------------
     def submit_load(self, job: JobMetadata) -> None:
@@ -352,6 +366,7 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         out.update(index)
         out.update(self.jobs.stats())
         out.update(self.lookups.stats())
+        out.update(self.pins.stats(self.index.__contains__))
         out.update(failure_totals(out))
         if self.fleet is not None:
             out["fleet_capacity_bytes"] = self.fleet.capacity_bytes

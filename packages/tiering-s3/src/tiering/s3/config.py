@@ -15,6 +15,7 @@ from typing import Any
 
 from tiering.core.redact import Redactor
 from tiering.core.toolkit import ConfigKey, ConfigSchema, MissingKeyError
+from tiering.core.toolkit.config import MAX_PINNED_BYTES, pins_below_capacity
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -75,8 +76,9 @@ SCHEMA = ConfigSchema(
         ConfigKey("response_checksum_validation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on object bytes; null: none"),
         ConfigKey("head_fallback", (bool,), default=True, doc="on an index miss, ask the server with HEAD"),
+        MAX_PINNED_BYTES,
     ],
-    checks=[_credentials_paired, _ca_bundle_usable],
+    checks=[_credentials_paired, _ca_bundle_usable, pins_below_capacity],
 )
 """Every key of an ``s3`` tier entry (``S3SecondaryTierManager.config_schema``)."""
 

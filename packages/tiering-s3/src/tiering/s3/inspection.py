@@ -2,8 +2,9 @@
 
 Only objects laid out by this package are ours: ``<prefix>/<32 hex digest>/namespace.json``,
 block objects ``<prefix>/<digest>/<shard>/<key hex>`` (the shard being the one the tier gives
-the key) and the startup probe ``<prefix>/<digest>/.probe-<32 hex>`` that a starting tier
-writes and deletes at once. Anything else under the prefix is foreign: reported, never
+the key), pin markers ``<prefix>/<digest>/pins/<key hex>.<ms>.pin`` (:mod:`tiering.s3.pins`;
+removed with their namespace) and the startup probe ``<prefix>/<digest>/.probe-<32 hex>`` that a
+starting tier writes and deletes at once. Anything else under the prefix is foreign: reported, never
 deleted. Nothing outside ``<prefix>/`` is listed, read or deleted.
 
 Removing blocks while engines use the bucket is safe: S3 serves a GET from one version of
@@ -18,10 +19,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.core.toolkit.pins import parse_marker
 from tiering.s3.client import S3Client
 from tiering.s3.config import SCHEMA, ConnectionSettings
 from tiering.s3.errors import S3RequestError, S3StartupError
 from tiering.s3.layout import DIGEST_RE, NAMESPACE_OBJECT, PROBE_RE, parse_block_name
+from tiering.s3.pins import PINS_INFIX
 from tiering.s3.probe import check_bucket, startup_error
 
 logger = logging.getLogger(__name__)
@@ -138,6 +141,7 @@ class S3Inspector(TierInspector):
                 ours = DIGEST_RE.match(top) and (
                     rest == NAMESPACE_OBJECT
                     or PROBE_RE.match(rest)
+                    or (rest.startswith(PINS_INFIX + "/") and parse_marker(rest[len(PINS_INFIX) + 1 :]) is not None)
                     or parse_block_name(f"{self.root}{top}", name) is not None
                 )
                 if not ours:
@@ -176,6 +180,8 @@ class S3Inspector(TierInspector):
                     blocks.append(BlockInfo(name, key, int(obj["Size"]), obj["LastModified"].timestamp()))
                 elif PROBE_RE.match(name[len(base) + 1 :]):
                     leftovers.append(name)  # a probe left by a tier that died while starting
+                elif name.startswith(f"{base}/{PINS_INFIX}/") and parse_marker(name.rsplit("/", 1)[1]) is not None:
+                    leftovers.append(name)  # a pin marker goes with its namespace
         removed = self.remove_blocks(digest, blocks)
         self._delete([f"{base}/{NAMESPACE_OBJECT}", *leftovers])
         return removed

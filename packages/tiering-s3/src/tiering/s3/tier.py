@@ -41,12 +41,14 @@ from tiering.core.toolkit import (
     KVEventLog,
     LookupCache,
 )
+from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
 from tiering.s3.blocks import BlockIO, Task
 from tiering.s3.client import S3Client, ServerFeatures
 from tiering.s3.config import SCHEMA, ConnectionSettings
 from tiering.s3.errors import ERROR_CLASSES
 from tiering.s3.layout import Layout
+from tiering.s3.pins import S3Pins
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +74,7 @@ _COUNTERS = (
 )
 
 
-class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
+class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier that keeps blocks as objects in an S3 (or S3-compatible) bucket.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b",
@@ -108,6 +110,7 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
             included); None: unbounded. Least recently used blocks are evicted.
         head_fallback: on an index miss, ask the server with HEAD (other
             writers share the prefix); ``lookup`` answers None meanwhile.
+        max_pinned_bytes: bound on the bytes of pinned blocks (0: pinning off; :mod:`tiering.s3.pins`).
 
     Raises:
         ValueError: a config value has the wrong type or range (the message names the key).
@@ -143,6 +146,7 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         response_checksum_validation: str | None = None,
         capacity_bytes: int | None = None,
         head_fallback: bool = True,
+        max_pinned_bytes: int = 0,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         settings = {k: v for k, v in locals().items() if k in ConnectionSettings.__dataclass_fields__}
@@ -171,6 +175,9 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         self._closed = False
         self._counters = Counters(_COUNTERS)
         self._index = CapacityIndex(capacity_bytes)
+        pinned = SCHEMA.check_value("max_pinned_bytes", max_pinned_bytes)
+        self.pins = PinBook(S3Pins(self._client, self.base), pinned, self.object_bytes, f"s3 tier {self.base}")
+        self._index.keep = self.pins.protects
         self.jobs = JobTracker()
         self.events = KVEventLog(self.medium)
         self._pool = IOPool(max_concurrency, 0, name="tiering-s3")
@@ -194,6 +201,7 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         started = time.monotonic()
         try:
             io.probe()
+            self.pins.refresh()  # before the rescan evicts down to the cap
             self.startup_listed_blocks = io.rescan()
         except BaseException:
             self._stop()
@@ -326,6 +334,7 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
             state.record(outcomes)
         if tasks:
             self._pool.submit("write", self._io.store_batch, tasks, self._io.tasks_failed)
+        self.pins.refresh_soon(self._pool.submit_call)  # other processes' pins, read again now and then
 
     # -- loads ------------------------------------------------------------------------------------
     def submit_load(self, job: JobMetadata) -> None:
@@ -348,19 +357,16 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
     def stats(self) -> dict[str, int | float]:
         """Counters under the core vocabulary (:mod:`tiering.core.toolkit.stats`) plus the S3 ones.
 
-        Vocabulary keys: lookups, stores, loads, failures by cause, capacity and
-        eviction figures, work in flight, scans. S3's own: ``errors_<class>``
-        for every class of :data:`tiering.s3.errors.ERROR_CLASSES` (failed
-        requests), ``delete_requests``, ``objects_deleted``,
-        ``short_objects_seen`` (listed or HEAD objects of the wrong size: not
-        there yet, never deleted for it), ``bad_blocks_kept_store_in_flight``,
-        ``startup_listed_blocks``, ``startup_seconds``,
-        ``conditional_put_supported`` and ``batch_delete_supported`` (1/0).
-        See the package README for the table.
+        Vocabulary keys: lookups, stores, loads, failures by cause, capacity, eviction and pin figures, work in
+        flight, scans. S3's own: ``errors_<class>`` per :data:`tiering.s3.errors.ERROR_CLASSES` (failed requests),
+        ``delete_requests``, ``objects_deleted``, ``short_objects_seen`` (listed or HEAD objects of the wrong
+        size: not there yet, never deleted for it), ``bad_blocks_kept_store_in_flight``, ``startup_listed_blocks``,
+        ``startup_seconds``, ``conditional_put_supported`` and ``batch_delete_supported`` (1/0); see the README.
         """
         out: dict[str, int | float] = dict(self._counters.snapshot())
         out.update(self._index.stats())
         out.update(self.jobs.stats())
+        out.update(self.pins.stats(self._index.__contains__))
         lookups = self._lookups.stats()
         out["lookup_probes"] = lookups["lookup_probes"]
         out["lookup_probes_skipped"] = lookups["lookup_probes_skipped"]

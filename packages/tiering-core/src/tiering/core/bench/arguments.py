@@ -1,4 +1,4 @@
-"""Arguments of ``tiering bench``: numbers and sizes with a unit, and the paths it will write, checked before a replay.
+"""Arguments of ``tiering bench`` checked before a replay: numbers, sizes with a unit, and the paths it will write.
 
 A replay takes seconds to minutes; a path that cannot be written is reported
 at once, naming its flag, instead of after the replay.
@@ -10,6 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
+from tiering.core.throttle import parse_throttle
 from tiering.core.units import size_argument
 
 
@@ -49,6 +50,14 @@ def positive_size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
     return value
+
+
+def throttle_argument(text: str) -> tuple[float, float | None]:
+    """An argparse type: ``--throttle LATENCY_S[,BANDWIDTH]`` (:func:`tiering.core.throttle.parse_throttle`)."""
+    try:
+        return parse_throttle(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def check_output_file(flag: str, path: str) -> None:

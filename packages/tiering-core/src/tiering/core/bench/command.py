@@ -13,15 +13,10 @@ ended by SIGINT / SIGTERM (the partial report is printed and written).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +27,10 @@ from tiering.core.bench.arguments import (
     positive_float,
     positive_int,
     positive_size,
+    throttle_argument,
 )
 from tiering.core.bench.interrupt import StopOnSignal
+from tiering.core.bench.pins import PIN_TTL_S, format_pin_rows, pin_candidates, pin_figures, survivors, with_pin_budget
 from tiering.core.bench.progress import Progress
 from tiering.core.bench.replay import Replayer, VerificationError
 from tiering.core.bench.report import describe_stack, format_header, format_report
@@ -49,11 +46,12 @@ from tiering.core.bench.workload import (
     resolve_trace,
     tenant_rule,
 )
+from tiering.core.bench.workspace import workspace
 from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
 from tiering.core.factory import redact_offloading_config
 from tiering.core.manager import TieringManager
 from tiering.core.primary.memory import format_bytes
-from tiering.core.throttle import ThrottledTier, parse_throttle
+from tiering.core.throttle import ThrottledTier
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"
@@ -121,18 +119,20 @@ def add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument(
         "--throttle",
-        type=_throttle,
+        type=throttle_argument,
         metavar="LATENCY_S[,BANDWIDTH]",
         help="make every secondary tier's loads slow on purpose, e.g. 0.05,20MiB (50 ms per job, 20 MiB/s)",
     )
+    bench.add_argument(
+        "--pin",
+        type=positive_int,
+        metavar="N",
+        help=(
+            "replay twice, each on a fresh stack: without pins, then with the trace's N most shared blocks pinned "
+            "in every tier that can pin; report the hit ratio of the pinned blocks and of the rest for both"
+        ),
+    )
     bench.set_defaults(func=cmd_bench)
-
-
-def _throttle(text: str) -> tuple[float, float | None]:
-    try:
-        return parse_throttle(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_plot_available() -> None:
@@ -140,49 +140,6 @@ def _check_plot_available() -> None:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"--plot needs matplotlib: {install_hint('tiering-core', extra='plot')}") from exc
-
-
-@contextlib.contextmanager
-def _workspace(root: str | None, needed: bool = True) -> Iterator[tuple[Path | None, bool]]:
-    """``(directory, temporary)``: ``root`` as given (kept), or a new temporary directory removed on exit.
-
-    Nothing when not ``needed`` (a ``--config`` says where its tiers live).
-    """
-    if not needed:
-        yield None, False
-        return
-    if root is not None:
-        path = Path(root)
-        path.mkdir(parents=True, exist_ok=True)
-        yield path, False
-        return
-    path = Path(tempfile.mkdtemp(prefix="tiering-bench-"))
-    try:
-        yield path, True
-    finally:
-        remove_tree(path)
-
-
-REMOVE_THREADS = 32
-"""Threads unlinking a temporary directory's files: one unlink costs milliseconds on a disk
-mounted with ``discard`` (online TRIM) and the kernel overlaps many; 16 threads removed
-10,000 block files 6x faster than one on the development machine."""
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory tree, unlinking its files from :data:`REMOVE_THREADS` threads; errors are ignored."""
-    files: list[str] = []
-    for dirpath, _, filenames in os.walk(path):
-        files.extend(os.path.join(dirpath, name) for name in filenames)
-
-    def unlink(name: str) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-
-    with ThreadPoolExecutor(REMOVE_THREADS, thread_name_prefix="tiering-bench-rm") as pool:
-        for _ in pool.map(unlink, files, chunksize=64):
-            pass
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str, Any]:
@@ -244,13 +201,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _check_plot_available()
     trace = resolve_trace(args.trace)
     rate = args.recompute_tokens_per_s
-    # With a recompute rate: the same replay with the cost model off, then on, each on a fresh stack.
-    passes: list[bool | None] = [False, True] if rate else [None]
+    if rate and args.pin:
+        raise ValueError("--pin and --recompute-tokens-per-s each replay twice: give one of them")
+    # With a recompute rate (or --pin): the same replay with the cost model (pins) off, then on, each on a fresh stack.
+    passes: list[bool | None] = [False, True] if rate or args.pin else [None]
     views: dict[str, dict[str, float]] = {}
-    if rate and args.config:
+    pin_views: dict[str, dict[str, Any]] = {}
+    if (rate or args.pin) and args.config:
         print(
-            f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second (model on) "
-            "starts with the blocks the first stored",
+            f"{LABEL}: both replays use the tiers of {args.config} where it places them: the second "
+            f"({'pins' if args.pin else 'model'} on) starts with the blocks the first stored",
             file=sys.stderr,
         )
     with StopOnSignal(LABEL) as stopper:
@@ -261,6 +221,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             data, header = outcome
             if rate:
                 views[f"model {'on' if model else 'off'}"] = modelled_ttft(data["timings"], rate)
+            if args.pin:
+                pin_views[f"pins {'on' if model else 'off'}"] = data["pins"]
             if stopper.reason() is not None:
                 break
         if rate:
@@ -269,6 +231,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(format_report(data, None if shares_terminal() else header))
         if rate:
             print("\n".join(format_ttft_rows(views, rate)))
+        if pin_views:
+            data["pin_comparison"] = pin_views
+            print("\n".join(format_pin_rows(pin_views)))
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         if args.plot:
@@ -283,22 +248,24 @@ def _replay_pass(
 ) -> tuple[dict[str, Any], str] | int:
     """One replay on a fresh stack: ``(report data, header)``, or the exit status of a failed replay.
 
-    ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate);
-    None keeps the config's settings.
+    ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate)
+    or, with ``--pin N``, the pins; None keeps the config's settings.
     """
     from tiering.core.factory import create_spec
     from tiering.core.spec import TieringOffloadingSpec
 
-    with _workspace(args.root, not args.config) as workspace:
-        directory, temporary = workspace
+    with workspace(args.root, not args.config) as (directory, temporary):
         config = _stack_config(args, directory)
-        if model is not None:
+        requests = assign_tenants(list(load_mooncake_trace(trace, args.requests)), args.tenants)
+        pinned = pin_candidates(requests, args.pin) if args.pin else []
+        if model and args.pin:
+            config = with_pin_budget(config, len(pinned), create_spec(config).block_bytes)
+        elif model is not None and not args.pin:
             config = {**config, "load_cost_model": model, "recompute_tokens_per_s": args.recompute_tokens_per_s}
         spec = create_spec(config)
         if not isinstance(spec, TieringOffloadingSpec):
             raise ValueError(f"tiering bench needs a TieringOffloadingSpec, got {type(spec).__name__}")
         _check_primary_fits(spec)
-        requests = assign_tenants(list(load_mooncake_trace(trace, args.requests)), args.tenants)
         if len(requests) < args.requests:
             print(
                 f"{LABEL}: the trace {args.trace} has only {len(requests)} requests; replaying all "
@@ -320,13 +287,14 @@ def _replay_pass(
                 latency, bandwidth = args.throttle
                 limit = f", {format_bytes(bandwidth)}/s" if bandwidth else ""
                 stack["throttle"] = f"throttle: every secondary tier's loads take +{latency:g} s per job{limit}"
-            if model is not None:
+            if model is not None and not args.pin:
                 stack["load_cost_model"] = spec.load_cost.describe()
             if args.tenants > 1:
                 stack["tenants"] = tenant_rule(args.tenants)
             header = format_header(args.trace, len(requests), stack)
             print(header, file=sys.stderr, flush=True)
-            replayer = Replayer(manager, names, abandon=stopper.abandon)
+            replayer = Replayer(manager, names, abandon=stopper.abandon, pinned=pinned)
+            pinned_in = manager.pin(pinned, PIN_TTL_S) if model and pinned else []
 
             def figures() -> tuple[int, int, int, int]:
                 rep = replayer.report
@@ -334,12 +302,15 @@ def _replay_pass(
 
             with Progress(len(requests), figures, label=LABEL) as progress:
                 report = replayer.run(requests, progress.update, stop=stopper.reason)
+            survived = survivors(manager, pinned)
         except (VerificationError, TimeoutError) as exc:
             print(f"{LABEL}: FAILED: {redact_text(str(exc), config)}", file=sys.stderr)
             return 1
         finally:
             manager.shutdown()
         data = report.to_dict()
+        if args.pin:
+            data["pins"] = pin_figures(data, len(pinned), survived, pinned_in)
         data["trace"] = args.trace
         data["stack"] = stack
         data["locations"] = {name: {"location": loc, "temporary": temporary} for name, loc in locations.items()}

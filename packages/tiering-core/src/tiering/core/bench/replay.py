@@ -55,8 +55,9 @@ class ReplayReport:
 
     ``block_lookups`` / ``hits`` count blocks; ``tokens_looked_up`` /
     ``token_hits`` count the same in tokens (a prompt's last block may be
-    partial). ``tier_stats`` holds each tier's ``stats()`` at the end, the
-    primary tier's under ``"primary"``.
+    partial). ``pinned_lookups`` / ``pinned_hits`` count the blocks of
+    :attr:`Replayer.pinned` apart (they are in the totals too). ``tier_stats``
+    holds each tier's ``stats()`` at the end, the primary tier's under ``"primary"``.
     """
 
     requests: int = 0
@@ -79,6 +80,8 @@ class ReplayReport:
     partial: bool = False
     stopped_by: str | None = None
     timings: RequestTimings = dataclasses.field(default_factory=RequestTimings)
+    pinned_lookups: int = 0
+    pinned_hits: int = 0
 
     @property
     def total_hits(self) -> int:
@@ -137,6 +140,8 @@ class ReplayReport:
             "latency": self.latency,
             "metrics": self.metrics,
             "timings": self.timings.to_dict(),
+            "pinned_lookups": self.pinned_lookups,
+            "pinned_hits": self.pinned_hits,
         }
 
 
@@ -170,6 +175,8 @@ class Replayer:
         abandon: polled inside every wait; once it returns True the waits
             raise :class:`ReplayAbandoned` instead of waiting on (what a
             second Ctrl-C asks for). Default: never.
+        pinned: blocks whose lookups and hits are also counted apart
+            (``pinned_lookups`` / ``pinned_hits``; ``tiering bench --pin``).
     """
 
     def __init__(
@@ -178,6 +185,7 @@ class Replayer:
         tier_names: list[str],
         timeout_s: float = DEFAULT_TIMEOUT_S,
         abandon: Callable[[], bool] = _never,
+        pinned: Iterable[OffloadKey] = (),
     ) -> None:
         self.manager = manager
         self.tier_names = tier_names
@@ -185,6 +193,7 @@ class Replayer:
         self.abandon = abandon
         self.block_bytes = manager.primary.block_bytes
         self.report = ReplayReport()
+        self.pinned = frozenset(pinned)
 
     def _check_abandon(self) -> None:
         if self.abandon():
@@ -264,6 +273,9 @@ class Replayer:
             rep.token_hits += req.tokens_of(loaded)
             self._timed(lambda: self.manager.complete_load(ctx))
         rep.timings.record(req.prompt_tokens, req.tokens_of(loaded), time.perf_counter() - started)
+        if self.pinned:
+            rep.pinned_lookups += sum(key in self.pinned for key in req.keys)
+            rep.pinned_hits += sum(key in self.pinned for key in req.keys[:loaded])
         rest = req.keys[loaded:]
         if rest:
             alloc = self._timed(lambda: self.manager.prepare_store(rest, ctx))

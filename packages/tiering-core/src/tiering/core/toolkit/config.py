@@ -170,6 +170,25 @@ EntryCheck = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
 ``(key at fault, problem)`` or None. Must be side-effect free (it may look at files, never create one)."""
 
 
+MAX_PINNED_BYTES = ConfigKey(
+    "max_pinned_bytes",
+    (int,),
+    default=0,
+    minimum=0,
+    size=True,
+    doc="bound on the bytes of the blocks pinned in this tier (0: pinning off)",
+)
+"""The pin bound every tier that can pin declares (:mod:`tiering.core.toolkit.pins`)."""
+
+
+def pins_below_capacity(entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    """An :data:`EntryCheck`: ``max_pinned_bytes`` must leave room under ``capacity_bytes`` for unpinned blocks."""
+    pinned, cap = entry.get("max_pinned_bytes") or 0, entry.get("capacity_bytes")
+    if pinned and isinstance(cap, int) and pinned >= cap:
+        return "max_pinned_bytes", f"must be below capacity_bytes ({cap}), got {pinned}"
+    return None
+
+
 class ConfigSchema:
     """The declared keys of one tier type.
 

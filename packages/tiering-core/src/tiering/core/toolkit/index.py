@@ -293,8 +293,14 @@ class CapacityIndex(IndexState):
         if cap is None:
             return ()
         victims: list[Victim] = []
-        while self._resident and self._committed() + need > cap:
-            key, (size, _) = self._resident.popitem(last=False)
+        kept = 0
+        while len(self._resident) > kept and self._committed() + need > cap:
+            key = next(iter(self._resident))
+            if self.keep is not None and self.keep(key):  # pinned: looked at again after every other block
+                self._resident.move_to_end(key)
+                kept += 1
+                continue
+            size, _ = self._resident.pop(key)
             self._resident_bytes -= size
             self._epochs.removed(key)
             victims.append(self._deletes.hand_out(key, size))

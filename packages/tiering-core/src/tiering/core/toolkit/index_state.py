@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit.deletes import DeleteLedger
@@ -28,6 +28,11 @@ class IndexState:
 
     Args:
         capacity_bytes: cap on :attr:`used_bytes`; None: unbounded.
+
+    Attributes:
+        keep: None, or a callable asked before a resident block is evicted; True keeps the block (a pinned
+            block, :meth:`tiering.core.toolkit.pins.PinBook.protects`). Called under the index's lock: it must
+            take no lock of the index and do no I/O.
 
     Raises:
         ValueError: ``capacity_bytes`` is negative.
@@ -52,6 +57,8 @@ class IndexState:
         self._evicted_bytes = 0
         self._touched = TouchQueue()  # touched without the lock; applied before the LRU order is read
         self.owner = ProcessOwner("this tier's index")  # a forked child's copy refuses lookups (no dead lock)
+        # Asked (under the lock, so cheap and lock-free) before a block is evicted: True keeps it (a pin).
+        self.keep: Callable[[OffloadKey], bool] | None = None
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:

@@ -86,6 +86,12 @@ STATS: Mapping[str, Stat] = {
     "room_wait_bytes": Stat(
         "gauge", "bytes", "bytes reserved for stores that wait for evicted blocks' deletes to free their room"
     ),
+    # pins
+    "pinned_blocks": Stat("gauge", "blocks", "blocks stored and pinned (never evicted before their pin expires)"),
+    "pinned_bytes": Stat("gauge", "bytes", "bytes of those blocks as stored"),
+    "pins_pending": Stat("gauge", "keys", "keys pinned but not stored in this tier (pinned once stored)"),
+    "pins_refused": Stat("counter", "keys", "keys whose pin was refused (over max_pinned_bytes, or pinning off)"),
+    "max_pinned_bytes": Stat("gauge", "bytes", "the bound on pinned bytes (0: pinning off)"),
     # work in flight
     "in_flight_jobs": Stat("gauge", "jobs", "jobs accepted and not yet reported"),
     "in_flight_stores": Stat("gauge", "keys", "keys being written"),

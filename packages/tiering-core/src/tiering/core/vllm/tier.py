@@ -47,6 +47,7 @@ from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
 from tiering.core.guard import GuardedTier
+from tiering.core.pinning import RequestPins
 from tiering.core.tenants import scope_key, scope_keys, tenant_from_params
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
@@ -166,6 +167,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self._refused: set[str] = set()  # requests whose tenant is unusable: no tiering for them
         self._refused_jobs: list[JobResult] = []  # their jobs, reported failed by the next get_finished_jobs
         self._vllm_keys: dict[int, dict[TieringOffloadKey, Any]] = {}  # promotions of a tenant: scoped -> vLLM key
+        self._request_pins = RequestPins()
         logger.info(
             "tiering tier %r (%s.%s) serving vLLM tier %r, namespace %s",
             self.tiering_name,
@@ -227,8 +229,16 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         return to_lookup_result(verdict)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        """Hand a cascade (primary -> tier) to the tiering tier; returns at once."""
-        self._submit(self._job(job_metadata))
+        """Hand a cascade (primary -> tier) to the tiering tier; returns at once.
+
+        A request whose ``kv_transfer_params`` hold :data:`~tiering.core.pinning.PIN_PARAM` also pins the
+        job's blocks in the tier (queued on a background thread: :class:`~tiering.core.pinning.RequestPins`);
+        :meth:`touch` pins the blocks it uses that were stored already.
+        """
+        job = self._job(job_metadata)
+        self._submit(job)
+        if job.req_context.req_id not in self._refused:
+            self._request_pins.submit([self.tier], job.keys, job.req_context)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Hand a promotion (tier -> primary) to the tiering tier; returns at once."""
@@ -293,10 +303,12 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         return to_offloading_events(events, self.medium, self.locality, self.tier_type)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Forward a use of ``keys`` to the tier's recency order."""
+        """Forward a use of ``keys`` to the tier's recency order (and pin them when the request asks for pins)."""
         ctx = self._context(req_context)
         if req_context.req_id not in self._refused:
-            self._guard.touch(scope_keys(ctx.tenant, [TieringOffloadKey(bytes(k)) for k in keys]), ctx)
+            scoped = scope_keys(ctx.tenant, [TieringOffloadKey(bytes(k)) for k in keys])
+            self._guard.touch(scoped, ctx)
+            self._request_pins.submit([self.tier], scoped, ctx)  # blocks it found stored are pinned too
 
     def has_pending_work(self) -> bool:
         """Whether a job vLLM submitted has not been reported back to it yet."""
@@ -333,6 +345,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         cleans up right after; a view the tier still exports (e.g. through
         numpy) keeps the mapping alive, which vLLM reports and tolerates.
         """
+        self._request_pins.close()
         self._guard.shutdown()
         try:
             self._view.release()
