@@ -16,7 +16,7 @@ operations, and the halving is one ``bytearray.translate`` in C.
 
 An estimate can only be too high (hash collisions), never too low between
 two resets: a key recorded ``n`` times since the last reset reads at least
-``min(n, 16)``.
+``min(n, 16)``; a reset halves the counts (a key seen often stays above one).
 """
 
 from __future__ import annotations
@@ -91,11 +91,11 @@ class FrequencySketch:
         return all(self._door[b >> 3] >> (b & 7) & 1 for b in bits)
 
     def estimate(self, key: bytes) -> int:
-        """Sightings of ``key`` since about the last reset (0 .. ``MAX_COUNT + 1``; may over-count)."""
+        """Recent sightings of ``key`` (0 .. ``MAX_COUNT + 1``; may over-count): its smallest counter, plus one
+        when the doorkeeper has it. A reset halves what the counters hold and forgets the doorkeeper's one.
+        """  # noqa: D205
         counters, bits = self._indices(key)
-        if not self._in_door(bits):
-            return 0
-        return 1 + min(self._count(i) for i in counters)
+        return min(self._count(i) for i in counters) + self._in_door(bits)
 
     def record(self, key: bytes) -> int:
         """Count one sighting of ``key``; returns its estimate after it.
@@ -105,18 +105,16 @@ class FrequencySketch:
         :data:`MAX_COUNT`. Every ``sample_size`` sightings the sketch resets.
         """
         counters, bits = self._indices(key)
+        low = min(self._count(i) for i in counters)
         if not self._in_door(bits):
             for b in bits:
                 self._door[b >> 3] |= 1 << (b & 7)
-            estimate = 1
-        else:
-            low = min(self._count(i) for i in counters)
-            if low < MAX_COUNT:
-                for i in counters:
-                    if self._count(i) == low:
-                        self._table[i >> 1] += 1 << ((i & 1) * 4)
-                low += 1
-            estimate = 1 + low
+        elif low < MAX_COUNT:
+            for i in counters:
+                if self._count(i) == low:
+                    self._table[i >> 1] += 1 << ((i & 1) * 4)
+            low += 1
+        estimate = low + 1
         self._recorded += 1
         if self._recorded >= self.sample_size:
             self.reset()
