@@ -27,7 +27,7 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.metrics import StackMetrics
-from tiering.core.toolkit.config import ADMISSION_KEY_NAMES, admission_schema
+from tiering.core.toolkit.config import ADMISSION_KEY_NAMES, InvalidValueError, admission_schema
 from tiering.core.toolkit.sketch import FrequencySketch
 
 __all__ = [
@@ -77,6 +77,26 @@ def admission_config(tier_config: Mapping[str, Any], index: int = 0) -> Admissio
     tier_type = str(tier_config.get("type", "?"))
     keys = admission_schema(tier_type).validate(split_admission(tier_config)[1], entry=f"secondary_tiers[{index}]")
     return AdmissionConfig(keys["admission"], keys["admission_sketch_bytes"] or DEFAULT_SKETCH_BYTES)
+
+
+def refuse_admission(tier_config: Mapping[str, Any], entry: str, runner: str) -> None:
+    """Refuse an admission policy where ``runner`` (e.g. ``"vLLM's own manager"``) decides what is written.
+
+    Only tiering's own manager applies the admission keys; vLLM's manager, SGLang's HiCache and
+    LMCache hand the tier every block they chose themselves.
+
+    Raises:
+        InvalidValueError: ``admission`` other than ``"always"``, or ``admission_sketch_bytes`` given;
+            the message names ``<entry>.<key>`` and ``runner``.
+    """
+    given = split_admission(tier_config)[1]
+    if given and given != {"admission": ALWAYS}:
+        key = "admission" if given.get("admission", ALWAYS) != ALWAYS else next(iter(given.keys() - {"admission"}))
+        problem = (
+            f"applied only by tiering's own manager (standalone, tiering bench); under {runner}, which decides "
+            "what reaches the tier, remove it"
+        )
+        raise InvalidValueError(str(tier_config.get("type", "?")), key, problem, entry)
 
 
 class AdmissionPolicy:
