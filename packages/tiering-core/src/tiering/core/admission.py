@@ -114,15 +114,19 @@ class AdmissionPolicy:
         self.sketch = FrequencySketch(config.sketch_bytes)
         self.admitted = 0
         self.declined = 0
+        # The estimates of the last sighting's keys: a store asks about the keys it has just
+        # counted, so the sketch is not hashed twice per block on the scheduler's thread.
+        self._last: dict[OffloadKey, int] = {}
 
     def seen(self, keys: Sequence[OffloadKey]) -> None:
         """Count one sighting of each of ``keys`` (one request used them)."""
-        for key in keys:
-            self.sketch.record(key)
+        record = self.sketch.record
+        self._last = {key: record(key) for key in keys}
 
     def admit(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
         """The keys (in order) seen at least twice lately: those to write."""
-        out = [key for key in keys if self.sketch.estimate(key) >= ADMIT_AT]
+        last, estimate = self._last, self.sketch.estimate
+        out = [key for key in keys if (last.get(key) or estimate(key)) >= ADMIT_AT]
         self.admitted += len(out)
         self.declined += len(keys) - len(out)
         return out

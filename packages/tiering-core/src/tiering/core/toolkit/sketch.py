@@ -11,7 +11,7 @@ the estimates follow the recent past and old popularity fades.
 
 The memory is fixed at construction: half of ``memory_bytes`` holds the
 counters (two per byte), the other half the doorkeeper's bits. Both are
-``bytearray``s, so a record costs one BLAKE2b hash and eight byte
+``bytearray``s, so a record costs two XXH3 hashes and eight byte
 operations, and the halving is one ``bytearray.translate`` in C.
 
 An estimate can only be too high (hash collisions), never too low between
@@ -21,7 +21,9 @@ two resets: a key recorded ``n`` times since the last reset reads at least
 
 from __future__ import annotations
 
-import hashlib
+import struct
+
+from xxhash import xxh3_128_digest
 
 __all__ = ["MAX_COUNT", "MIN_SKETCH_BYTES", "FrequencySketch"]
 
@@ -33,6 +35,8 @@ MAX_COUNT = 15
 
 MIN_SKETCH_BYTES = 64
 """The smallest accepted ``memory_bytes``."""
+
+_FOUR = struct.Struct("<4I")  # a 128-bit hash as four 32-bit indices
 
 # Each byte holds two counters; halving both is a table look-up per byte.
 _HALVE = bytes(((b >> 4) >> 1) << 4 | ((b & 0x0F) >> 1) for b in range(256))
@@ -64,6 +68,7 @@ class FrequencySketch:
         self._table = bytearray(half)  # DEPTH rows of 4-bit counters, two counters a byte
         self._door = bytearray(half)  # doorkeeper bits
         self._row_mask = half * 2 // DEPTH - 1  # counters per row, minus one (a power of two)
+        self._row2, self._row3, self._row4 = (row * (self._row_mask + 1) for row in range(1, DEPTH))
         self._door_mask = half * 8 - 1
         self.sample_size = sample_size if sample_size is not None else self._row_mask + 1
         if self.sample_size < 1:
@@ -76,26 +81,36 @@ class FrequencySketch:
         """Bytes held by the counters and the doorkeeper."""
         return len(self._table) + len(self._door)
 
-    def _indices(self, key: bytes) -> tuple[list[int], list[int]]:
-        """Counter indices (one per row, into the whole table) and doorkeeper bit indices of ``key``."""
-        h = int.from_bytes(hashlib.blake2b(key, digest_size=32).digest(), "little")
-        width = self._row_mask + 1
-        counters = [row * width + ((h >> (32 * row)) & self._row_mask) for row in range(DEPTH)]
-        bits = [(h >> (128 + 32 * i)) & self._door_mask for i in range(DEPTH)]
-        return counters, bits
+    def _slots(self, key: bytes) -> tuple[list[int], list[int]]:
+        """``key``'s counter index in each row (into the whole table) and its doorkeeper bit indices."""
+        mask, door = self._row_mask, self._door_mask
+        a, b, c, d = _FOUR.unpack(xxh3_128_digest(key))
+        counters = [a & mask, self._row2 + (b & mask), self._row3 + (c & mask), self._row4 + (d & mask)]
+        a, b, c, d = _FOUR.unpack(xxh3_128_digest(key, seed=1))
+        return counters, [a & door, b & door, c & door, d & door]
 
-    def _count(self, index: int) -> int:
-        return (self._table[index >> 1] >> ((index & 1) * 4)) & 0x0F
+    def _low(self, counters: list[int]) -> int:
+        """The smallest of the key's counters."""
+        table = self._table
+        a, b, c, d = counters
+        return min(
+            table[a >> 1] >> ((a & 1) << 2) & 0x0F,
+            table[b >> 1] >> ((b & 1) << 2) & 0x0F,
+            table[c >> 1] >> ((c & 1) << 2) & 0x0F,
+            table[d >> 1] >> ((d & 1) << 2) & 0x0F,
+        )
 
-    def _in_door(self, bits: list[int]) -> bool:
-        return all(self._door[b >> 3] >> (b & 7) & 1 for b in bits)
+    def _in_door(self, bits: list[int]) -> int:
+        door = self._door
+        a, b, c, d = bits
+        return door[a >> 3] >> (a & 7) & door[b >> 3] >> (b & 7) & door[c >> 3] >> (c & 7) & door[d >> 3] >> (d & 7) & 1
 
     def estimate(self, key: bytes) -> int:
         """Recent sightings of ``key`` (0 .. ``MAX_COUNT + 1``; may over-count): its smallest counter, plus one
         when the doorkeeper has it. A reset halves what the counters hold and forgets the doorkeeper's one.
         """  # noqa: D205
-        counters, bits = self._indices(key)
-        return min(self._count(i) for i in counters) + self._in_door(bits)
+        counters, bits = self._slots(key)
+        return self._low(counters) + self._in_door(bits)
 
     def record(self, key: bytes) -> int:
         """Count one sighting of ``key``; returns its estimate after it.
@@ -104,21 +119,23 @@ class FrequencySketch:
         the key's smallest counters (conservative update), saturating at
         :data:`MAX_COUNT`. Every ``sample_size`` sightings the sketch resets.
         """
-        counters, bits = self._indices(key)
-        low = min(self._count(i) for i in counters)
+        counters, bits = self._slots(key)
+        low = self._low(counters)
         if not self._in_door(bits):
-            for b in bits:
-                self._door[b >> 3] |= 1 << (b & 7)
+            door = self._door
+            for bit in bits:
+                door[bit >> 3] |= 1 << (bit & 7)
         elif low < MAX_COUNT:
+            table = self._table
             for i in counters:
-                if self._count(i) == low:
-                    self._table[i >> 1] += 1 << ((i & 1) * 4)
+                shift = (i & 1) << 2
+                if table[i >> 1] >> shift & 0x0F == low:
+                    table[i >> 1] += 1 << shift
             low += 1
-        estimate = low + 1
         self._recorded += 1
         if self._recorded >= self.sample_size:
             self.reset()
-        return estimate
+        return low + 1
 
     def reset(self) -> None:
         """Halve every counter and clear the doorkeeper (TinyLFU's aging step)."""
