@@ -144,7 +144,9 @@ def test_check_accepts_admission_keys_and_sizes(tmp_path, capsys):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [entry]}))
     assert main(["check", str(path)]) == 0
-    assert "config ok" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "secondary_tiers[0] type 'fs'" in out and "admission 'second_sighting' (sketch of 64.0 KiB)" in out
+    assert "config ok" in out
     spec = TieringOffloadingSpec({"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [entry]})
     assert [(c.policy, c.sketch_bytes) for c in spec.admission()] == [("second_sighting", 64 * 1024)]
 
