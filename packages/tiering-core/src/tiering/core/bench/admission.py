@@ -18,6 +18,7 @@ from typing import Any
 from tiering.core.bench.replay import Replayer
 from tiering.core.bench.stack import bench_config, default_local_tier
 from tiering.core.bench.workload import Request
+from tiering.core.spec import TieringOffloadingSpec
 from tiering.core.units import format_bytes
 
 __all__ = ["admission_row", "admission_sweep", "format_rows"]
@@ -51,13 +52,11 @@ def admission_row(
         RuntimeError: no installed tier keeps blocks in a local directory.
         VerificationError, TimeoutError: as :meth:`~tiering.core.bench.replay.Replayer.run`.
     """
-    from tiering.core.factory import create_spec
-
     entry = default_local_tier(directory)
     if entry is None:
         raise RuntimeError("no installed tier keeps blocks in a local directory (install tiering-fs)")
     entry = {**entry, "capacity_bytes": cap_bytes, "admission": policy}
-    manager = create_spec(bench_config([entry], block_bytes, cpu_bytes)).get_manager()
+    manager = TieringOffloadingSpec(bench_config([entry], block_bytes, cpu_bytes)).get_manager()
     name = f"0:{entry['type']}"
     try:
         report = Replayer(manager, [name]).run(requests)
