@@ -2,8 +2,9 @@
 
 - ``"always"`` (the default): every block stored is written to the tier (write-through).
 - ``"second_sighting"``: a block is written to the tier only once it has
-  been seen before. Most blocks of a serving trace are used once (over
-  half in Mooncake's), and writing them wears a disk out for no hit.
+  been seen before. Most blocks of a serving trace are used once (three in
+  four of the shipped Mooncake conversation trace's), and writing them wears
+  a disk out for no hit.
 
 A *sighting* is one request using a block, counted by the manager
 (:class:`~tiering.core.manager.TieringManager`) once per request and block:
@@ -27,7 +28,7 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.metrics import StackMetrics
-from tiering.core.toolkit.config import ADMISSION_KEY_NAMES, InvalidValueError, admission_schema
+from tiering.core.toolkit.config import ADMISSION_KEY_NAMES, ADMISSION_POLICIES, InvalidValueError, admission_schema
 from tiering.core.toolkit.sketch import FrequencySketch
 
 __all__ = [
@@ -37,11 +38,11 @@ __all__ = [
     "AdmissionPolicy",
     "StackAdmission",
     "admission_config",
+    "refuse_admission",
     "split_admission",
 ]
 
-ALWAYS = "always"
-SECOND_SIGHTING = "second_sighting"
+ALWAYS, SECOND_SIGHTING = ADMISSION_POLICIES
 DEFAULT_SKETCH_BYTES = 1024 * 1024
 """Default memory of a tier's frequency sketch (``admission_sketch_bytes``): about 256K blocks seen lately."""
 ADMIT_AT = 2
@@ -104,16 +105,10 @@ class AdmissionPolicy:
 
     Args:
         config: the tier's settings.
-
-    Attributes:
-        admitted: blocks let through so far.
-        declined: blocks kept out so far.
     """
 
     def __init__(self, config: AdmissionConfig) -> None:
         self.sketch = FrequencySketch(config.sketch_bytes)
-        self.admitted = 0
-        self.declined = 0
         # The estimates of the last sighting's keys: a store asks about the keys it has just
         # counted, so the sketch is not hashed twice per block on the scheduler's thread.
         self._last: dict[OffloadKey, int] = {}
@@ -126,10 +121,7 @@ class AdmissionPolicy:
     def admit(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
         """The keys (in order) seen at least twice lately: those to write."""
         last, estimate = self._last, self.sketch.estimate
-        out = [key for key in keys if (last.get(key) or estimate(key)) >= ADMIT_AT]
-        self.admitted += len(out)
-        self.declined += len(keys) - len(out)
-        return out
+        return [key for key in keys if (last.get(key) or estimate(key)) >= ADMIT_AT]
 
 
 class StackAdmission:
@@ -159,15 +151,15 @@ class StackAdmission:
             if config.policy not in (ALWAYS, SECOND_SIGHTING):
                 raise ValueError(f"secondary tier {i}: unknown admission policy {config.policy!r}")
             self.policies.append(AdmissionPolicy(config) if config.policy == SECOND_SIGHTING else None)
+        self._active = [(idx, policy) for idx, policy in enumerate(self.policies) if policy is not None]
         self._metrics = metrics
         self._labels = tier_labels
 
     def seen(self, keys: Sequence[OffloadKey]) -> list[int]:
         """Count a sighting of ``keys`` in every policy; returns the indices of the tiers that have one."""
-        tiers = [idx for idx, policy in enumerate(self.policies) if policy is not None]
-        for idx in tiers:
-            self.policies[idx].seen(keys)  # type: ignore[union-attr]
-        return tiers
+        for _, policy in self._active:
+            policy.seen(keys)
+        return [idx for idx, _ in self._active]
 
     def admit(self, idx: int, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
         """The ``keys`` tier ``idx`` admits, in order (all of them without a policy); decisions are counted."""

@@ -316,12 +316,15 @@ def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
+ADMISSION_POLICIES = ("always", "second_sighting")
+"""The values of ``admission`` (:mod:`tiering.core.admission`), the default first."""
+
 ADMISSION_KEYS = (
     ConfigKey(
         "admission",
         (str,),
-        default="always",
-        choices=("always", "second_sighting"),
+        default=ADMISSION_POLICIES[0],
+        choices=ADMISSION_POLICIES,
         doc="which stored blocks are written to the tier: every one, or those seen before (frequency >= 2)",
     ),
     ConfigKey(
