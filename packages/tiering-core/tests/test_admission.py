@@ -120,7 +120,7 @@ def test_always_writes_every_block_at_its_first_store(tmp_path):
         (
             {"admission": "second_sighting", "admission_sketch_bytes": 32},
             InvalidValueError,
-            "secondary_tiers[0].admission_sketch_bytes: must be an integer >= 64 (bytes) or a size",
+            "secondary_tiers[0].admission_sketch_bytes: must be an integer >= 64 and <= 1073741824 (bytes) or a size",
         ),
         (
             {"admission_sketch_bytes": "1MiB"},

@@ -68,8 +68,10 @@ def test_keys_seen_once_rarely_read_as_seen_twice():
     assert sum(sketch.estimate(key(i)) >= 1 for i in range(10_000, 20_000)) < 100
 
 
-def test_rejects_a_sketch_too_small():
-    with pytest.raises(ValueError, match="sketch memory must be >= 64 bytes, got 63"):
+def test_rejects_a_sketch_too_small_or_too_large():
+    with pytest.raises(ValueError, match="sketch memory must be >= 64 and <= 1073741824 bytes, got 63"):
         FrequencySketch(63)
+    with pytest.raises(ValueError, match="got 1073741825"):
+        FrequencySketch((1 << 30) + 1)
     with pytest.raises(ValueError, match="sample_size must be >= 1"):
         FrequencySketch(64, sample_size=0)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.redact import REDACTED
-from tiering.core.toolkit.sketch import MIN_SKETCH_BYTES
+from tiering.core.toolkit.sketch import MAX_SKETCH_BYTES, MIN_SKETCH_BYTES
 from tiering.core.units import parse_size
 
 RESERVED_KEYS = frozenset({"type", "module_path"})
@@ -333,6 +333,7 @@ ADMISSION_KEYS = (
         default=None,
         nullable=True,
         minimum=MIN_SKETCH_BYTES,
+        maximum=MAX_SKETCH_BYTES,
         size=True,
         doc="memory of the second_sighting frequency sketch (default 1MiB: about 256K recent blocks)",
     ),

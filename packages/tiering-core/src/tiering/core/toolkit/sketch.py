@@ -25,7 +25,7 @@ import struct
 
 from xxhash import xxh3_128_digest
 
-__all__ = ["MAX_COUNT", "MIN_SKETCH_BYTES", "FrequencySketch"]
+__all__ = ["MAX_COUNT", "MAX_SKETCH_BYTES", "MIN_SKETCH_BYTES", "FrequencySketch"]
 
 DEPTH = 4
 """Rows of the count-min sketch (and hash functions of the doorkeeper)."""
@@ -35,6 +35,9 @@ MAX_COUNT = 15
 
 MIN_SKETCH_BYTES = 64
 """The smallest accepted ``memory_bytes``."""
+
+MAX_SKETCH_BYTES = 1 << 30
+"""The largest accepted ``memory_bytes`` (1 GiB: every index fits the 32 bits a hash gives it)."""
 
 _FOUR = struct.Struct("<4I")  # a 128-bit hash as four 32-bit indices
 
@@ -50,20 +53,22 @@ class FrequencySketch:
     """Approximate counts of recent sightings of byte-string keys, in at most ``memory_bytes`` bytes.
 
     Args:
-        memory_bytes: bytes of the counters plus the doorkeeper (>= :data:`MIN_SKETCH_BYTES`);
-            the sketch uses the largest power of two not above it.
+        memory_bytes: bytes of the counters plus the doorkeeper (:data:`MIN_SKETCH_BYTES` to
+            :data:`MAX_SKETCH_BYTES`); the sketch uses the largest power of two not above it.
         sample_size: sightings between two resets (halvings); default: the
             number of counters per row (``memory_bytes / 4``), which keeps
             the doorkeeper at 16 bits per distinct key (a false positive
             rate near 0.2 %) even when every sighting is of a new key.
 
     Raises:
-        ValueError: ``memory_bytes`` below :data:`MIN_SKETCH_BYTES` or ``sample_size`` below 1.
+        ValueError: ``memory_bytes`` out of that range, or ``sample_size`` below 1.
     """
 
     def __init__(self, memory_bytes: int, sample_size: int | None = None) -> None:
-        if memory_bytes < MIN_SKETCH_BYTES:
-            raise ValueError(f"sketch memory must be >= {MIN_SKETCH_BYTES} bytes, got {memory_bytes}")
+        if not MIN_SKETCH_BYTES <= memory_bytes <= MAX_SKETCH_BYTES:
+            raise ValueError(
+                f"sketch memory must be >= {MIN_SKETCH_BYTES} and <= {MAX_SKETCH_BYTES} bytes, got {memory_bytes}"
+            )
         half = _power_of_two_at_most(memory_bytes) // 2
         self._table = bytearray(half)  # DEPTH rows of 4-bit counters, two counters a byte
         self._door = bytearray(half)  # doorkeeper bits
