@@ -195,3 +195,14 @@ def test_engines_that_choose_their_own_writes_refuse_an_admission_policy(tmp_pat
     path.write_text(json.dumps(vllm_form))
     assert main(["check", str(path)]) == 2
     assert "secondary_tiers[0].admission: applied only by tiering's own manager" in capsys.readouterr().err
+
+
+def test_tiering_bench_applies_the_config_admission_policy(tmp_path):
+    entry = {"type": "fs", "root": str(tmp_path / "fs"), "admission": "second_sighting"}
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"cpu_bytes_to_use": 64 * BLOCK, "block_bytes": BLOCK, "secondary_tiers": [entry]}))
+    out = tmp_path / "r.json"
+    assert main(["bench", "--config", str(config), "--requests", "40", "--json", str(out)]) == 0
+    samples = json.loads(out.read_text())["metrics"]["tiering_store_admission_total"]
+    by_outcome = {s["labels"]["outcome"]: s["value"] for s in samples}
+    assert by_outcome["declined"] > 0
