@@ -46,7 +46,7 @@ def admission_row(
         ``policy``, ``cap_bytes``, ``block_lookups``, ``hits`` (any tier),
         ``tier_hits`` (blocks loaded from the persistent tier), ``hit_ratio``,
         ``bytes_written`` (into the persistent tier), ``written_per_hit``
-        (bytes written per block hit, any tier), ``admitted`` / ``declined`` (blocks).
+        (bytes written per block hit, any tier; None without a hit), ``admitted`` / ``declined`` (blocks).
 
     Raises:
         RuntimeError: no installed tier keeps blocks in a local directory.
@@ -62,7 +62,7 @@ def admission_row(
         report = Replayer(manager, [name]).run(requests)
     finally:
         manager.shutdown()
-    admission = manager.metrics.value
+    count = manager.metrics.value
     hits = report.total_hits
     written = report.bytes_stored[name]
     return {
@@ -73,9 +73,9 @@ def admission_row(
         "tier_hits": report.hits[name],
         "hit_ratio": hits / report.block_lookups if report.block_lookups else 0.0,
         "bytes_written": written,
-        "written_per_hit": written / hits if hits else float("inf"),
-        "admitted": int(admission("store_admission_total", index="0", outcome="admitted")),
-        "declined": int(admission("store_admission_total", index="0", outcome="declined")),
+        "written_per_hit": written / hits if hits else None,
+        "admitted": int(count("store_admission_total", index="0", outcome="admitted")),
+        "declined": int(count("store_admission_total", index="0", outcome="declined")),
     }
 
 
@@ -113,12 +113,14 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
         base = first.setdefault(row["cap_bytes"], row)
         versus = ""
         if base is not row:
-            hit = row["hit_ratio"] / base["hit_ratio"] if base["hit_ratio"] else float("nan")
-            per_hit = row["written_per_hit"] / base["written_per_hit"] if base["written_per_hit"] else float("nan")
-            versus = f"hit ratio x{hit:.3f}, written/hit {100 * (per_hit - 1):+.1f}%"
+            versus = "(the first policy had no hit)"
+            if base["hit_ratio"]:
+                versus = f"hit ratio x{row['hit_ratio'] / base['hit_ratio']:.3f}"
+            if row["written_per_hit"] is not None and base["written_per_hit"]:
+                versus += f", written/hit {100 * (row['written_per_hit'] / base['written_per_hit'] - 1):+.1f}%"
         lines.append(
             f"{format_bytes(row['cap_bytes']):>9}  {row['policy']:<15} {row['hit_ratio']:>9.4f} "
             f"{row['tier_hits']:>9} {format_bytes(row['bytes_written']):>10} "
-            f"{format_bytes(int(row['written_per_hit'])) if row['hits'] else 'inf':>11} {row['declined']:>8}  {versus}"
+            f"{format_bytes(row['written_per_hit']) if row['hits'] else 'no hit':>11} {row['declined']:>8}  {versus}"
         )
     return "\n".join(lines)
