@@ -3,7 +3,8 @@
 Each section between ``<!-- BEGIN GENERATED: <tier> keys -->`` and
 ``<!-- END GENERATED: <tier> keys -->`` is rewritten from the ``config_schema``
 of the installed tier class registered under ``<tier>`` (``example``, ``fs``,
-``s3``, ``redis``), or from the core's cost model keys for ``cost_model``:
+``s3``, ``redis``), or from the core's cost model keys for ``cost_model`` and
+its admission keys (accepted by every tier entry) for ``admission``:
 one row per key with what a valid value looks like, its
 default, whether it is a credential, and its one-line description. The page
 then shows the tables as they are on GitHub too (no include directive).
@@ -47,8 +48,12 @@ def table(tier: str) -> str:
     """
     from tiering.core.costmodel import COST_SCHEMA
     from tiering.core.factory import SecondaryTierFactory
+    from tiering.core.toolkit.config import admission_schema
 
-    schema = COST_SCHEMA if tier == "cost_model" else SecondaryTierFactory.get_class(tier).config_schema
+    if tier in ("cost_model", "admission"):
+        schema = COST_SCHEMA if tier == "cost_model" else admission_schema("any")
+    else:
+        schema = SecondaryTierFactory.get_class(tier).config_schema
     if schema is None:
         raise SystemExit(f"tier {tier!r} declares no config_schema: nothing to generate")
     rows = ["| key | valid values | default | meaning |", "| --- | --- | --- | --- |"]

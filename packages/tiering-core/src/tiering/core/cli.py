@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, distributions, packages_distributions, version
 from typing import Any
 
+from tiering.core.admission import ALWAYS, admission_config
 from tiering.core.bench.command import add_bench_parser
 from tiering.core.cli_options import check_tier_options, split_tier_options
 from tiering.core.commands import add_commands, option_pairs
@@ -30,6 +31,7 @@ from tiering.core.pin_command import add_pin_parser
 from tiering.core.primary.memory import check_primary_fits
 from tiering.core.terminal import echo
 from tiering.core.tier_factory import check_tier_constructor
+from tiering.core.units import format_bytes
 
 logger = logging.getLogger("tiering.core.cli")
 
@@ -118,6 +120,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
         else:
             checked = "keys checked against its constructor (the tier declares no schema; --probe checks values)"
+        admission = admission_config(tier_config, index)
+        if admission.policy != ALWAYS:
+            checked += f"; admission {admission.policy!r} (sketch of {format_bytes(admission.sketch_bytes)})"
         echo(
             f"secondary_tiers[{index}] type {tier_type!r}: "
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)}); {checked}"

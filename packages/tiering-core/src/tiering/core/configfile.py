@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core import redact
+from tiering.core.admission import refuse_admission
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.units import parse_size
 from tiering.core.vllm.entry import split_binding_keys
@@ -195,6 +196,7 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
                 f"installed tiering tier; the vLLM binding's names are {known}"
             )
         binding, own = split_binding_keys(entry, str(name), f"secondary_tiers[{index}]")
+        refuse_admission(own, f"secondary_tiers[{index}]", "vLLM's own manager")
         tiers[index] = {"type": plain, **{k: v for k, v in own.items() if k not in ("type", "module_path")}}
         line = (
             f"secondary_tiers[{index}]: {name!r} with module_path {VLLM_TIERS_MODULE!r} is the vLLM binding's "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from tiering.core.base import OffloadKey, ReqContext
+from tiering.core.base import JobMetadata, OffloadKey, ReqContext
+from tiering.core.metrics import StackMetrics
 
 PRIMARY = -1
 """The source index of blocks that were already in the primary tier."""
@@ -85,3 +86,31 @@ class JobContext:
     load: PendingLoad | None = None
     predicted: float | None = None
     submitted: float = dataclasses.field(default_factory=time.monotonic)
+
+
+def record_job(
+    metrics: StackMetrics,
+    labels: dict[str, str],
+    meta: JobMetadata,
+    context: JobContext,
+    success: bool,
+    block_bytes: int,
+) -> float:
+    """Count a finished job of one secondary tier (``labels``) in ``metrics``; returns its duration, seconds.
+
+    Every job counts in ``jobs_total`` and its kind's duration histogram; a
+    successful one also in the blocks and bytes it moved, and a successful load
+    beside the cost model's prediction of it.
+    """
+    kind = "load" if meta.is_promotion else "store"
+    metrics.inc("jobs_total", {**labels, "kind": kind, "outcome": "ok" if success else "failed"})
+    seconds = time.monotonic() - context.submitted
+    metrics.observe(f"{kind}_duration_seconds", labels, seconds)
+    if success:
+        if meta.is_promotion and context.predicted is not None:
+            metrics.observe("load_predicted_seconds", labels, context.predicted)
+            metrics.observe("load_prediction_ratio", labels, seconds / max(context.predicted, 1e-9))
+        done = "loaded" if meta.is_promotion else "stored"
+        metrics.inc(f"blocks_{done}_total", labels, len(meta.keys))
+        metrics.inc(f"{done}_bytes_total", labels, len(meta.keys) * block_bytes)
+    return seconds

@@ -1,15 +1,15 @@
 """The tiering manager: the scheduler-side orchestrator of a tier stack.
 
-It answers lookups across the CPU primary tier and the secondary tiers, promotes blocks secondary -> primary
-for loads, cascades stores primary -> every secondary tier (write-through), and releases the primary slots'
-pins as jobs finish. The flow follows vLLM's ``TieringOffloadingManager``
-(``vllm/v1/kv_offload/tiering/manager.py``), with two rules on top: no request ever waits forever and no
-exception from a tier escapes (a failed job turns its blocks into misses, which the engine recomputes); and a
-block promoted from secondary tier N is also written to tiers 0..N-1 that lack it (fill on hit, as in an
-inclusive cache hierarchy: a block a local disk lost or never had is fetched from a remote tier once, not on
-every primary miss). A found prefix is cut where loading it stops paying: the engine recomputes the rest
-(:class:`~tiering.core.costmodel.LoadCostModel`). Keys are scoped to the request's tenant before any tier
-sees them (:mod:`tiering.core.tenants`).
+It answers lookups across the CPU primary tier and the secondary tiers, promotes blocks secondary -> primary for
+loads, cascades stores primary -> every secondary tier (write-through), and releases the primary slots' pins as jobs
+finish. The flow follows vLLM's ``TieringOffloadingManager`` (``vllm/v1/kv_offload/tiering/manager.py``), with two
+rules on top: no request ever waits forever and no exception from a tier escapes (a failed job turns its blocks into
+misses, which the engine recomputes); and a block promoted from secondary tier N is also written to tiers 0..N-1
+that lack it (fill on hit, as in an inclusive cache hierarchy: a block a local disk lost or never had is fetched
+from a remote tier once, not on every primary miss). A found prefix is cut where loading it stops paying: the engine
+recomputes the rest (:class:`~tiering.core.costmodel.LoadCostModel`). Keys are scoped to the request's tenant before
+any tier sees them (:mod:`tiering.core.tenants`). A tier with an admission policy gets only the blocks it admits
+(:mod:`tiering.core.admission`).
 
 All methods run on the scheduler's thread. In a child forked after the manager was built, those that start,
 wait for or report work raise :class:`~tiering.core.toolkit.forks.ForkedStackError` and ``shutdown`` does
@@ -21,14 +21,14 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
+from tiering.core.admission import AdmissionConfig, StackAdmission
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.costmodel import LoadCostConfig, LoadCostModel
 from tiering.core.guard import FinishedJob, GuardedTier
-from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad
+from tiering.core.loads import PRIMARY, JobContext, LoadResult, PendingLoad, record_job
 from tiering.core.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.pinning import pin_in_tiers
 from tiering.core.primary import Allocation, CPUPrimaryTier
@@ -49,6 +49,7 @@ class TieringManager:
         secondary_tiers: tiers in lookup order (tier 0 first).
         load_cost: the cost model's settings (default: no recompute rate nor ``max_load_s``: nothing is cut).
         block_tokens: tokens per block (what a declined block costs to recompute).
+        admission: admission settings per secondary tier (default, and tiers beyond it: ``always``).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class TieringManager:
         secondary_tiers: Sequence[SecondaryTierManager] = (),
         load_cost: LoadCostConfig | None = None,
         block_tokens: int = 16,
+        admission: Sequence[AdmissionConfig] = (),
     ) -> None:
         self.primary = primary
         self.secondary_tiers = list(secondary_tiers)
@@ -84,6 +86,7 @@ class TieringManager:
             )
             for i, tier in enumerate(self.secondary_tiers)
         ]
+        self._admission = StackAdmission(admission, self.metrics, self._tier_labels)
         # Label tuples of the per-block lookup counters, made once (scheduler hot path).
         self._lookup_labels = {
             (idx, outcome): label_key({**labels, "outcome": outcome})
@@ -184,6 +187,7 @@ class TieringManager:
                 load.sources.append(idx)
             load.keys.append(key)
         self._loads[req_id] = load
+        self._seen(load.keys, req_context)
         for idx, (tier_keys, block_ids) in per_tier.items():
             job = JobMetadata(next(self._job_ids), tier_keys, block_ids, True, req_context)
             predicted = self.cost.predict(idx, len(tier_keys) * self.primary.block_bytes)
@@ -237,6 +241,7 @@ class TieringManager:
         if alloc.present:
             for guard in self._guards:
                 guard.touch(alloc.present, req_context)
+            self._seen(alloc.present, req_context)
         if alloc.rejected:
             labels = {**self._primary_labels, "cause": "no_slot"}
             self.metrics.inc("store_failures_total", labels, len(alloc.rejected))
@@ -256,6 +261,7 @@ class TieringManager:
             return
         self.metrics.inc("blocks_stored_total", self._primary_labels, len(keys))
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
+        self._seen(keys, req_context, write_resident=False)
         self._cascade(keys, req_context, range(len(self.secondary_tiers)))
 
     def pin(self, keys: Sequence[OffloadKey], ttl_s: float, tenant: str = "") -> list[bool]:
@@ -265,22 +271,29 @@ class TieringManager:
     def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
         """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier)."""
         for idx in tier_indices:
-            held = [key for key in keys if self._tier_holds(idx, key, req_context)]
-            held_set = set(held)
+            # A block whose load from this tier failed for the request, or whose lookup raised, is stored again.
+            held_set = {key for key in keys if self._guards[idx].lookup(key, req_context) is True}
+            held = [key for key in keys if key in held_set]
             missing = [key for key in keys if key not in held_set]
             if held:
                 self._guards[idx].touch(held, req_context)
-            if not missing:
-                continue
-            block_ids = self.primary.pin(missing, record_access=False)
-            job = JobMetadata(next(self._job_ids), missing, block_ids, False, req_context)
-            self._jobs.start(job, JobContext(idx))
-            self._submit(idx, job)
+            self._write(idx, missing, req_context)
 
-    def _tier_holds(self, idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
-        # A block whose load from this tier failed for the request is stored again (the tier decides
-        # whether it still holds it); so is a block whose lookup raised.
-        return self._guards[idx].lookup(key, req_context) is True
+    def _write(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        """Store in tier ``idx`` (one job) the resident ``keys`` its admission policy lets through."""
+        keys = self._admission.admit(idx, keys)
+        if not keys:
+            return
+        block_ids = self.primary.pin(keys, record_access=False)
+        job = JobMetadata(next(self._job_ids), keys, block_ids, False, req_context)
+        self._jobs.start(job, JobContext(idx))
+        self._submit(idx, job)
+
+    def _seen(self, keys: Sequence[OffloadKey], req_context: ReqContext, write_resident: bool = True) -> None:
+        """A request used ``keys``: count a sighting; ``write_resident``: offer those in the primary tier again."""
+        for idx in self._admission.seen(keys):  # a tier that holds a block, or is still writing it, is not offered it
+            ready = [k for k in keys if write_resident and self.primary.lookup(k)]
+            self._write(idx, [k for k in ready if self._guards[idx].lookup(k, req_context) is False], req_context)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
@@ -292,8 +305,7 @@ class TieringManager:
 
     # -- jobs ---------------------------------------------------------------
     def _submit(self, idx: int, job: JobMetadata) -> None:
-        # A job the tier refuses is reported failed by the next poll, never from inside this call:
-        # the caller's records of the job are complete before its result is acted on.
+        # A refused job is reported failed by the next poll, once the caller's records of it are complete.
         self._guards[idx].submit(job)
 
     def _poll_tiers(self) -> None:
@@ -333,23 +345,11 @@ class TieringManager:
         self._maybe_finish_load(load)
 
     def _record_job(self, idx: int, job: JobState, success: bool) -> None:
-        kind = "load" if job.meta.is_promotion else "store"
-        labels = self._tier_labels[idx]
-        self.metrics.inc("jobs_total", {**labels, "kind": kind, "outcome": "ok" if success else "failed"})
-        seconds = time.monotonic() - job.context.submitted
-        self.metrics.observe(f"{kind}_duration_seconds", labels, seconds)
+        block_bytes = self.primary.block_bytes
+        seconds = record_job(self.metrics, self._tier_labels[idx], job.meta, job.context, success, block_bytes)
         if success and job.meta.is_promotion:
             # A failed load says nothing of the tier's speed: only whole loads measure it.
-            self.cost.observe(idx, len(job.meta.keys) * self.primary.block_bytes, seconds)
-            predicted = job.context.predicted
-            if predicted is not None:
-                self.metrics.observe("load_predicted_seconds", labels, predicted)
-                self.metrics.observe("load_prediction_ratio", labels, seconds / max(predicted, 1e-9))
-        if success:
-            done = "loaded" if job.meta.is_promotion else "stored"
-            blocks = len(job.meta.keys)
-            self.metrics.inc(f"blocks_{done}_total", labels, blocks)
-            self.metrics.inc(f"{done}_bytes_total", labels, blocks * self.primary.block_bytes)
+            self.cost.observe(idx, len(job.meta.keys) * block_bytes, seconds)
 
     def in_flight_jobs(self) -> dict[int, int]:
         """Jobs submitted and not yet reported, per secondary tier index."""

@@ -45,6 +45,9 @@ COUNTERS = {
     "evictions_total": "Blocks evicted to make room.",
     "failed_deletes_total": "Deletes (evictions, bad blocks) that failed; their bytes stay counted until retried.",
     "jobs_total": "Transfer jobs finished, by kind (store, load) and outcome (ok, failed).",
+    "store_admission_total": (
+        "Blocks a store offered to a tier with an admission policy, by outcome (admitted: written, declined: not)."
+    ),
     "tier_errors_total": "Exceptions raised by a tier's methods (each turned into a miss or a failed job).",
     "loads_declined_total": (
         "Blocks found in the tier and left to recompute because loading them was predicted not to pay, "

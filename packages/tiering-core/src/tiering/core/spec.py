@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tiering.core.admission import AdmissionConfig, admission_config
 from tiering.core.costmodel import COST_KEYS, LoadCostConfig
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.manager import TieringManager
@@ -302,7 +303,17 @@ class TieringOffloadingSpec(OffloadingSpec):
         """
         primary = self.create_primary(buffer)
         tiers = self.create_secondary_tiers(primary.kv_view)
-        return TieringManager(primary, tiers, load_cost=self.load_cost, block_tokens=self.block_size)
+        return TieringManager(
+            primary, tiers, load_cost=self.load_cost, block_tokens=self.block_size, admission=self.admission()
+        )
+
+    def admission(self) -> list[AdmissionConfig]:
+        """Each entry's admission settings (:mod:`tiering.core.admission`), in ``secondary_tiers`` order.
+
+        Raises:
+            TierConfigError: a bad admission key, named ``secondary_tiers[<index>].<key>``.
+        """
+        return [admission_config(entry, i) for i, entry in enumerate(self.secondary_tiers)]
 
     def create_handlers(self, kv_caches: Any, manager: TieringManager) -> Any:
         """Worker-side transfer handlers between the engine's KV caches and the primary tier.

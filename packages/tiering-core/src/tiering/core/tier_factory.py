@@ -20,12 +20,13 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tiering.core.admission import split_admission
 from tiering.core.base import SecondaryTierManager
 from tiering.core.construct import check_callable, config_key_of, construct, label_error
 from tiering.core.primary.policy import CachePolicy
 from tiering.core.redact import Redactor, redact_config
 from tiering.core.registry import Registry
-from tiering.core.toolkit.config import TierConfigError
+from tiering.core.toolkit.config import TierConfigError, admission_schema
 
 if TYPE_CHECKING:
     from tiering.core.spec import OffloadingSpec
@@ -208,7 +209,8 @@ def resolve_tier(
     Returns:
         ``(class, tier_type, constructor keywords)``: ``type`` and
         ``module_path`` removed, every other key checked against the class
-        (sizes the schema declares, such as ``"capacity_bytes": "4GiB"``, as integers of bytes).
+        (sizes the schema declares, such as ``"capacity_bytes": "4GiB"``, as integers of bytes); the
+        admission keys (:mod:`tiering.core.admission`) are checked and left out.
 
     The entry is checked against the tier's ``config_schema`` when it declares
     one (no side effects: ``tiering check`` relies on it), else its keys
@@ -244,6 +246,9 @@ def resolve_tier(
         redact=Redactor(tier_config),
         partial=True,
     )
+    # The admission keys are the core's (applied by the manager), checked here and never given to the tier.
+    kwargs, admission = split_admission(kwargs)
+    admission_schema(tier_type).validate(admission, entry=f"secondary_tiers[{index}]")
     if cls.config_schema is not None:
         cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
         # The tier is given integers of bytes even where the config wrote "4GiB".

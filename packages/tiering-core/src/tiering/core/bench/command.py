@@ -321,12 +321,11 @@ def _replay_pass(
 
 
 def _manager(spec: Any, throttle: tuple[float, float | None] | None, block_tokens: int) -> TieringManager:
-    """The spec's stack, every secondary tier wrapped in a :class:`ThrottledTier` when ``throttle`` is given."""
+    """The spec's stack (its admission policies too), every tier a :class:`ThrottledTier` when ``throttle`` is given."""
     primary = spec.create_primary()
     tiers = spec.create_secondary_tiers(primary.kv_view)
-    if throttle is not None:
-        tiers = [ThrottledTier(tier, *throttle) for tier in tiers]
-    return TieringManager(primary, tiers, load_cost=spec.load_cost, block_tokens=block_tokens)
+    tiers = [ThrottledTier(tier, *throttle) for tier in tiers] if throttle is not None else tiers
+    return TieringManager(primary, tiers, spec.load_cost, block_tokens, admission=spec.admission())
 
 
 def shares_terminal() -> bool:

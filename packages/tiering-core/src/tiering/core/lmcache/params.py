@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from tiering.core.admission import refuse_admission
 from tiering.core.registry import closest_name
 from tiering.core.units import SIZE_EXAMPLES, parse_size
 
@@ -68,6 +69,7 @@ def parse_params(params: Any) -> AdapterParams:
             'adapter_params.tier must be a tier entry such as {"type": "fs", "root": "/mnt/kv"}, '
             f"got {'an object without a type' if isinstance(tier, Mapping) else repr(tier)}"
         )
+    refuse_admission(tier, "adapter_params.tier", "LMCache")
     raw = params.get("object_bytes")
     try:
         object_bytes = parse_size(raw) if isinstance(raw, str) else raw

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from tiering.core.admission import refuse_admission
 from tiering.core.configfile import load_config
 from tiering.core.fields import structured
 from tiering.core.registry import closest_name
@@ -140,6 +141,7 @@ def tiering_config(value: Any) -> dict[str, Any]:
         raise ValueError("tiering config: 'secondary_tiers' must be a non-empty list of tier entries")
     for index, entry in enumerate(tiers):
         resolve_tier(entry, index)
+        refuse_admission(entry, f"secondary_tiers[{index}]", "SGLang's HiCache (its --hicache-write-policy)")
     return config
 
 

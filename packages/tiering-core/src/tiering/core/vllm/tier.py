@@ -41,6 +41,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
+from tiering.core.admission import refuse_admission
 from tiering.core.base import JobMetadata
 from tiering.core.base import OffloadKey as TieringOffloadKey
 from tiering.core.base import ReqContext as TieringReqContext
@@ -129,6 +130,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             raise TypeError(
                 "TieringSecondaryTier is a base class; use a tier from tiering.core.vllm.tiers, e.g. tiering_fs"
             )
+        refuse_admission(tier_kwargs, f"secondary tier {tier_type!r}", "vLLM's own manager")
         locality = tier_kwargs.pop("locality", None)
         # vLLM's own tiers take exactly Locality's values ("LOCAL", "REMOTE") and raise its ValueError.
         self.locality = Locality(locality) if locality is not None else None
