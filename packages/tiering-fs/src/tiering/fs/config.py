@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core.toolkit.config import ConfigKey, ConfigSchema, InvalidValueError
+from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.fs.layout import TRAILER_BYTES
 
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
@@ -59,8 +60,8 @@ class FsConfig:
             on this host are removed at once.
         rescan_interval_s: seconds between background rescans of the
             namespace directory that re-measure usage (blocks of other
-            processes included) and evict down to the cap. Only with
-            ``capacity_bytes``; 0 disables.
+            processes included) and evict down to the cap (and expired
+            blocks). Only with ``capacity_bytes`` or ``tenants``; 0 disables.
         lookup_fallback: how a lookup of a key missing from the in-memory
             index checks the filesystem (blocks of other processes):
             ``"stat"`` (a synchronous ``lstat``; local default), ``"async"``
@@ -79,6 +80,9 @@ class FsConfig:
             from the in-memory index instead of ``lookup_fallback``; a
             larger namespace keeps scanning in the background after the
             wait. 0 returns at once.
+        tenants: per-tenant byte quotas and TTL (``{"default": {...}, "overrides": {...}}``, see
+            :mod:`tiering.core.toolkit.tenancy`); None (default): off. A block's tenant is in its file
+            name, its age is the file's mtime.
     """
 
     root: str
@@ -92,6 +96,7 @@ class FsConfig:
     lookup_fallback: str = "auto"
     o_direct: bool | str = "auto"
     startup_scan_wait_s: float = 2.0
+    tenants: dict[str, Any] | None = None
 
     @classmethod
     def check(cls, tier_type: str, stored_block_bytes: int, values: Mapping[str, Any]) -> FsConfig:
@@ -147,6 +152,7 @@ FS_SCHEMA = ConfigSchema(
         ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),
         ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
         _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
+        TENANTS_KEY,
     ],
 )
 """Every key of an ``fs`` entry (:attr:`FsspecSecondaryTierManager.config_schema`)."""
