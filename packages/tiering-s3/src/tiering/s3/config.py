@@ -15,6 +15,7 @@ from typing import Any
 
 from tiering.core.redact import Redactor
 from tiering.core.toolkit import ConfigKey, ConfigSchema, MissingKeyError
+from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -75,6 +76,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("response_checksum_validation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on object bytes; null: none"),
         ConfigKey("head_fallback", (bool,), default=True, doc="on an index miss, ask the server with HEAD"),
+        TENANTS_KEY,
     ],
     checks=[_credentials_paired, _ca_bundle_usable],
 )

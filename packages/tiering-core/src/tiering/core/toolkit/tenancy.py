@@ -51,6 +51,7 @@ from typing import Any
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext
 from tiering.core.format import MAX_KEY_BYTES
 from tiering.core.toolkit.config import ConfigKey
+from tiering.core.toolkit.index_types import Victim
 from tiering.core.units import parse_size
 
 MARK = b"\xf7tn\x1e"
@@ -168,6 +169,20 @@ class TenantPolicy:
             raise ValueError("overrides must map non-empty tenant names to objects")
         return cls(default, {name: _limits(v, f"overrides.{name}", default) for name, v in overrides.items()})
 
+    def without_quotas(self) -> TenantPolicy:
+        """The same TTLs without quotas (for an index when quotas are kept elsewhere, e.g. fleet-wide)."""
+        out = TenantPolicy(dataclasses.replace(self.default, quota_bytes=None))
+        out._by_tag = {tag: dataclasses.replace(limits, quota_bytes=None) for tag, limits in self._by_tag.items()}
+        out._names, out._prefixes = self._names, self._prefixes
+        return out
+
+    def ttl_seconds(self, key: bytes, fallback: int | None) -> int | None:
+        """Whole seconds (rounded up) of the TTL of ``key``'s tenant, at most ``fallback`` (None: no TTL)."""
+        ttl = self.limits(tag_of(key)).ttl_s
+        if ttl is None:
+            return fallback
+        return math.ceil(ttl) if fallback is None else min(fallback, math.ceil(ttl))
+
     def limits(self, tag: bytes) -> TenantLimits:
         """The limits of the tenant with tag ``tag``."""
         return self._by_tag.get(tag, self.default)
@@ -244,7 +259,7 @@ class TenantBook:
         self._born: dict[OffloadKey, float] = {}
         self.quota_evictions: collections.Counter[bytes] = collections.Counter()
         self.expirations: collections.Counter[bytes] = collections.Counter()
-        self.expired: list[Any] = []  # victims of expiry found by lookups, for the tier to delete
+        self.expired: list[Victim] = []  # victims of expiry found by lookups, for the tier to delete
 
     def added(self, key: OffloadKey, size: int, born: float | None = None) -> None:
         """``key`` became resident; ``born``: when it was stored (None: now)."""
@@ -277,7 +292,9 @@ class TenantBook:
             return 0
         return max(0, self._resident[tag] + self._writing[tag] + size - quota)
 
-    def quota_victims(self, key: OffloadKey, need: int, resident: Mapping[OffloadKey, tuple[int, int]]) -> list:
+    def quota_victims(
+        self, key: OffloadKey, need: int, resident: Mapping[OffloadKey, tuple[int, int]]
+    ) -> list[OffloadKey]:
         """The tenant's least recently used resident keys whose bytes add up to ``need`` (or all of them).
 
         ``resident`` is the index's LRU-ordered map (oldest first). One pass over it: the tenant's blocks
