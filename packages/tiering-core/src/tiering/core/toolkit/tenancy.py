@@ -239,6 +239,47 @@ TENANTS_KEY = ConfigKey(
 """The ``tenants`` key every persistent tier declares in its schema."""
 
 
+class TenantOrder(collections.OrderedDict[OffloadKey, tuple[int, int]]):
+    """The index's resident map (LRU first) that also keeps each tenant's keys in the same order.
+
+    Every way the index changes the map (set, ``pop``, ``popitem``, ``move_to_end``, ``del``) is mirrored
+    in :attr:`by_tag`, so a tenant's least recently used blocks are found without walking other tenants'.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_tag: dict[bytes, collections.OrderedDict[OffloadKey, None]] = collections.defaultdict(
+            collections.OrderedDict
+        )
+
+    def __setitem__(self, key: OffloadKey, value: tuple[int, int]) -> None:
+        super().__setitem__(key, value)
+        self.by_tag[tag_of(key)][key] = None
+
+    def __delitem__(self, key: OffloadKey) -> None:
+        super().__delitem__(key)
+        del self.by_tag[tag_of(key)][key]
+
+    def pop(self, key: OffloadKey, *default: Any) -> Any:  # type: ignore[override]
+        """As ``OrderedDict.pop``."""
+        if key not in self:
+            return super().pop(key, *default)
+        value = super().pop(key)
+        del self.by_tag[tag_of(key)][key]
+        return value
+
+    def popitem(self, last: bool = True) -> tuple[OffloadKey, tuple[int, int]]:
+        """As ``OrderedDict.popitem``."""
+        key, value = super().popitem(last)
+        del self.by_tag[tag_of(key)][key]
+        return key, value
+
+    def move_to_end(self, key: OffloadKey, last: bool = True) -> None:
+        """As ``OrderedDict.move_to_end``."""
+        super().move_to_end(key, last)
+        self.by_tag[tag_of(key)].move_to_end(key, last)
+
+
 class TenantBook:
     """Per-tenant account of one capacity index; every method runs under the index's lock.
 
@@ -292,22 +333,18 @@ class TenantBook:
             return 0
         return max(0, self._resident[tag] + self._writing[tag] + size - quota)
 
-    def quota_victims(
-        self, key: OffloadKey, need: int, resident: Mapping[OffloadKey, tuple[int, int]]
-    ) -> list[OffloadKey]:
+    def quota_victims(self, key: OffloadKey, need: int, resident: TenantOrder) -> list[OffloadKey]:
         """The tenant's least recently used resident keys whose bytes add up to ``need`` (or all of them).
 
-        ``resident`` is the index's LRU-ordered map (oldest first). One pass over it: the tenant's blocks
-        are told apart by their tag.
+        ``resident`` is the index's LRU-ordered map (oldest first); only the tenant's own keys are walked.
         """
         tag = tag_of(key)
         out: list[OffloadKey] = []
-        for k, (size, _) in resident.items():
+        for k in resident.by_tag.get(tag, ()):
             if need <= 0:
                 break
-            if tag_of(k) == tag:
-                out.append(k)
-                need -= size
+            out.append(k)
+            need -= resident[k][0]
         self.quota_evictions[tag] += len(out)
         return out
 
