@@ -7,6 +7,8 @@ Layout (``:`` separated, the Redis convention)::
     <prefix>:<namespace digest>:probe:<32 hex>  a start-up probe (written, read and deleted at once)
     <prefix>:{<namespace digest>}:lru           eviction "tier": the fleet's shared LRU (a sorted set,
                                                 see :mod:`tiering.redis.fleet`; one hash tag, one slot)
+    <prefix>:{<namespace digest>}:lru:t:<tag>   with tenants, one per tenant with a quota (the same slot;
+                                                :mod:`tiering.redis.fleet_tenants`)
 
 No block key carries a hash tag (``{...}``), so in Redis Cluster the blocks of one
 namespace spread over every slot (and so every primary); the prefix may not
@@ -102,7 +104,8 @@ class KeyLayout:
         if not text.startswith(head):
             return None
         digest, sep, rest = text[len(head) :].partition(":")
-        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and rest == LRU_SUFFIX:
+        lru = rest == LRU_SUFFIX or rest.startswith(LRU_SUFFIX + ":t:")  # (per-tenant sets: tiering.redis.fleet_tenants)
+        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and lru:
             return digest[1:-1], "lru", None
         if not sep or not is_digest(digest):
             return None
