@@ -104,7 +104,9 @@ class KeyLayout:
         if not text.startswith(head):
             return None
         digest, sep, rest = text[len(head) :].partition(":")
-        lru = rest == LRU_SUFFIX or rest.startswith(LRU_SUFFIX + ":t:")  # (per-tenant sets: tiering.redis.fleet_tenants)
+        lru = rest == LRU_SUFFIX or rest.startswith(
+            LRU_SUFFIX + ":t:"
+        )  # (per-tenant sets: tiering.redis.fleet_tenants)
         if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and lru:
             return digest[1:-1], "lru", None
         if not sep or not is_digest(digest):

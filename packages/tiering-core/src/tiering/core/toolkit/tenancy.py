@@ -122,15 +122,15 @@ def _limits(value: Any, where: str, base: TenantLimits) -> TenantLimits:
             try:
                 quota = parse_size(quota)
             except ValueError:
-                raise ValueError(f"{where}.quota_bytes must be bytes or a size such as '2GiB', got {quota!r}") from None
+                raise ValueError(f"{where}.quota_bytes must be bytes or a size such as '2GiB' (is {quota!r})") from None
         if quota is not None and (isinstance(quota, bool) or not isinstance(quota, int) or quota < 0):
-            raise ValueError(f"{where}.quota_bytes must be an integer >= 0 or a size such as '2GiB', got {quota!r}")
+            raise ValueError(f"{where}.quota_bytes must be an integer >= 0 or a size such as '2GiB' (is {quota!r})")
     if "ttl_s" in value:
         ttl = value["ttl_s"]
         if ttl is not None and (
             isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0
         ):
-            raise ValueError(f"{where}.ttl_s must be a number of seconds > 0 or null, got {ttl!r}")
+            raise ValueError(f"{where}.ttl_s must be a number of seconds > 0 or null (is {ttl!r})")
     return TenantLimits(quota, None if ttl is None else float(ttl))
 
 
