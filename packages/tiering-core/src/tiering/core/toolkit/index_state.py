@@ -19,7 +19,8 @@ from tiering.core.toolkit.deletes import DeleteLedger
 from tiering.core.toolkit.epochs import RemovalEpochs
 from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.index_types import KeyState, Victim
-from tiering.core.toolkit.tenancy import TenantBook, TenantOrder, TenantPolicy
+from tiering.core.toolkit.tenancy import TenantPolicy
+from tiering.core.toolkit.tenant_book import TenantBook, TenantOrder
 from tiering.core.toolkit.touches import TouchQueue
 
 __all__ = ["IndexState"]
@@ -55,9 +56,10 @@ class IndexState:
         self._evicted_bytes = 0
         self._touched = TouchQueue()  # touched without the lock; applied before the LRU order is read
         self.owner = ProcessOwner("this tier's index")  # a forked child's copy refuses lookups (no dead lock)
-        self.tenants = None if tenants is None else TenantBook(tenants)  # per-tenant quotas and TTL
+        self.tenants: TenantBook | None = None  # per-tenant quotas and TTL
         if tenants is not None:  # the same map, keeping each tenant's LRU order too
-            self._resident = TenantOrder()
+            self._resident = order = TenantOrder()
+            self.tenants = TenantBook(tenants, order)
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
@@ -111,8 +113,7 @@ class IndexState:
         need = 0 if book is None else book.over_quota(key, size)
         if book is None or not need:
             return ()
-        assert isinstance(self._resident, TenantOrder)  # (set up with the book)
-        return self._count_evicted(self._evict_keys(book.quota_victims(key, need, self._resident)))
+        return self._count_evicted(self._evict_keys(book.quota_victims(key, need)))
 
     def _count_evicted(self, victims: list[Victim]) -> tuple[Victim, ...]:
         self._evictions += len(victims)

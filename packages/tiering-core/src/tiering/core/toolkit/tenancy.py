@@ -40,18 +40,15 @@ writer's new blocks are published.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import math
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext
 from tiering.core.format import MAX_KEY_BYTES
 from tiering.core.toolkit.config import ConfigKey
-from tiering.core.toolkit.index_types import Victim
 from tiering.core.units import parse_size
 
 MARK = b"\xf7tn\x1e"
@@ -237,152 +234,6 @@ TENANTS_KEY = ConfigKey(
     doc='per-tenant limits: {"default": {"quota_bytes": "2GiB", "ttl_s": 3600}, "overrides": {"<tenant>": {...}}}',
 )
 """The ``tenants`` key every persistent tier declares in its schema."""
-
-
-class TenantOrder(collections.OrderedDict[OffloadKey, tuple[int, int]]):
-    """The index's resident map (LRU first) that also keeps each tenant's keys in the same order.
-
-    Every way the index changes the map (set, ``pop``, ``popitem``, ``move_to_end``, ``del``) is mirrored
-    in :attr:`by_tag`, so a tenant's least recently used blocks are found without walking other tenants'.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_tag: dict[bytes, collections.OrderedDict[OffloadKey, None]] = collections.defaultdict(
-            collections.OrderedDict
-        )
-
-    def __setitem__(self, key: OffloadKey, value: tuple[int, int]) -> None:
-        super().__setitem__(key, value)
-        self.by_tag[tag_of(key)][key] = None
-
-    def __delitem__(self, key: OffloadKey) -> None:
-        super().__delitem__(key)
-        del self.by_tag[tag_of(key)][key]
-
-    def pop(self, key: OffloadKey, *default: Any) -> Any:  # type: ignore[override]
-        """As ``OrderedDict.pop``."""
-        if key not in self:
-            return super().pop(key, *default)
-        value = super().pop(key)
-        del self.by_tag[tag_of(key)][key]
-        return value
-
-    def popitem(self, last: bool = True) -> tuple[OffloadKey, tuple[int, int]]:
-        """As ``OrderedDict.popitem``."""
-        key, value = super().popitem(last)
-        del self.by_tag[tag_of(key)][key]
-        return key, value
-
-    def move_to_end(self, key: OffloadKey, last: bool = True) -> None:
-        """As ``OrderedDict.move_to_end``."""
-        super().move_to_end(key, last)
-        self.by_tag[tag_of(key)].move_to_end(key, last)
-
-
-class TenantBook:
-    """Per-tenant account of one capacity index; every method runs under the index's lock.
-
-    Keeps per tenant tag the resident bytes and blocks, the bytes of writes in flight, the quota
-    evictions and expirations; per resident key the wall-clock time (seconds since the epoch) of its store.
-
-    Args:
-        policy: the tier's tenant policy.
-        clock: wall-clock time in seconds (tests pass their own).
-    """
-
-    def __init__(self, policy: TenantPolicy, clock: Any = time.time) -> None:
-        self.policy = policy
-        self.clock = clock
-        self._resident: collections.Counter[bytes] = collections.Counter()
-        self._blocks: collections.Counter[bytes] = collections.Counter()
-        self._writing: collections.Counter[bytes] = collections.Counter()
-        self._born: dict[OffloadKey, float] = {}
-        self.quota_evictions: collections.Counter[bytes] = collections.Counter()
-        self.expirations: collections.Counter[bytes] = collections.Counter()
-        self.expired: list[Victim] = []  # victims of expiry found by lookups, for the tier to delete
-
-    def added(self, key: OffloadKey, size: int, born: float | None = None) -> None:
-        """``key`` became resident; ``born``: when it was stored (None: now)."""
-        tag = tag_of(key)
-        self._resident[tag] += size
-        self._blocks[tag] += 1
-        self._born[key] = self.clock() if born is None else born
-
-    def removed(self, key: OffloadKey, size: int) -> None:
-        """``key`` left the resident set."""
-        tag = tag_of(key)
-        self._resident[tag] -= size
-        self._blocks[tag] -= 1
-        self._born.pop(key, None)
-
-    def writing(self, key: OffloadKey, size: int) -> None:
-        """A write of ``size`` bytes of ``key`` began (``size`` < 0: it ended); the empty key is not a block."""
-        if key:
-            self._writing[tag_of(key)] += size
-
-    def writing_bytes(self, key: OffloadKey) -> int:
-        """Bytes of ``key``'s tenant being written."""
-        return self._writing[tag_of(key)]
-
-    def over_quota(self, key: OffloadKey, size: int) -> int:
-        """Bytes ``key``'s tenant must free before ``size`` more bytes fit its quota (0: they fit)."""
-        tag = tag_of(key)
-        quota = self.policy.limits(tag).quota_bytes
-        if quota is None or not key:  # (the empty key stands for other processes' temporaries, not a block)
-            return 0
-        return max(0, self._resident[tag] + self._writing[tag] + size - quota)
-
-    def quota_victims(self, key: OffloadKey, need: int, resident: TenantOrder) -> list[OffloadKey]:
-        """The tenant's least recently used resident keys whose bytes add up to ``need`` (or all of them).
-
-        ``resident`` is the index's LRU-ordered map (oldest first); only the tenant's own keys are walked.
-        """
-        tag = tag_of(key)
-        out: list[OffloadKey] = []
-        for k in resident.by_tag.get(tag, ()):
-            if need <= 0:
-                break
-            out.append(k)
-            need -= resident[k][0]
-        self.quota_evictions[tag] += len(out)
-        return out
-
-    def is_expired(self, key: OffloadKey, now: float | None = None) -> bool:
-        """Whether resident ``key`` is older than its tenant's TTL."""
-        ttl = self.policy.limits(tag_of(key)).ttl_s
-        if ttl is None:
-            return False
-        born = self._born.get(key)
-        return born is not None and (self.clock() if now is None else now) - born >= ttl
-
-    def expired_keys(self, keys: Iterable[OffloadKey]) -> Iterator[OffloadKey]:
-        """The expired ones of ``keys`` (resident keys)."""
-        now = self.clock()
-        return (k for k in keys if self.is_expired(k, now))
-
-    def count_expired(self, keys: Sequence[OffloadKey]) -> None:
-        """Count ``keys`` as expirations of their tenants."""
-        for key in keys:
-            self.expirations[tag_of(key)] += 1
-
-    def stats(self) -> dict[str, int]:
-        """``quota_evictions``, ``expirations`` (totals) and ``tenant:<name>:<figure>`` per tenant seen.
-
-        Figures per tenant: ``resident_bytes``, ``resident_blocks``, ``reserved_bytes``,
-        ``quota_bytes`` (0: none), ``quota_evictions``, ``expirations``.
-        """
-        out = {"quota_evictions": sum(self.quota_evictions.values()), "expirations": sum(self.expirations.values())}
-        tags = set(self._resident) | set(self._writing) | set(self.quota_evictions) | set(self.expirations)
-        for tag in sorted(tags):
-            name = f"tenant:{self.policy.name(tag)}:"
-            out[name + "resident_bytes"] = self._resident[tag]
-            out[name + "resident_blocks"] = self._blocks[tag]
-            out[name + "reserved_bytes"] = self._writing[tag]
-            out[name + "quota_bytes"] = self.policy.limits(tag).quota_bytes or 0
-            out[name + "quota_evictions"] = self.quota_evictions[tag]
-            out[name + "expirations"] = self.expirations[tag]
-        return out
 
 
 class TenantKeying:
