@@ -134,3 +134,18 @@ def test_reconcile_restores_tenant_usage_and_age():
     index.deleted(old, True)
     assert store(index, key(4, A, policy)).victims == ()  # 200 of 250 used again
     assert [v.key for v in store(index, key(5, A, policy)).victims] == [fresh]
+
+
+def test_store_of_an_expired_key_replaces_it_instead_of_counting_it_present():
+    now = [0.0]
+    policy = TenantPolicy(TenantLimits(ttl_s=10))
+    index = CapacityIndex(None, policy)
+    index.tenants.clock = lambda: now[0]
+    ka = key(1, A, policy)
+    store(index, ka)
+    now[0] = 11.0
+    res = index.reserve(ka, 100)
+    assert res.admit is Admit.DELETING and res.can_wait and [v.key for v in res.victims] == [ka]
+    index.deleted(ka, True)
+    assert store(index, ka).admit is Admit.RESERVED and index.lookup(ka) is KeyState.RESIDENT
+    assert index.stats()["expirations"] == 1

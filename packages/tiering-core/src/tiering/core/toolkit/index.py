@@ -102,13 +102,15 @@ class CapacityIndex(IndexState):
         if entry is not None:  # joins the write in flight
             entry[1] += 1
             return _RESERVED if entry[3] else Reservation(Admit.RESERVED, ready=False)
+        book = self.tenants
         if key in self._resident:
-            self._resident.move_to_end(key)
-            return _PRESENT
+            if book is None or not book.is_expired(key):
+                self._resident.move_to_end(key)
+                return _PRESENT
+            return Reservation(Admit.DELETING, tuple(self._expire((key,))), can_wait=True)  # past its TTL: rewrite
         if key in self._deletes:
             return Reservation(Admit.DELETING, can_wait=self._deletes.is_pending(key))
         victims: tuple[Victim, ...] = ()
-        book = self.tenants
         if book is not None:
             victims = self._quota_room(key, size)
             if book.over_quota(key, size):  # its own writes in flight fill the tenant's quota
@@ -334,9 +336,8 @@ class CapacityIndex(IndexState):
         """Evict LRU blocks until :attr:`used_bytes` fits the cap (after a rescan); with tenants, expired ones first."""
         with self._lock:
             self._touched.apply(self._resident)
-            expired: list[Victim] = []
-            if self.tenants is not None:
-                expired = self._expire(list(self.tenants.expired_keys(self._resident)))
+            book = self.tenants
+            expired = self._expire(list(book.expired_keys(self._resident))) if book is not None else []
             return (*expired, *self._make_room(0))
 
     def deleted(self, key: OffloadKey, ok: bool) -> None:
