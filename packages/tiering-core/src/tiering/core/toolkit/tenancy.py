@@ -33,9 +33,9 @@ flight. A store that would take a tenant past its quota first evicts that
 tenant's own least recently used blocks (``quota_evictions``), never
 another tenant's; when its writes in flight alone fill the quota, the store
 fails as ``no_space``. The tier cap still holds over all tenants as before.
-On the medium a tenant may hold its quota plus the victims whose delete is
-in flight: at most one share of blocks per writer thread, gone before that
-writer's new blocks are published.
+On the medium a tenant may hold more than its quota only by victims whose
+delete is still in flight; a writer deletes its own victims before it
+publishes its blocks, so the overshoot is other writers' victims for a moment.
 """
 
 from __future__ import annotations
