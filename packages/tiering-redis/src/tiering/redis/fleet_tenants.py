@@ -23,12 +23,15 @@ for the fleet's own bound.
 from __future__ import annotations
 
 import collections
+import logging
 from binascii import hexlify
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit.tenancy import TenantPolicy, tag_of
+
+logger = logging.getLogger(__name__)
 
 PendingTrim = list[tuple[bytes, int, int, int, int]]
 """Per tenant trimmed in a transaction: (tag, index of its expired-members reply or -1, of its surplus, of its size)."""
@@ -95,8 +98,8 @@ class FleetTenants:
     ) -> list[bytes]:
         """After the transaction: the tenants' victims (members), with every set made to agree (one round trip).
 
-        Raises:
-            redis.exceptions.RedisError: the server could not be asked (the caller counts the error).
+        A failed round trip is logged, not raised: the victims were taken out of the sets already and must be
+        deleted; a member left behind without its block is repaired by the next start-up scan, as the fleet's own.
         """
         victims: list[bytes] = []
         gone: list[bytes] = []
@@ -112,8 +115,11 @@ class FleetTenants:
             pipe.zrem(self.lru_key, *victims, *gone)
         for tag, members in self.group(OffloadKey(bytes.fromhex(m.decode())) for m in surplus).items():
             pipe.zrem(self.set_key(tag), *members)
-        if len(pipe):
-            pipe.execute()
+        try:
+            if len(pipe):
+                pipe.execute()
+        except Exception as exc:  # the victims are taken already: they must still be deleted
+            logger.warning("redis tier: the fleet's and the tenants' LRU sets disagree until repaired: %s", exc)
         return victims
 
     def touch(self, pipe: Any, keys: Sequence[OffloadKey], now: float) -> None:
