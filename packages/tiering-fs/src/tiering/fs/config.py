@@ -25,6 +25,7 @@ from tiering.core.toolkit.config import (
     InvalidValueError,
     pins_below_capacity,
 )
+from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.fs.layout import TRAILER_BYTES
 
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
@@ -65,8 +66,8 @@ class FsConfig:
             on this host are removed at once.
         rescan_interval_s: seconds between background rescans of the
             namespace directory that re-measure usage (blocks of other
-            processes included) and evict down to the cap. Only with
-            ``capacity_bytes``; 0 disables.
+            processes included) and evict down to the cap (and expired
+            blocks). Only with ``capacity_bytes`` or ``tenants``; 0 disables.
         lookup_fallback: how a lookup of a key missing from the in-memory
             index checks the filesystem (blocks of other processes):
             ``"stat"`` (a synchronous ``lstat``; local default), ``"async"``
@@ -88,6 +89,9 @@ class FsConfig:
         max_pinned_bytes: bound on the bytes of pinned blocks (stored size,
             trailer included; every pinned key counts, stored or not); 0
             (default) turns pinning off. Below ``capacity_bytes``.
+        tenants: per-tenant byte quotas and TTL (``{"default": {...}, "overrides": {...}}``, see
+            :mod:`tiering.core.toolkit.tenancy`); None (default): off. A block's tenant is in its file
+            name, its age is the file's mtime.
     """
 
     root: str
@@ -102,6 +106,7 @@ class FsConfig:
     o_direct: bool | str = "auto"
     startup_scan_wait_s: float = 2.0
     max_pinned_bytes: int = 0
+    tenants: dict[str, Any] | None = None
 
     @classmethod
     def check(cls, tier_type: str, stored_block_bytes: int, values: Mapping[str, Any]) -> FsConfig:
@@ -162,6 +167,7 @@ FS_SCHEMA = ConfigSchema(
         ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
         _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
         MAX_PINNED_BYTES,
+        TENANTS_KEY,
     ],
     [pins_below_capacity],
 )

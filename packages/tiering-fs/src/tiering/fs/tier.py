@@ -36,6 +36,7 @@ from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
+from tiering.core.toolkit.tenancy import TenantKeying, TenantPolicy
 from tiering.fs.blocks import BlockFiles
 from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
@@ -71,7 +72,7 @@ _COUNTERS = (
 )
 
 
-class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
+class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier storing one file per block on a local disk or any fsspec filesystem.
 
     Config (``secondary_tiers`` entry)::
@@ -123,6 +124,7 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
         o_direct: bool | str = "auto",
         startup_scan_wait_s: float = 2.0,
         max_pinned_bytes: int = 0,
+        tenants: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         values = {k: v for k, v in locals().items() if k in FS_SCHEMA.keys}  # the config keys given
@@ -158,7 +160,8 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
         )  # block_io: which block I/O path (native batch or pure Python) and why, for logs and probes
         logger.info("fs tier: %s uses %s", self.namespace_dir, self.block_io)
 
-        self.index = CapacityIndex(cfg.capacity_bytes)
+        self.tenants = TenantPolicy.from_config(cfg.tenants)
+        self.index = CapacityIndex(cfg.capacity_bytes, self.tenants)
         pin_medium = FsPins(self.backend, self.namespace_dir)
         self.pins = PinBook(pin_medium, cfg.max_pinned_bytes, self.stored_block_bytes, self.namespace_dir)
         self.index.keep = self.pins.protects
@@ -183,7 +186,7 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
                 self._resolve, lambda fn: self.pool.submit_call("read", fn), negative_ttl_s=1.0
             )
             self.transfers.on_removed = self._lookup_cache.invalidate
-        interval = cfg.rescan_interval_s if cfg.capacity_bytes is not None else 0.0
+        interval = cfg.rescan_interval_s if cfg.capacity_bytes is not None or self.tenants else 0.0
         self._rescanner = Rescanner(self._scan, interval, "tiering-fs-scan")
         if cfg.startup_scan_wait_s > 0:
             self._rescanner.first_done.wait(cfg.startup_scan_wait_s)
@@ -232,9 +235,8 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
     def probe(cls, tier_config: Mapping[str, Any]) -> str:
         """Whether the entry's root would work, creating nothing (``tiering check --probe``); see :func:`probe_root`.
 
-        For a local root it also says which block I/O path is used and, when
-        ``capacity_bytes`` is unbounded or more than the disk has free, that
-        the cap in force will be what the disk holds.
+        For a local root it also says which block I/O path is used and, when ``capacity_bytes`` is unbounded
+        or more than the disk has free, that the cap in force will be what the disk holds.
         """
         from tiering.fs.probe import probe_entry
 
@@ -254,9 +256,12 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
             flight, or the start-up scan is still running with
             ``lookup_fallback="off"``).
         """
+        key = self.stored_key(key, req_context)
         state = self.index.lookup(key)
         if state is KeyState.ABSENT:
             answer = None if self.transfers.is_queued(key) else self._fallback(key)
+        elif state is KeyState.DELETING and self.tenants is not None:  # maybe past its tenant's TTL just now
+            answer = self._delete_expired()
         else:
             answer = True if state is KeyState.RESIDENT else None if state is KeyState.WRITING else False
         self._lookup_counts["lookups_hit" if answer else "lookups_pending" if answer is None else "lookups_miss"] += 1
@@ -282,7 +287,12 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used in the tier's own LRU record (not atime)."""
-        self.index.touch(keys)
+        self.index.touch(self.stored_keys(keys, req_context))
+
+    def _delete_expired(self) -> bool:
+        if expired := self.index.take_expired():
+            self.pool.submit_call("write", lambda: self.transfers.delete(expired, "expired"))
+        return False
 
     # -- stores and loads ---------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
@@ -295,7 +305,7 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
         self._start(job, self.transfers.load)
 
     def _start(self, job: JobMetadata, run: Callable[[JobState], None]) -> None:
-        state = self.jobs.start(job)
+        state = self.jobs.start(self.stored_job(job))
         if not state.finished:
             state.fail_rest(SHUTDOWN) if self._stopping else run(state)
 
@@ -311,7 +321,8 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
             if not result.complete:
                 return
             oldest_first = sorted(result.blocks.items(), key=lambda item: item[1][1])
-            report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket)
+            born = {OffloadKey(k): mtime for k, (_, mtime) in oldest_first}  # a tenant's TTL counts from the store
+            report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket, born)
         self.transfers.forget(report.vanished, "vanished")
         self._account_temps(result.temp_bytes)
         self.transfers.delete(self.index.retry_deletes(), "eviction")
@@ -333,11 +344,7 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
         )
 
     def _account_temps(self, temp_bytes: int) -> None:
-        """Count other processes' temporaries against the cap until the next scan.
-
-        A live writer's temporary file takes disk space too: left uncounted it
-        would let the directory grow past the cap.
-        """
+        """Count other processes' temporaries against the cap until the next scan (left out, the disk outgrows it)."""
         if self._temp_bytes:
             self.index.commit(_TEMP_KEY, False)
             self._temp_bytes = 0
@@ -382,10 +389,7 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
         return out
 
     def shutdown(self) -> None:
-        """Stop the threads. Queued blocks fail their jobs; running ones finish; each job is reported once.
-
-        Does nothing in a child forked after the tier was built (the threads and files are the parent's).
-        """
+        """Stop the threads: queued blocks fail, running ones finish, each job reported once (no-op in a fork child)."""
         if self._stopping or self.jobs.owner.forked:
             return
         self._stopping = True

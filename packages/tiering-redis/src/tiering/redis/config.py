@@ -36,6 +36,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 from tiering.core.redact import Redactor
 from tiering.core.toolkit.config import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, pins_below_capacity
+from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.redis.layout import check_prefix
 
 MODES = ("standalone", "cluster", "sentinel")
@@ -175,6 +176,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("lookup_negative_ttl_s", (float,), default=2.0, minimum=0, exclusive_minimum=True,
                   doc="seconds a 'not there' lookup answer is trusted (another replica may store it)"),
         MAX_PINNED_BYTES,
+        TENANTS_KEY,
     ],
     checks=[_cross_check, pins_below_capacity],
 )  # fmt: skip

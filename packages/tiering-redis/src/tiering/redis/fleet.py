@@ -51,6 +51,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
+from tiering.core.toolkit.tenancy import TenantPolicy
+from tiering.redis.fleet_tenants import FleetTenants
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +69,21 @@ class FleetCap:
             ``ttl_s`` seconds ago were stored (and last touched) before that,
             so their blocks have expired: each trim removes them first
             (``ZREMRANGEBYSCORE``), so expired blocks do not hold the cap.
+        tenants: per-tenant quotas, kept fleet-wide in a sorted set per tenant
+            (:mod:`tiering.redis.fleet_tenants`); None: none.
 
     Raises:
         ValueError: ``capacity_bytes`` is below one block.
     """
 
     def __init__(
-        self, client: Any, lru_key: str, object_bytes: int, capacity_bytes: int, ttl_s: int | None = None
+        self,
+        client: Any,
+        lru_key: str,
+        object_bytes: int,
+        capacity_bytes: int,
+        ttl_s: int | None = None,
+        tenants: TenantPolicy | None = None,
     ) -> None:
         if capacity_bytes < object_bytes:
             raise ValueError(f"redis tier: capacity_bytes {capacity_bytes} is below one block ({object_bytes} bytes)")
@@ -88,6 +98,7 @@ class FleetCap:
         self._sent = 0  # round trips that read the set's size, numbered as sent ...
         self._applied = 0  # ... and the number of the one whose size ``last_count`` holds
         self._touched: dict[OffloadKey, None] = {}
+        self.tenants = None if tenants is None else FleetTenants(lru_key, object_bytes, tenants)
 
     @property
     def used_bytes(self) -> int:
@@ -110,19 +121,25 @@ class FleetCap:
         if not keys:
             return []
         now = time.time()
-        return self._trim({hexlify(k): now for k in keys})
+        return self._trim({hexlify(k): now for k in keys}, keys)
 
-    def _trim(self, mapping: dict[bytes, float] | None) -> list[OffloadKey]:
+    def _trim(self, mapping: dict[bytes, float] | None, keys: Sequence[OffloadKey] = ()) -> list[OffloadKey]:
         stop = -(self.cap_blocks + 1)
+        now = time.time()
         pipe = self._client.pipeline(transaction=True)
+        # Tenants' quotas first, in the same transaction (each surplus member handed to one process).
+        pending = self.tenants.queue_trims(pipe, keys, now) if self.tenants is not None else []
         if self.ttl_s is not None:  # expired for sure (a block's expiry <= its score + ttl_s): not counted
-            pipe.zremrangebyscore(self.lru_key, "-inf", f"({time.time() - self.ttl_s}")
+            pipe.zremrangebyscore(self.lru_key, "-inf", f"({now - self.ttl_s}")
         if mapping:
             pipe.zadd(self.lru_key, mapping, nx=True)
         pipe.zrange(self.lru_key, 0, stop)
         pipe.zremrangebyrank(self.lru_key, 0, stop)
         pipe.zcard(self.lru_key)
-        surplus = self._counted(pipe)[-3]
+        replies = self._counted(pipe)
+        surplus = list(replies[-3])
+        if self.tenants is not None:
+            surplus += [m for m in self.tenants.settle(self._client, replies, pending, surplus) if m not in surplus]
         return [OffloadKey(unhexlify(member)) for member in surplus]
 
     def touch(self, keys: Iterable[OffloadKey]) -> bool:
@@ -138,13 +155,21 @@ class FleetCap:
             keys, self._touched = list(self._touched), {}
         if keys:
             now = time.time()
-            self._client.zadd(self.lru_key, {hexlify(k): now for k in keys}, xx=True, gt=True)
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zadd(self.lru_key, {hexlify(k): now for k in keys}, xx=True, gt=True)
+            if self.tenants is not None:
+                self.tenants.touch(pipe, keys, now)
+            pipe.execute()
 
     def removed(self, keys: Iterable[OffloadKey]) -> None:
         """Blocks known gone (a load found them missing or bad): no longer counted (``ZREM``)."""
-        members = [hexlify(k) for k in keys]
-        if members:
-            self._client.zrem(self.lru_key, *members)
+        keys = list(keys)
+        if keys:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zrem(self.lru_key, *(hexlify(k) for k in keys))
+            if self.tenants is not None:
+                self.tenants.removed(pipe, keys)
+            pipe.execute()
 
     def reconcile(
         self,
@@ -174,6 +199,8 @@ class FleetCap:
             pipe.zadd(self.lru_key, dict.fromkeys((hexlify(k) for k in missing), 0), nx=True)
         if stale:
             pipe.zrem(self.lru_key, *(hexlify(k) for k in stale))
+        if self.tenants is not None:
+            self.tenants.repair(pipe, missing, stale)
         pipe.zcard(self.lru_key)
         self._counted(pipe)
         return len(missing), len(stale)

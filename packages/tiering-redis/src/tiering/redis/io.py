@@ -208,13 +208,18 @@ class RedisBlockIO(RedisServerSync):
             for (state, i), key in zip(tasks, keys, strict=True):
                 slot = self.block(state.meta.block_ids[i])
                 body = b"".join((encode_header(digest, key, slot), slot))
-                pipe.set(self.block_key(key), body, nx=True, ex=self.ttl_s)
+                pipe.set(self.block_key(key), body, nx=True, ex=self._expiry(key))
             return list(pipe.execute(raise_on_error=False))
         parts: list[bytes | memoryview] = []
         for (state, i), key in zip(tasks, keys, strict=True):
             slot = self.block(state.meta.block_ids[i])
-            parts += set_nx_parts(self.block_key(key).encode(), encode_header(digest, key, slot), slot, self.ttl_s)
+            header = encode_header(digest, key, slot)
+            parts += set_nx_parts(self.block_key(key).encode(), header, slot, self._expiry(key))
         return run_on_connection(self._client, parts, len(tasks))
+
+    def _expiry(self, key: OffloadKey) -> int | None:
+        """The ``EX`` of block ``key``: its tenant's TTL (whole seconds, rounded up), at most ``ttl_s``."""
+        return self.ttl_s if self.tenants is None else self.tenants.ttl_seconds(key, self.ttl_s)
 
     def _tasks_failed(self, tasks: Sequence[Task], exc: BaseException) -> None:
         """A batch that never ran (shutdown) or raised: its blocks fail, store reservations are released."""

@@ -9,6 +9,8 @@ Layout (``:`` separated, the Redis convention)::
                                                 see :mod:`tiering.redis.fleet`; one hash tag, one slot)
     <prefix>:{<namespace digest>}:pins          pinned blocks: key hex scored by the pin's expiry
                                                 (a sorted set, see :mod:`tiering.redis.pins`)
+    <prefix>:{<namespace digest>}:lru:t:<tag>   with tenants, one per tenant with a quota (the same slot;
+                                                :mod:`tiering.redis.fleet_tenants`)
 
 No block key carries a hash tag (``{...}``), so in Redis Cluster the blocks of one
 namespace spread over every slot (and so every primary); the prefix may not
@@ -109,8 +111,9 @@ class KeyLayout:
         if not text.startswith(head):
             return None
         digest, sep, rest = text[len(head) :].partition(":")
-        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and rest in (LRU_SUFFIX, PINS_SUFFIX):
-            return digest[1:-1], rest, None
+        lru = rest == LRU_SUFFIX or rest.startswith(LRU_SUFFIX + ":t:")  # per-tenant sets: tiering.redis.fleet_tenants
+        if digest[:1] == "{" and digest[-1:] == "}" and is_digest(digest[1:-1]) and (lru or rest == PINS_SUFFIX):
+            return digest[1:-1], "lru" if lru else rest, None
         if not sep or not is_digest(digest):
             return None
         if rest == NAMESPACE_SUFFIX:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, KVEventLog, LookupCache, Victim
 from tiering.core.toolkit.pins import PinBook
+from tiering.core.toolkit.tenancy import TenantPolicy
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import classify_error
 from tiering.redis.fleet import FleetCap
@@ -45,6 +46,7 @@ class RedisServerSync:
     _digest_bytes: bytes
     object_bytes: int
     ttl_s: int | None
+    tenants: TenantPolicy | None
     location: str
     index: CapacityIndex
     counters: Counters

@@ -54,6 +54,7 @@ from tiering.core.toolkit import (
 from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
+from tiering.core.toolkit.tenancy import TenantKeying, TenantPolicy
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
 from tiering.redis.fleet import FleetCap
@@ -86,7 +87,7 @@ _COUNTERS = (
 )
 
 
-class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, SecondaryTierManager):
+class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBlockIO, SecondaryTierManager):
     """A secondary tier keeping blocks as keys of a Redis server, Cluster or Sentinel-managed primary.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "redis", "url":
@@ -118,6 +119,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         self._digest_bytes = namespace.digest_bytes
         self.object_bytes = HEADER_SIZE + self.block_bytes
         self.ttl_s: int | None = settings["ttl_s"]
+        self.tenants = TenantPolicy.from_config(settings["tenants"])
         self.location = settings.location()
         eviction = settings["eviction"]
         fleet_cap = settings["capacity_bytes"] if eviction == "tier" else None
@@ -140,7 +142,9 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
             raise
         self._warn_eviction_authority(capacity or fleet_cap)
         self.fleet = (
-            FleetCap(self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap, self.ttl_s)
+            FleetCap(
+                self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap, self.ttl_s, self.tenants
+            )
             if fleet_cap
             else None
         )
@@ -164,7 +168,9 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         self._known_limit = fleet_cap or (
             self.server.maxmemory if self._forget_only and self.server.maxmemory > 0 else 0
         )
-        self.index = CapacityIndex(capacity)
+        # With the fleet's LRU the tenants' quotas are kept fleet-wide on the server; the index keeps their TTLs.
+        index_tenants = self.tenants.without_quotas() if self.tenants and fleet_cap else self.tenants
+        self.index = CapacityIndex(capacity, index_tenants)
         refuse = eviction == "server" and self.server.server_evicts  # the server's LRU cannot be told to keep a key
         self.pin_records = None if refuse else RedisPins(
             self._client, self.layout.pins_key(self.digest), self.fleet.lru_key if self.fleet else None,
@@ -264,12 +270,14 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         """
         if self._closed:
             return False
+        key = self.stored_key(key, req_context)
         state = self.index.lookup(key)
         if state is KeyState.RESIDENT:
             verdict: bool | None = True
         elif state is KeyState.WRITING:
             verdict = None
         elif state is KeyState.DELETING:
+            self._delete(self.index.take_expired(), "expired")  # past its tenant's TTL (the server's EX removed it)
             verdict = False
         else:
             verdict = self.lookups.lookup(key)
@@ -278,6 +286,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used (the eviction order; with ``eviction: "tier"`` the fleet's, sent later)."""
+        keys = self.stored_keys(keys, req_context)
         self.index.touch(keys)
         if self.fleet is not None and self.fleet.touch(keys):
             self.pool.submit_call("write", self.flush_touches)
@@ -294,7 +303,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         stored first here join the fleet's LRU after their ``SET NX``, and the
         victims beyond the fleet's cap it hands this process are deleted.
         """
-        state = self.jobs.start(job)
+        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
         now: list[tuple[int, bool, str]] = []
         tasks: list[Task] = []
         victims: list[Victim] = []
@@ -324,7 +333,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         A missing block (evicted by the server, expired, deleted) fails the job
         as a miss; a block that does not verify is deleted and counted by cause.
         """
-        state = self.jobs.start(job)
+        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
         if self._closed:
             state.fail_rest("shutdown")
             return
@@ -371,6 +380,8 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         if self.fleet is not None:
             out["fleet_capacity_bytes"] = self.fleet.capacity_bytes
             out["fleet_used_bytes"] = self.fleet.used_bytes
+            if self.fleet.tenants is not None:
+                out.update(self.fleet.tenants.stats())
         out["server_maxmemory_bytes"] = self.server.maxmemory
         out["server_evicts"] = int(self.server.server_evicts)
         return out

@@ -179,7 +179,8 @@ class BlockIO:
                     self._client, "ListObjectsV2 of the namespace prefix", exc, self.layout.listing_prefix
                 ) from None
             found.sort(key=lambda entry: entry[0])
-            report = self._index.reconcile({key: size for _, key, size in found}, ticket)
+            born = {key: modified for modified, key, _ in found}  # a tenant's TTL counts from the store
+            report = self._index.reconcile({key: size for _, key, size in found}, ticket, born)
         self._events.record_removed(report.vanished, "vanished")
         self.lookups.invalidate(report.vanished)
         self._counters.add({"scans": 1, "short_objects_seen": short})

@@ -16,6 +16,7 @@ from typing import Any
 from tiering.core.redact import Redactor
 from tiering.core.toolkit import ConfigKey, ConfigSchema, MissingKeyError
 from tiering.core.toolkit.config import MAX_PINNED_BYTES, pins_below_capacity
+from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -77,6 +78,7 @@ SCHEMA = ConfigSchema(
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on object bytes; null: none"),
         ConfigKey("head_fallback", (bool,), default=True, doc="on an index miss, ask the server with HEAD"),
         MAX_PINNED_BYTES,
+        TENANTS_KEY,
     ],
     checks=[_credentials_paired, _ca_bundle_usable, pins_below_capacity],
 )

@@ -43,6 +43,7 @@ from tiering.core.toolkit import (
 )
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
+from tiering.core.toolkit.tenancy import TenantKeying, TenantPolicy
 from tiering.s3.blocks import BlockIO, Task
 from tiering.s3.client import S3Client, ServerFeatures
 from tiering.s3.config import SCHEMA, ConnectionSettings
@@ -74,7 +75,7 @@ _COUNTERS = (
 )
 
 
-class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
+class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier that keeps blocks as objects in an S3 (or S3-compatible) bucket.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b",
@@ -111,6 +112,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         head_fallback: on an index miss, ask the server with HEAD (other
             writers share the prefix); ``lookup`` answers None meanwhile.
         max_pinned_bytes: bound on the bytes of pinned blocks (0: pinning off; :mod:`tiering.s3.pins`).
+        tenants: per-tenant byte quotas and TTL (:mod:`tiering.core.toolkit.tenancy`); None: off.
 
     Raises:
         ValueError: a config value has the wrong type or range (the message names the key).
@@ -147,6 +149,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         capacity_bytes: int | None = None,
         head_fallback: bool = True,
         max_pinned_bytes: int = 0,
+        tenants: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         settings = {k: v for k, v in locals().items() if k in ConnectionSettings.__dataclass_fields__}
@@ -154,6 +157,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         conn.validate()
         capacity_bytes = SCHEMA.check_value("capacity_bytes", capacity_bytes)
         SCHEMA.check_value("head_fallback", head_fallback)
+        self.tenants = TenantPolicy.from_config(SCHEMA.check_value("tenants", tenants))
         self.object_bytes = HEADER_SIZE + self.block_bytes
         if capacity_bytes is not None and capacity_bytes < self.object_bytes:
             raise InvalidValueError(
@@ -174,7 +178,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
 
         self._closed = False
         self._counters = Counters(_COUNTERS)
-        self._index = CapacityIndex(capacity_bytes)
+        self._index = CapacityIndex(capacity_bytes, self.tenants)
         pinned = SCHEMA.check_value("max_pinned_bytes", max_pinned_bytes)
         self.pins = PinBook(S3Pins(self._client, self.base), pinned, self.object_bytes, f"s3 tier {self.base}")
         self._index.keep = self.pins.protects
@@ -287,12 +291,14 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         """
         if self._closed:
             return False
+        key = self.stored_key(key, req_context)
         state = self._index.lookup(key)
         if state is KeyState.RESIDENT:
             answer: bool | None = True
         elif state is KeyState.WRITING:
             answer = None
         elif state is KeyState.DELETING or not self.head_fallback:
+            self._io.evict(self._index.take_expired())  # blocks past their tenant's TTL (none without tenants)
             answer = False
         else:
             answer = self._lookups.lookup(key)
@@ -303,7 +309,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used (eviction order)."""
-        self._index.touch(keys)
+        self._index.touch(self.stored_keys(keys, req_context))
 
     # -- stores ---------------------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
@@ -314,7 +320,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         least recently used blocks are evicted to make room; a block that cannot
         fit fails the job (``store_failed_no_space``).
         """
-        state = self.jobs.start(job)
+        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
         tasks: list[Task] = []
         outcomes: list[tuple[int, bool, str]] = []
         for i, (key, slot) in enumerate(zip(job.keys, job.block_ids, strict=True)):
@@ -343,7 +349,7 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         A missing or short object is a miss (not deleted); an object read whole
         that fails verification is deleted and counted. Either fails the job.
         """
-        state = self.jobs.start(job)
+        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
         if self._closed:
             state.fail_rest("shutdown")
             return

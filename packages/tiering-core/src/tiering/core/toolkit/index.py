@@ -102,23 +102,32 @@ class CapacityIndex(IndexState):
         if entry is not None:  # joins the write in flight
             entry[1] += 1
             return _RESERVED if entry[3] else Reservation(Admit.RESERVED, ready=False)
+        book = self.tenants
         if key in self._resident:
-            self._resident.move_to_end(key)
-            return _PRESENT
+            if book is None or not book.is_expired(key):
+                self._resident.move_to_end(key)
+                return _PRESENT
+            return Reservation(Admit.DELETING, tuple(self._expire((key,))), can_wait=True)  # past its TTL: rewrite
         if key in self._deletes:
             return Reservation(Admit.DELETING, can_wait=self._deletes.is_pending(key))
+        victims: tuple[Victim, ...] = ()
+        if book is not None:
+            victims = self._quota_room(key, size)
+            if book.over_quota(key, size):  # its own writes in flight fill the tenant's quota
+                return Reservation(Admit.NO_SPACE, victims, book.writing_bytes(key) > 0)
         cap = self.capacity_bytes
         if cap is None:
-            victims: tuple[Victim, ...] = ()
             ready = True
         else:
-            victims = self._make_room(size)
+            victims += self._make_room(size)
             if self._committed() + size > cap:
                 return Reservation(Admit.NO_SPACE, victims, bool(self._writing_bytes))
             # Writing now would put more than the cap on the medium while victims' bytes are still there.
             ready = self._on_medium() + size <= cap
         writing[key] = [size, 1, 0, int(ready)]
         self._writing_bytes += size
+        if book is not None:
+            book.writing(key, size)
         if not ready:
             self._waiting_bytes += size
             return Reservation(Admit.RESERVED, victims, ready=False)
@@ -146,6 +155,8 @@ class CapacityIndex(IndexState):
                 del self._writing[key]
                 size = entry[0]
                 self._writing_bytes -= size
+                if self.tenants is not None:
+                    self.tenants.writing(key, -size)
                 if not entry[3]:
                     self._waiting_bytes -= size
                 if entry[2]:
@@ -256,12 +267,16 @@ class CapacityIndex(IndexState):
             return False
         return not self._epochs.removed_since(key, ticket)
 
-    def _insert(self, key: OffloadKey, size: int) -> None:
+    def _insert(self, key: OffloadKey, size: int, born: float | None = None) -> None:
         old = self._resident.pop(key, None)
         if old is not None:
             self._resident_bytes -= old[0]
         self._resident[key] = (size, self._epochs.tick())
         self._resident_bytes += size
+        if self.tenants is not None:
+            if old is not None:
+                self.tenants.removed(key, old[0])
+            self.tenants.added(key, size, born)
 
     # -- removal and eviction ------------------------------------------------------------
     def remove(self, key: OffloadKey, delete: bool = True) -> Victim | None:
@@ -283,6 +298,8 @@ class CapacityIndex(IndexState):
                 return None
             self._resident_bytes -= entry[0]
             self._epochs.removed(key)
+            if self.tenants is not None:
+                self.tenants.removed(key, entry[0])
             if not delete:
                 self._space.notify_all()
                 return None
@@ -300,13 +317,8 @@ class CapacityIndex(IndexState):
                 self._resident.move_to_end(key)
                 kept += 1
                 continue
-            size, _ = self._resident.pop(key)
-            self._resident_bytes -= size
-            self._epochs.removed(key)
-            victims.append(self._deletes.hand_out(key, size))
-        self._evictions += len(victims)
-        self._evicted_bytes += sum(v.size for v in victims)
-        return tuple(victims)
+            victims += self._evict_keys((key,))
+        return self._count_evicted(victims)
 
     def lower_cap(self, limit_bytes: int) -> tuple[Victim, ...]:
         """Lower the cap to ``limit_bytes`` and evict LRU blocks down to it (e.g. to what a full disk holds).
@@ -327,10 +339,12 @@ class CapacityIndex(IndexState):
             return self._make_room(0)
 
     def evict_to_cap(self) -> tuple[Victim, ...]:
-        """Evict LRU blocks until :attr:`used_bytes` fits the cap (after a rescan or adoption)."""
+        """Evict LRU blocks until :attr:`used_bytes` fits the cap (after a rescan); with tenants, expired ones first."""
         with self._lock:
             self._touched.apply(self._resident)
-            return self._make_room(0)
+            book = self.tenants
+            expired = self._expire(list(book.expired_keys(self._resident))) if book is not None else []
+            return (*expired, *self._make_room(0))
 
     def deleted(self, key: OffloadKey, ok: bool) -> None:
         """Report the outcome of deleting a victim; see :meth:`deleted_many`."""
@@ -355,7 +369,9 @@ class CapacityIndex(IndexState):
             return self._deletes.retry()
 
     # -- reconciliation ---------------------------------------------------------------
-    def reconcile(self, found: Mapping[OffloadKey, int], ticket: int) -> ReconcileReport:
+    def reconcile(
+        self, found: Mapping[OffloadKey, int], ticket: int, born: Mapping[OffloadKey, float] | None = None
+    ) -> ReconcileReport:
         """Replace the resident set with what a scan (begun at ``ticket``) found.
 
         Args:
@@ -364,6 +380,7 @@ class CapacityIndex(IndexState):
                 keys already resident (a scan's blocks are older than any
                 block used since).
             ticket: taken before the scan started listing.
+            born: key -> its store time on the medium (epoch seconds: mtime, ``LastModified``) for tenants' TTL.
 
         Keys written, adopted or removed since ``ticket`` keep their current
         state (the scan may have listed them before the change); in-flight
@@ -374,15 +391,15 @@ class CapacityIndex(IndexState):
             self._touched.apply(self._resident)
             added = [k for k in found if k not in self._resident and self._may_adopt(k, ticket)]
             for key in reversed(added):
-                size = found[key]
-                self._resident[key] = (size, self._epochs.tick())
+                self._insert(key, found[key], None if born is None else born.get(key))
                 self._resident.move_to_end(key, last=False)
-                self._resident_bytes += size
             vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
             for key in vanished:
                 size, _ = self._resident.pop(key)
                 self._resident_bytes -= size
                 self._epochs.removed(key)
+                if self.tenants is not None:
+                    self.tenants.removed(key, size)
             confirmed = self._deletes.settle_absent(found)
             self._space.notify_all()
             return ReconcileReport(tuple(added), tuple(vanished), confirmed)

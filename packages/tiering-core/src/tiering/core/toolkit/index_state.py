@@ -1,8 +1,9 @@
-"""The account a :class:`~tiering.core.toolkit.index.CapacityIndex` keeps, and its answers that change nothing.
+"""The account a :class:`~tiering.core.toolkit.index.CapacityIndex` keeps, its answers, and how a key leaves it.
 
 :class:`IndexState` holds the index's lock and its account (resident blocks in
-LRU order, writes in flight, deletes, epochs, queued touches) and answers
-lookups, sizes and figures; :class:`~tiering.core.toolkit.index.CapacityIndex`
+LRU order, writes in flight, deletes, epochs, queued touches, per-tenant
+figures), answers lookups, sizes and figures, and hands resident keys out as
+victims (evicted, expired, or over their tenant's quota); :class:`~tiering.core.toolkit.index.CapacityIndex`
 adds what changes the account (reservations, commits, adoption, removal,
 eviction, reconciliation). Split in two modules only to keep each small.
 """
@@ -17,7 +18,9 @@ from tiering.core.base import OffloadKey
 from tiering.core.toolkit.deletes import DeleteLedger
 from tiering.core.toolkit.epochs import RemovalEpochs
 from tiering.core.toolkit.forks import ProcessOwner
-from tiering.core.toolkit.index_types import KeyState
+from tiering.core.toolkit.index_types import KeyState, Victim
+from tiering.core.toolkit.tenancy import TenantPolicy
+from tiering.core.toolkit.tenant_book import TenantBook, TenantOrder
 from tiering.core.toolkit.touches import TouchQueue
 
 __all__ = ["IndexState"]
@@ -28,6 +31,7 @@ class IndexState:
 
     Args:
         capacity_bytes: cap on :attr:`used_bytes`; None: unbounded.
+        tenants: per-tenant quotas and TTL (:mod:`~tiering.core.toolkit.tenancy`); None: off.
 
     Attributes:
         keep: None, or a callable asked before a resident block is evicted; True keeps the block (a pinned
@@ -38,7 +42,7 @@ class IndexState:
         ValueError: ``capacity_bytes`` is negative.
     """
 
-    def __init__(self, capacity_bytes: int | None = None) -> None:
+    def __init__(self, capacity_bytes: int | None = None, tenants: TenantPolicy | None = None) -> None:
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
@@ -59,6 +63,10 @@ class IndexState:
         self.owner = ProcessOwner("this tier's index")  # a forked child's copy refuses lookups (no dead lock)
         # Asked (under the lock, so cheap and lock-free) before a block is evicted: True keeps it (a pin).
         self.keep: Callable[[OffloadKey], bool] | None = None
+        self.tenants: TenantBook | None = None  # per-tenant quotas and TTL
+        if tenants is not None:  # the same map, keeping each tenant's LRU order too
+            self._resident = order = TenantOrder()
+            self.tenants = TenantBook(tenants, order)
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
@@ -76,12 +84,60 @@ class IndexState:
         if key in self._writing:
             return KeyState.WRITING
         if key in self._resident:
+            if self.tenants is not None and self.tenants.is_expired(key):
+                self.tenants.expired.extend(self._expire((key,)))  # a miss from now on; the tier deletes it
+                return KeyState.DELETING
             if touch:
                 self._resident.move_to_end(key)
             return KeyState.RESIDENT
         if key in self._deletes:
             return KeyState.DELETING
         return KeyState.ABSENT
+
+    def _evict_keys(self, keys: Iterable[OffloadKey]) -> list[Victim]:
+        """Take resident ``keys`` out and hand them out to be deleted (each stays counted until :meth:`deleted`)."""
+        victims = []
+        for key in keys:
+            size, _ = self._resident.pop(key)
+            self._resident_bytes -= size
+            self._epochs.removed(key)
+            if self.tenants is not None:
+                self.tenants.removed(key, size)
+            victims.append(self._deletes.hand_out(key, size))
+        return victims
+
+    def _expire(self, keys: Iterable[OffloadKey]) -> list[Victim]:
+        """Evict resident ``keys`` past their tenant's TTL; counted as expirations."""
+        keys = list(keys)
+        victims = self._evict_keys(keys)
+        if self.tenants is not None:
+            self.tenants.count_expired(keys)
+        return victims
+
+    def _quota_room(self, key: OffloadKey, size: int) -> tuple[Victim, ...]:
+        # A tenant at its quota makes room among its own least recently used blocks only.
+        book = self.tenants
+        need = 0 if book is None else book.over_quota(key, size)
+        if book is None or not need:
+            return ()
+        return self._count_evicted(self._evict_keys(book.quota_victims(key, need, self.keep)))  # pins kept
+
+    def _count_evicted(self, victims: list[Victim]) -> tuple[Victim, ...]:
+        self._evictions += len(victims)
+        self._evicted_bytes += sum(v.size for v in victims)
+        return tuple(victims)
+
+    def take_expired(self) -> list[Victim]:
+        """The blocks lookups found past their tenant's TTL since the last call, for the tier to delete.
+
+        They answer DELETING (a miss) and stay counted until :meth:`deleted` reports their delete.
+        """
+        book = self.tenants
+        if book is None or not book.expired:
+            return []
+        with self._lock:
+            victims, book.expired = book.expired, []
+        return victims
 
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is resident (no LRU update)."""
@@ -144,14 +200,17 @@ class IndexState:
 
         ``resident_blocks``, ``resident_bytes``, ``used_bytes``, ``reserved_bytes``, ``pending_delete_bytes``,
         ``in_flight_stores``, ``capacity_bytes`` (0: unbounded), ``evictions``, ``evicted_bytes``, ``failed_deletes``,
-        ``room_wait_bytes``.
+        ``room_wait_bytes``; with tenants (:mod:`~tiering.core.toolkit.tenancy`) also
+        ``quota_evictions``, ``expirations`` and ``tenant:<name>:<figure>`` per tenant.
 
         Raises:
             ForkedStackError: called in a child forked after the index was built.
         """
         self.owner.check()
         with self._lock:
+            tenants = {} if self.tenants is None else self.tenants.stats()
             return {
+                **tenants,
                 "resident_blocks": len(self._resident),
                 "resident_bytes": self._resident_bytes,
                 "used_bytes": self._used(),

@@ -92,6 +92,14 @@ STATS: Mapping[str, Stat] = {
     "pins_pending": Stat("gauge", "keys", "keys pinned but not stored in this tier (pinned once stored)"),
     "pins_refused": Stat("counter", "keys", "keys whose pin was refused (over max_pinned_bytes, or pinning off)"),
     "max_pinned_bytes": Stat("gauge", "bytes", "the bound on pinned bytes (0: pinning off)"),
+    # tenants (a tier with a ``tenants`` config)
+    "quota_evictions": Stat("counter", "blocks", "blocks a tenant's store evicted from its own, at its quota"),
+    "expirations": Stat("counter", "blocks", "blocks found past their tenant's TTL, removed as misses"),
+    "tenant:<name>:<figure>": Stat(
+        "gauge",
+        "bytes",
+        "per tenant: resident_bytes/_blocks, reserved_bytes, quota_bytes, quota_evictions, expirations",
+    ),
     # work in flight
     "in_flight_jobs": Stat("gauge", "jobs", "jobs accepted and not yet reported"),
     "in_flight_stores": Stat("gauge", "keys", "keys being written"),
@@ -109,8 +117,8 @@ VERIFY_CAUSES = ("checksum", "truncated", "foreign", "corrupt")
 
 
 def is_known(name: str) -> bool:
-    """Whether ``name`` is a vocabulary key (``store_failed_x`` / ``load_failed_x`` included)."""
-    if name in STATS:
+    """Whether ``name`` is a vocabulary key (``store_failed_x`` / ``load_failed_x`` / ``tenant:x:y`` included)."""
+    if name in STATS or (name.startswith("tenant:") and name.count(":") >= 2):
         return True
     return name.startswith(("store_failed_", "load_failed_")) and len(name) > len("load_failed_")
 
