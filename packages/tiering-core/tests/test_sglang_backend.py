@@ -28,7 +28,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from tiering.core.sglang.storage import TieringHiCacheStorage
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
-from sglang_pools import mha_host_pool, mla_host_pool, page_bytes_of, sglang_methods
+from sglang_pools import mha_host_pool, mla_host_pool, page_bytes_of, sglang_methods, sglang_storage_metrics
 
 MODULE = {
     "backend_name": "tiering",
@@ -322,11 +322,19 @@ def test_a_call_of_128_pages_runs_in_staging_chunks(fs_tier: list[dict[str, Any]
 
 # -- clear and get_stats, through SGLang's own callers ------------------------------------------------
 def clear_through_sglang(made: TieringHiCacheStorage) -> bool:
-    """SGLang's ``HybridCacheController.clear_storage_backend`` (what its flush of L3 runs), on our backend."""
-    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    """SGLang's ``HybridCacheController.clear_storage_backend`` (what its flush of L3 runs) on our backend.
 
-    controller = types.SimpleNamespace(enable_storage=True, storage_backend=made)
-    return bool(HybridCacheController.clear_storage_backend(controller))
+    Compiled from SGLang's source: the controller's module imports SGLang's CUDA kernel packages.
+    """
+    import logging
+
+    method = sglang_methods(
+        "hybrid_cache/hybrid_cache_controller.py",
+        "HybridCacheController",
+        ("clear_storage_backend",),
+        {"logger": logging.getLogger("sglang-controller")},
+    )["clear_storage_backend"]
+    return bool(method(types.SimpleNamespace(enable_storage=True, storage_backend=made)))
 
 
 def test_clear_removes_this_namespace_only_and_the_backend_works_after(fs_tier: list[dict[str, Any]]) -> None:
@@ -402,9 +410,13 @@ def test_clear_before_register_or_on_a_refused_model_says_false(fs_tier: list[di
     made.close()
 
 
-def test_get_stats_gives_sglang_storage_metrics_per_call(fs_tier: list[dict[str, Any]]) -> None:
-    from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector
-
+def test_get_stats_gives_sglang_storage_metrics_per_call(
+    fs_tier: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage_metrics, log_storage_metrics = sglang_storage_metrics()
+    module = types.ModuleType("sglang.srt.observability.metrics_collector")
+    module.StorageMetrics = storage_metrics  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # the real module needs transformers
     pool = mha_host_pool()
     assert backend(storage_config(fs_tier), pool).get_stats() is None  # metrics off: SGLang never asks
     made = backend(storage_config(fs_tier, enable_storage_metrics=True), pool)
@@ -412,12 +424,18 @@ def test_get_stats_gives_sglang_storage_metrics_per_call(fs_tier: list[dict[str,
     assert made.batch_set_v1(names, indices(pool, [0, 1, 2])) == [True] * 3
     assert made.batch_get_v1(names + keys(1), indices(pool, [4, 5, 6, 7])) == [True, True, True, False]
     stats = made.get_stats()
-    assert isinstance(stats, StorageMetrics)
+    assert isinstance(stats, storage_metrics)
     assert (stats.backup_pgs, stats.prefetch_pgs) == ([3], [4])
     assert len(stats.backup_bandwidth) == 1 and stats.backup_bandwidth[0] > 0
     assert len(stats.prefetch_bandwidth) == 1 and stats.prefetch_bandwidth[0] > 0
     empty = made.get_stats()
     assert (empty.backup_pgs, empty.prefetch_pgs, empty.backup_bandwidth, empty.prefetch_bandwidth) == ([], [], [], [])
-    # SGLang's collector takes it (it asserts the type and walks the lists).
-    StorageMetricsCollector(labels={"tiering_test": "1"}).log_storage_metrics(stats)
+    # SGLang's collector takes it (it asserts the type and logs each value into its histogram).
+    logged: list[tuple[str, float]] = []
+    names = ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")
+    collector = types.SimpleNamespace(
+        **{f"histogram_{n}": n for n in names}, _log_histogram=lambda name, value: logged.append((name, value))
+    )
+    log_storage_metrics(collector, stats)
+    assert sorted(n for n, _ in logged) == sorted(names) and ("backup_pgs", 3) in logged
     made.close()

@@ -30,6 +30,7 @@ _IDLE_WAIT_S = 0.05
 _MIN_POLL_S = 0.0002
 _MAX_POLL_S = 0.005
 _TICK_S = 1.0
+_RESTORE_PER_TICK = 10_000  # keys a restore asks the tier about per tick: LMCache's tasks never wait long on it
 CLOSE_WAIT_S = 60.0
 """How long :meth:`TierWorker.stop` waits for the tier's jobs in flight before failing their tasks."""
 
@@ -346,16 +347,19 @@ class TierWorker:
 
     def _poll_restores(self) -> None:
         """Once a tick: which keys listed at start the tier holds (it may still be scanning: ask again later)."""
+        budget = _RESTORE_PER_TICK
         for task in self._restores:
-            pending = []
-            for index in task.pending:
+            asked, rest = task.pending[:budget], task.pending[budget:]
+            budget -= len(asked)
+            undecided = []
+            for index in asked:
                 verdict = self._lookup(task, index)
                 if verdict is None:
-                    pending.append(index)
+                    undecided.append(index)
                 elif verdict:
                     task.hits.add(index)
-            task.pending = pending
-            if not pending:
+            task.pending = rest + undecided
+            if not task.pending:
                 self._complete(task)
         self._restores = [task for task in self._restores if task.pending]
 
