@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -380,3 +381,43 @@ def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) 
     finally:
         vllm_tier.shutdown()
     assert len([d for d in os.listdir(tmp_path) if os.path.isdir(tmp_path / d)]) == 2  # two namespaces side by side
+
+
+def test_store_and_prefetch_threads_at_once(tmp_path: Any) -> None:
+    # LMCache's store controller and prefetch controller call the adapter from two threads at once.
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, staging_objects=4))
+    data = payloads(24, seed=3)
+    keys = [object_key(i, cache_salt=f"t{i % 3}") for i in range(24)]
+    errors: list[BaseException] = []
+
+    def storer() -> None:
+        try:
+            for start in range(0, 24, 6):
+                chunk = slice(start, start + 6)
+                assert store(adapter, keys[chunk], [memory_obj(d) for d in data[chunk]]).is_successful()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def prefetcher() -> None:
+        try:
+            for _ in range(20):
+                hits = lookup_and_lock(adapter, keys)
+                targets = [memory_obj(len(data[i])) for i in hits]
+                loaded = load(adapter, [keys[i] for i in hits], targets)
+                adapter.submit_unlock([keys[i] for i in hits])
+                assert loaded == list(range(len(hits)))
+                assert all(bytes(t.byte_array) == data[i] for t, i in zip(targets, hits, strict=True))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=storer), threading.Thread(target=prefetcher)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert lookup_and_lock(adapter, keys) == list(range(24))
+        assert adapter.get_usage().bytes_by_cache_salt == {f"t{n}": 8 * ROW_BYTES for n in range(3)}
+    finally:
+        adapter.close()
