@@ -408,6 +408,9 @@ def test_clear_before_register_or_on_a_refused_model_says_false(fs_tier: list[di
         made.register_mem_host_pool_v2(mha_host_pool(), "mamba")
     assert made.clear() is False
     made.close()
+    made = backend(storage_config(fs_tier), pool)
+    made.close()
+    assert made.clear() is False and made.stack is None  # a closed backend stays closed
 
 
 def test_get_stats_gives_sglang_storage_metrics_per_call(

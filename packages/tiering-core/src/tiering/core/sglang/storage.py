@@ -331,10 +331,12 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         Returns:
             True when every tier's namespace was removed and the tiers
             restarted; False (logged) otherwise, or before
-            ``register_mem_pool_host``, or for a refused hybrid model.
+            ``register_mem_pool_host``, after ``close``, or for a refused hybrid model.
         """
         if self.spec is None or self.refused is not None:
-            logger.error("tiering HiCache backend: clear before register_mem_pool_host or on a refused model")
+            logger.error(
+                "tiering HiCache backend: clear before register_mem_pool_host, after close or on a refused model"
+            )
             return False
         with self._gate.exclusive():
             stack, self.stack = self.stack, None
@@ -366,7 +368,7 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def close(self) -> None:
         """Shut the tiers down (SGLang calls this when it detaches the backend)."""
         with self._gate.exclusive():
-            stack, self.stack = self.stack, None
+            stack, self.stack, self.spec = self.stack, None, None  # no clear brings the tiers back
         if stack is not None:
             stack.shutdown()
 
