@@ -277,6 +277,18 @@ def test_c04_a_restart_keeps_usage_accounting_per_cache_salt(tmp_path: Any) -> N
     )
 
 
+@pytest.mark.parametrize("kind", ["s3", "redis"])
+def test_c04_usage_per_cache_salt_is_restored_from_s3_and_redis(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    short = {s: n * ROW_BYTES for s, n in SALTS.items() if s != LONG_SALT}
+    before, after = _usage_after_restart(
+        plugin(tier_entry(kind, tmp_path, request)), lambda u: u.bytes_by_cache_salt == short
+    )
+    assert before.bytes_by_cache_salt == {s: n * ROW_BYTES for s, n in SALTS.items()}
+    assert after.bytes_by_cache_salt == short  # listed from the bucket / the Redis key space
+
+
 def test_jobs_carry_the_cache_salt_as_tenant(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
     try:
