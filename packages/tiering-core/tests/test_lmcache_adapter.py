@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -25,9 +26,10 @@ from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_clas
 
 from tiering.core.lmcache.adapter import TieringL2Adapter
 from tiering.core.lmcache.driver import load, lookup_and_lock, memory_obj, object_key, store
-from tiering.core.lmcache.keys import encode_key
+from tiering.core.lmcache.keys import ROW_HEADER_BYTES, encode_key
 
 OBJECT_BYTES = 16 * 1024
+ROW_BYTES = OBJECT_BYTES + ROW_HEADER_BYTES  # what the tier holds (and usage counts) per object
 HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
 HAS_REDIS = importlib.util.find_spec("tiering.redis") is not None
 
@@ -107,6 +109,9 @@ def test_lmcache_plugin_loader_builds_our_adapter(tmp_path: Any) -> None:
         # Arguments later LMCache versions add (layout_desc...) are accepted and ignored.
         task = adapter.submit_lookup_and_lock_task([], {}, "a-later-positional", layout_desc=None)
         assert isinstance(task, int)
+        assert isinstance(adapter.submit_store_task([], [], "later", layout_desc=None), int)
+        assert isinstance(adapter.submit_load_task([], [], "later", layout_desc=None), int)
+        adapter.submit_unlock([object_key(1)], "later", layout_desc=None)
     finally:
         adapter.close()
     with pytest.raises(ValueError, match="'objects_bytes' \\(did you mean 'object_bytes'"):
@@ -208,32 +213,102 @@ def test_a_lost_unlock_expires(tmp_path: Any) -> None:
         adapter.close()
 
 
-def _usage_after_restart(config: dict[str, Any], count: int) -> tuple[int, int]:
-    """Store ``count`` objects, close, build again on the same storage: (usage before, usage after)."""
+LONG_SALT = "tenant-with-a-salt-longer-than-31-bytes"
+SALTS = {"tenant-a": 3, "": 1, LONG_SALT: 2}  # salt -> objects stored under it
+
+
+def _usage_after_restart(
+    config: dict[str, Any], until: Callable[[Any], bool], then: Callable[[Any], None] = lambda _: None
+) -> tuple[Any, Any]:
+    """Store objects under :data:`SALTS`, close, build again on the same storage: (usage before, usage after).
+
+    After the restart, waits (10 s at most) until ``until(usage)`` holds,
+    takes the usage, then calls ``then(adapter)``.
+    """
+    keys = [
+        object_key(100 * n + i, cache_salt=salt) for n, (salt, count) in enumerate(SALTS.items()) for i in range(count)
+    ]
     adapter = build(config)
     try:
-        store(adapter, [object_key(i, cache_salt="tenant-a") for i in range(count)], [memory_obj(OBJECT_BYTES)] * count)
+        assert store(adapter, keys, [memory_obj(OBJECT_BYTES) for _ in keys]).is_successful()
         before = adapter.get_usage()
-        assert before.bytes_by_cache_salt == {"tenant-a": count * OBJECT_BYTES}
     finally:
         adapter.close()
     adapter = build(config)
     try:
         deadline = time.monotonic() + 10
-        while adapter.get_usage().total_bytes_used < before.total_bytes_used and time.monotonic() < deadline:
-            time.sleep(0.05)  # the tier rescans its root on start
-        return before.total_bytes_used, adapter.get_usage().total_bytes_used
+        while not until(adapter.get_usage()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the tier rescans its root on start, the adapter lists its keys
+        after = adapter.get_usage()
+        then(adapter)
+        return before, after
     finally:
         adapter.close()
 
 
-def test_c04_a_restart_keeps_usage_accounting(tmp_path: Any) -> None:
+def test_c04_a_restart_keeps_usage_accounting_per_cache_salt(tmp_path: Any) -> None:
     (tmp_path / "ours").mkdir()
-    ours = _usage_after_restart(plugin({"type": "fs", "root": str(tmp_path / "ours")}), 4)
-    assert ours[0] >= 4 * OBJECT_BYTES and ours[1] == ours[0]
+    expected = {s: n * ROW_BYTES for s, n in SALTS.items()}
+    short = {s: b for s, b in expected.items() if s != LONG_SALT}
+
+    def long_salt_seen(adapter: Any) -> None:
+        # The long salt is only a hash in its keys: a request carrying it names the bytes counted under it.
+        assert lookup_and_lock(adapter, [object_key(999, cache_salt=LONG_SALT)]) == []
+        assert adapter.get_usage().bytes_by_cache_salt == expected
+
+    before, after = _usage_after_restart(
+        plugin({"type": "fs", "root": str(tmp_path / "ours")}),
+        lambda u: u.bytes_by_cache_salt == short,
+        long_salt_seen,
+    )
+    assert before.bytes_by_cache_salt == expected
+    assert before.total_bytes_used >= 6 * OBJECT_BYTES and after.total_bytes_used == before.total_bytes_used
+    # Counted again from the keys the tier lists.
+    assert after.bytes_by_cache_salt == short
     # LMCache's own fs adapter forgets its usage on restart (the files are still there).
-    theirs = _usage_after_restart({"type": "fs", "base_path": str(tmp_path / "theirs")}, 4)
-    assert theirs == (4 * OBJECT_BYTES, 0)
+    before, after = _usage_after_restart(
+        {"type": "fs", "base_path": str(tmp_path / "theirs")}, lambda u: u.total_bytes_used > 0
+    )
+    assert before.bytes_by_cache_salt == {s: n * OBJECT_BYTES for s, n in SALTS.items()}
+    assert (before.total_bytes_used, after.total_bytes_used, dict(after.bytes_by_cache_salt)) == (
+        6 * OBJECT_BYTES,
+        0,
+        {},
+    )
+
+
+@pytest.mark.parametrize("kind", ["s3", "redis"])
+def test_c04_usage_per_cache_salt_is_restored_from_s3_and_redis(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    short = {s: n * ROW_BYTES for s, n in SALTS.items() if s != LONG_SALT}
+    before, after = _usage_after_restart(
+        plugin(tier_entry(kind, tmp_path, request)), lambda u: u.bytes_by_cache_salt == short
+    )
+    assert before.bytes_by_cache_salt == {s: n * ROW_BYTES for s, n in SALTS.items()}
+    assert after.bytes_by_cache_salt == short  # listed from the bucket / the Redis key space
+
+
+def test_jobs_carry_the_cache_salt_as_tenant(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
+    try:
+        seen: list[tuple[str, int]] = []
+        for name in ("submit_store", "submit_load"):
+            real = getattr(adapter.tier, name)
+
+            def record(job: Any, real: Any = real) -> None:
+                seen.append((job.req_context.tenant, len(job.keys)))
+                real(job)
+
+            monkeypatch.setattr(adapter.tier, name, record)
+        keys = [object_key(1, cache_salt="a"), object_key(2, cache_salt="b"), object_key(3, cache_salt="a")]
+        assert store(adapter, keys, [memory_obj(b"s" * 32) for _ in keys]).is_successful()
+        assert sorted(seen) == [("a", 2), ("b", 1)]  # one job per tenant, never a job of mixed tenants
+        seen.clear()
+        assert load(adapter, keys, [memory_obj(32) for _ in keys]) == [0, 1, 2]
+        assert sorted(seen) == [("a", 2), ("b", 1)]
+    finally:
+        adapter.close()
 
 
 def test_close_reports_every_task(tmp_path: Any) -> None:
@@ -262,11 +337,12 @@ def test_a_tier_call_that_raises_fails_the_tasks_and_the_worker_survives(
     adapter = build(plugin({"type": "fs", "root": str(tmp_path)}))
     try:
         real = adapter.tier.get_finished
-        calls = {"n": 0}
+        raised = []
 
         def broken() -> Any:
-            calls["n"] += 1
-            if calls["n"] == 1:
+            # Once, while a job is in flight (the worker also polls when idle, before the store comes).
+            if not raised and adapter.tier.has_pending_work():
+                raised.append(True)
                 raise RuntimeError("tier bug")
             return real()
 
@@ -297,7 +373,6 @@ def test_loads_go_before_queued_stores(tmp_path: Any) -> None:
 
 def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) -> None:
     from tiering.core import OffloadingSpec, ReqContext
-    from tiering.core.lmcache.keys import ROW_HEADER_BYTES, encode_key
     from tiering.fs import FsspecSecondaryTierManager
 
     key = object_key(7)
@@ -318,3 +393,43 @@ def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) 
     finally:
         vllm_tier.shutdown()
     assert len([d for d in os.listdir(tmp_path) if os.path.isdir(tmp_path / d)]) == 2  # two namespaces side by side
+
+
+def test_store_and_prefetch_threads_at_once(tmp_path: Any) -> None:
+    # LMCache's store controller and prefetch controller call the adapter from two threads at once.
+    adapter = build(plugin({"type": "fs", "root": str(tmp_path)}, staging_objects=4))
+    data = payloads(24, seed=3)
+    keys = [object_key(i, cache_salt=f"t{i % 3}") for i in range(24)]
+    errors: list[BaseException] = []
+
+    def storer() -> None:
+        try:
+            for start in range(0, 24, 6):
+                chunk = slice(start, start + 6)
+                assert store(adapter, keys[chunk], [memory_obj(d) for d in data[chunk]]).is_successful()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def prefetcher() -> None:
+        try:
+            for _ in range(20):
+                hits = lookup_and_lock(adapter, keys)
+                targets = [memory_obj(len(data[i])) for i in hits]
+                loaded = load(adapter, [keys[i] for i in hits], targets)
+                adapter.submit_unlock([keys[i] for i in hits])
+                assert loaded == list(range(len(hits)))
+                assert all(bytes(t.byte_array) == data[i] for t, i in zip(targets, hits, strict=True))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=storer), threading.Thread(target=prefetcher)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert lookup_and_lock(adapter, keys) == list(range(24))
+        assert adapter.get_usage().bytes_by_cache_salt == {f"t{n}": 8 * ROW_BYTES for n in range(3)}
+    finally:
+        adapter.close()

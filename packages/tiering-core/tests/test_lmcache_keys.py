@@ -8,17 +8,21 @@ import sys
 
 import pytest
 
+from tiering.core.format import MAX_KEY_BYTES
 from tiering.core.lmcache.keys import (
     ENGINE,
     KV_LAYOUT,
     ROW_HEADER_BYTES,
     encode_key,
+    key_salt_tag,
     namespace_config,
     pack_row,
     row_payload,
-    tenant_of,
+    salt_of,
+    salt_tag,
 )
 from tiering.core.lmcache.params import parse_params
+from tiering.core.lmcache.usage import SaltUsage
 from tiering.core.spec import OffloadingSpec
 
 
@@ -41,8 +45,34 @@ def test_every_object_key_field_changes_the_key() -> None:
         Key(cache_salt="user-a"),
     ]
     keys = {encode_key(base), *(encode_key(v) for v in variants)}
-    assert len(keys) == 6 and all(len(k) == 32 for k in keys)
+    assert len(keys) == 6 and all(33 <= len(k) <= MAX_KEY_BYTES for k in keys)
     assert encode_key(Key()) == encode_key(base)  # deterministic across calls
+
+
+def test_the_key_names_its_cache_salt() -> None:
+    short, long_salt = "tenant-\u00e9", "t" * 40
+    assert salt_of(key_salt_tag(encode_key(Key(cache_salt=short))) or b"") == short
+    assert salt_of(key_salt_tag(encode_key(Key())) or b"") == ""
+    tag = key_salt_tag(encode_key(Key(cache_salt=long_salt)))
+    assert tag == salt_tag(long_salt) and len(tag) == 32 and salt_of(tag) is None  # hashed: never in the clear
+    assert len(encode_key(Key(cache_salt=long_salt))) == MAX_KEY_BYTES
+    assert key_salt_tag(b"\x00" * 32) is None and key_salt_tag(b"\x00" * 32 + b"\x07x") is None
+
+
+def test_salt_usage_counts_rows_and_restores_them_by_key() -> None:
+    usage = SaltUsage(row_bytes=100)
+    a1, a2, b1 = Key(b"\x01" * 32, cache_salt="a"), Key(b"\x02" * 32, cache_salt="a"), Key(cache_salt="b" * 40)
+    assert usage.stored(encode_key(a1), a1) and not usage.stored(encode_key(a1), a1)
+    assert usage.by_salt() == {"a": 100}
+    # A restart: the keys listed from the tier, a long salt named once a request carries it.
+    usage = SaltUsage(row_bytes=100)
+    assert usage.restored([encode_key(a1), encode_key(a2), encode_key(b1), b"\x00" * 32]) == 3
+    assert usage.by_salt() == {"a": 200} and usage.unnamed_bytes() == 100
+    usage.learn("b" * 40)
+    assert usage.by_salt() == {"a": 200, "b" * 40: 100} and usage.unnamed_bytes() == 0
+    assert usage.removed([encode_key(a1), encode_key(b1)]) == []  # restored keys: no ObjectKey known
+    assert usage.by_salt() == {"a": 100}
+    assert usage.removed([encode_key(a2)]) == [] and usage.by_salt() == {}
 
 
 def test_fields_cannot_run_into_each_other() -> None:
@@ -51,15 +81,10 @@ def test_fields_cannot_run_into_each_other() -> None:
 
 
 def test_object_key_known_answer() -> None:
-    # These bytes name stored LMCache objects: a change would turn every stored object into a miss.
+    # These bytes name stored LMCache objects (the digest, then the salt's tag): a change would turn every stored
+    # object into a miss.
     key = Key(cache_salt="acme", kv_rank=1, object_group_id=2)
-    assert encode_key(key).hex() == "de6ad635701d96cc5c80bd443749bb6aacb3314d5178dc76c2358cfd01430cdf"
-
-
-def test_the_cache_salt_is_the_tenant() -> None:
-    assert tenant_of([Key(cache_salt="a"), Key(chunk_hash=b"x", cache_salt="a")]) == "a"
-    assert tenant_of([Key(cache_salt="a"), Key(cache_salt="b")]) == ""  # mixed: the default tenant
-    assert tenant_of([Key()]) == "" and tenant_of([]) == ""
+    assert encode_key(key).hex() == "de6ad635701d96cc5c80bd443749bb6aacb3314d5178dc76c2358cfd01430cdf" + "0161636d65"
 
 
 def test_namespace_names_the_engine_apart_from_vllm() -> None:
@@ -147,7 +172,7 @@ def test_the_worker_hands_the_tier_the_tasks_tenant() -> None:
         on_tick=lambda: None,
     )
     keys = [Key(cache_salt="acme"), Key(chunk_hash=b"\x02" * 32, cache_salt="acme")]
-    worker.submit(Task("lookup", 1, keys, [encode_key(k) for k in keys], tenant=tenant_of(keys)))
+    worker.submit(Task("lookup", 1, keys, [encode_key(k) for k in keys], [k.cache_salt for k in keys]))
     assert done.wait(10)
     worker.stop()
     assert tier.tenants and set(tier.tenants) == {"acme"}

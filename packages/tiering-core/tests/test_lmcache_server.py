@@ -34,6 +34,7 @@ from lmcache.v1.multiprocess.server import run_cache_server
 
 from tiering.core.lmcache.adapter import TieringL2Adapter
 from tiering.core.lmcache.driver import object_key
+from tiering.core.lmcache.keys import ROW_HEADER_BYTES
 
 OBJECT_BYTES = 64 * 1024
 
@@ -97,10 +98,15 @@ def test_mp_server_on_cpu_stores_to_and_prefetches_from_our_adapter(tmp_path: An
         for key, blob in zip(keys, data, strict=True):
             objects[key].tensor.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
         manager.finish_write(keys)
+        # One row (the object and its 8-byte length) per object, under LMCache's default salt.
+        rows = {"": 6 * (OBJECT_BYTES + ROW_HEADER_BYTES)}
         deadline = time.monotonic() + 30
-        while adapters[0].get_usage().total_bytes_used < 6 * OBJECT_BYTES and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            usage = adapters[0].get_usage()
+            if usage.total_bytes_used >= 6 * OBJECT_BYTES and usage.bytes_by_cache_salt == rows:
+                break
             time.sleep(0.05)  # LMCache's store controller writes L1 objects to L2 in the background
-        assert sum(adapters[0].get_usage().bytes_by_cache_salt.values()) == 6 * OBJECT_BYTES
+        assert dict(adapters[0].get_usage().bytes_by_cache_salt) == rows
     with cache_server(str(tmp_path)) as engine:  # a restart: L1 is empty, the tier is not
         manager = engine.storage_manager
         handle = manager.submit_prefetch_task(PrefetchTaskSpec([GroupedObjectKeys(keys, 0, layout)]))

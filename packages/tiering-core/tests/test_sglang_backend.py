@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import sys
 import threading
+import types
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from tiering.core.sglang.storage import TieringHiCacheStorage
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
-from sglang_pools import mha_host_pool, mla_host_pool, page_bytes_of, sglang_methods
+from sglang_pools import mha_host_pool, mla_host_pool, page_bytes_of, sglang_methods, sglang_storage_metrics
 
 MODULE = {
     "backend_name": "tiering",
@@ -316,4 +317,128 @@ def test_a_call_of_128_pages_runs_in_staging_chunks(fs_tier: list[dict[str, Any]
     assert made.batch_get_v1(names, indices(pool, list(range(130, 258)))) == [True] * 128
     assert all(page_bytes_of(pool, 130 + p) == page_bytes_of(pool, p) for p in range(128))
     assert made.stack.staging.free_slots() == 64
+    made.close()
+
+
+# -- clear and get_stats, through SGLang's own callers ------------------------------------------------
+def clear_through_sglang(made: TieringHiCacheStorage) -> bool:
+    """SGLang's ``HybridCacheController.clear_storage_backend`` (what its flush of L3 runs) on our backend.
+
+    Compiled from SGLang's source: the controller's module imports SGLang's CUDA kernel packages.
+    """
+    import logging
+
+    method = sglang_methods(
+        "hybrid_cache/hybrid_cache_controller.py",
+        "HybridCacheController",
+        ("clear_storage_backend",),
+        {"logger": logging.getLogger("sglang-controller")},
+    )["clear_storage_backend"]
+    return bool(method(types.SimpleNamespace(enable_storage=True, storage_backend=made)))
+
+
+def test_clear_removes_this_namespace_only_and_the_backend_works_after(fs_tier: list[dict[str, Any]]) -> None:
+    pool = mha_host_pool()
+    made = backend(storage_config(fs_tier), pool)
+    other = backend(storage_config(fs_tier, tp_size=2, tp_rank=1), mha_host_pool())  # another namespace, same root
+    names, others = keys(3), keys(2)
+    assert made.batch_set_v1(names, indices(pool, [0, 1, 2])) == [True] * 3
+    assert other.batch_set_v1(others, indices(other.mem_pool_host, [0, 1])) == [True] * 2
+    digest = made.spec.namespace.digest  # type: ignore[union-attr]
+    root = Path(fs_tier[0]["root"])
+    assert len([p for p in (root / digest).rglob("*") if p.is_file()]) > 3  # 3 blocks and the namespace file
+    assert clear_through_sglang(made) is True
+    assert made.batch_exists(names) == 0
+    assert not [p for p in (root / digest).rglob("*") if p.is_file() and p.name != "namespace.json"]
+    assert other.batch_exists(others) == 2  # another rank's pages stay
+    # The tiers restarted: stores and loads work again.
+    assert made.batch_set_v1(names[:1], indices(pool, [3])) == [True]
+    assert made.batch_get_v1(names[:1], indices(pool, [4])) == [True]
+    assert page_bytes_of(pool, 4) == page_bytes_of(pool, 3)
+    for backend_ in (made, other):
+        backend_.close()
+
+
+def test_clear_with_mla_removes_rank_zero_pages_and_no_rank_answers_from_a_stale_index(
+    fs_tier: list[dict[str, Any]],
+) -> None:
+    pools = [mla_host_pool() for _ in range(2)]
+    ranks = [backend(storage_config(fs_tier, is_mla_model=True, tp_rank=r, tp_size=2), pools[r]) for r in (0, 1)]
+    names = keys(2)
+    assert ranks[0].batch_set_v1(names, indices(pools[0], [0, 1])) == [True, True]
+    assert ranks[1].batch_exists(names) == 2
+    assert [made.clear() for made in ranks] == [True, True]
+    assert [made.batch_exists(names) for made in ranks] == [0, 0]
+    for made in ranks:
+        made.close()
+
+
+def test_clear_waits_for_calls_in_flight_and_calls_during_it_answer_lists(fs_tier: list[dict[str, Any]]) -> None:
+    pool = mha_host_pool(pages=32)
+    made = backend(storage_config(fs_tier), pool)
+    names = keys(8)
+    assert made.batch_set_v1(names, indices(pool, list(range(8)))) == [True] * 8
+    answers: list[Any] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            answers.append(made.batch_get_v1(names, indices(pool, list(range(16, 24)))))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(3):
+            assert made.clear() is True
+            assert made.batch_set_v1(names, indices(pool, list(range(8)))) == [True] * 8
+    finally:
+        stop.set()
+        thread.join(60)
+    assert answers and all(isinstance(a, list) and len(a) == 8 and set(a) <= {True, False} for a in answers)
+    assert made.stack is not None and made.stack.staging.free_slots() == made.stack.staging.slots
+    made.close()
+
+
+def test_clear_before_register_or_on_a_refused_model_says_false(fs_tier: list[dict[str, Any]]) -> None:
+    made = TieringHiCacheStorage(storage_config(fs_tier), {})
+    assert made.clear() is False
+    pool = mha_host_pool()
+    made = backend(storage_config(fs_tier), pool)
+    with pytest.raises(ValueError, match="hybrid"):
+        made.register_mem_host_pool_v2(mha_host_pool(), "mamba")
+    assert made.clear() is False
+    made.close()
+    made = backend(storage_config(fs_tier), pool)
+    made.close()
+    assert made.clear() is False and made.stack is None  # a closed backend stays closed
+
+
+def test_get_stats_gives_sglang_storage_metrics_per_call(
+    fs_tier: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage_metrics, log_storage_metrics = sglang_storage_metrics()
+    module = types.ModuleType("sglang.srt.observability.metrics_collector")
+    module.StorageMetrics = storage_metrics  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # the real module needs transformers
+    pool = mha_host_pool()
+    assert backend(storage_config(fs_tier), pool).get_stats() is None  # metrics off: SGLang never asks
+    made = backend(storage_config(fs_tier, enable_storage_metrics=True), pool)
+    names = keys(3)
+    assert made.batch_set_v1(names, indices(pool, [0, 1, 2])) == [True] * 3
+    assert made.batch_get_v1(names + keys(1), indices(pool, [4, 5, 6, 7])) == [True, True, True, False]
+    stats = made.get_stats()
+    assert isinstance(stats, storage_metrics)
+    assert (stats.backup_pgs, stats.prefetch_pgs) == ([3], [4])
+    assert len(stats.backup_bandwidth) == 1 and stats.backup_bandwidth[0] > 0
+    assert len(stats.prefetch_bandwidth) == 1 and stats.prefetch_bandwidth[0] > 0
+    empty = made.get_stats()
+    assert (empty.backup_pgs, empty.prefetch_pgs, empty.backup_bandwidth, empty.prefetch_bandwidth) == ([], [], [], [])
+    # SGLang's collector takes it (it asserts the type and logs each value into its histogram).
+    logged: list[tuple[str, float]] = []
+    names = ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")
+    collector = types.SimpleNamespace(
+        **{f"histogram_{n}": n for n in names}, _log_histogram=lambda name, value: logged.append((name, value))
+    )
+    log_storage_metrics(collector, stats)
+    assert sorted(n for n, _ in logged) == sorted(names) and ("backup_pgs", 3) in logged
     made.close()

@@ -21,8 +21,13 @@ import torch
 PAGE_METHODS = ("get_page_buffer_meta", "get_data_page", "get_dummy_flat_data_page", "set_from_flat_data_page")
 
 
-def sglang_methods(relative: str, class_name: str, names: tuple[str, ...]) -> dict[str, Any]:
-    """The methods ``names`` of ``class_name`` in SGLang's ``sglang/srt/mem_cache/<relative>``, compiled from source."""
+def sglang_methods(
+    relative: str, class_name: str, names: tuple[str, ...], module_globals: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The methods ``names`` of ``class_name`` in SGLang's ``sglang/srt/mem_cache/<relative>``, compiled from source.
+
+    ``module_globals``: names the methods use from their module besides ``torch`` (``logger``...).
+    """
     spec = importlib.util.find_spec("sglang")
     assert spec is not None and spec.origin is not None, "sglang is not installed"
     path = os.path.join(os.path.dirname(spec.origin), "srt", "mem_cache", relative)
@@ -31,7 +36,7 @@ def sglang_methods(relative: str, class_name: str, names: tuple[str, ...]) -> di
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
     funcs = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert {f.name for f in funcs} == set(names), f"{class_name} in {path} lacks some of {names}"
-    namespace: dict[str, Any] = {"torch": torch}
+    namespace: dict[str, Any] = {"torch": torch, **(module_globals or {})}
     exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), namespace)
     return {name: namespace[name] for name in names}
 
@@ -85,3 +90,32 @@ def page_bytes_of(pool: Any, page: int) -> bytes:
     indices = torch.arange(page * pool.page_size, (page + 1) * pool.page_size, dtype=torch.int64)
     pointers, sizes = pool.get_page_buffer_meta(indices)
     return b"".join(ctypes.string_at(p, s) for p, s in zip(pointers, sizes))
+
+
+def sglang_storage_metrics() -> tuple[type, Any]:
+    """SGLang's ``StorageMetrics`` dataclass and ``StorageMetricsCollector.log_storage_metrics``, compiled from source.
+
+    Their module (``sglang.srt.observability.metrics_collector``) imports
+    transformers and SGLang's model configs, which this CPU environment
+    lacks; the class and the method are taken from its source as they are.
+    """
+    import dataclasses
+    import typing
+
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.origin is not None, "sglang is not installed"
+    path = os.path.join(os.path.dirname(spec.origin), "srt", "observability", "metrics_collector.py")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    collector = classes["StorageMetricsCollector"]
+    method = next(n for n in collector.body if isinstance(n, ast.FunctionDef) and n.name == "log_storage_metrics")
+    namespace: dict[str, Any] = {
+        "dataclass": dataclasses.dataclass,
+        "field": dataclasses.field,
+        "List": typing.List,  # noqa: UP006 - SGLang's own annotation
+        "Optional": typing.Optional,
+        "__name__": __name__,  # dataclass resolves the string annotations in a module that exists
+    }
+    exec(compile(ast.Module(body=[classes["StorageMetrics"], method], type_ignores=[]), path, "exec"), namespace)
+    return namespace["StorageMetrics"], namespace["log_storage_metrics"]

@@ -13,13 +13,15 @@ verify the row, then copies the payload into LMCache's own L1 buffer. An
 object is only marked loaded when the tier verified every byte of its row
 and the row's length equals the buffer's.
 
-A lookup hit is locked for ``lock_ttl_s``: the lock bumps the block in the
-tier's recency order (the tier's own eviction takes the least recently used
-first) and an unlock that never comes expires instead of leaking. Eviction is
-the tier's own (``capacity_bytes`` on the tier): the adapter declares no
-global capacity to LMCache, and :meth:`TieringL2Adapter.get_usage` reports
-the bytes the tier really holds, which a persistent tier recovers when it
-restarts.
+A lookup hit is locked for ``lock_ttl_s`` (:meth:`TieringL2Adapter._lock_hits`):
+the lock bumps the block in the tier's recency order (the tier's own
+eviction takes the least recently used first) and an unlock that never
+comes expires instead of leaking. Eviction is the tier's own
+(``capacity_bytes`` on the tier): the adapter declares no global capacity to
+LMCache, and :meth:`TieringL2Adapter.get_usage` reports the bytes the tier
+really holds, which a persistent tier recovers when it restarts, and the
+bytes per cache salt, which the adapter counts again at start from the keys
+the tier lists (:mod:`tiering.core.lmcache.usage`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
-from tiering.core.base import OffloadKey
+from tiering.core.base import OffloadKey, ReqContext
 from tiering.core.base import SecondaryTierManager as TieringTier
-from tiering.core.lmcache.keys import encode_key, namespace_config, tenant_of
+from tiering.core.lmcache.keys import encode_key, namespace_config
 from tiering.core.lmcache.params import AdapterParams, parse_params
-from tiering.core.lmcache.worker import Task, TierWorker, flat
+from tiering.core.lmcache.usage import SaltUsage, scan_keys
+from tiering.core.lmcache.worker import Task, TierWorker
 from tiering.core.spec import TieringOffloadingSpec
 from tiering.core.tier_factory import create_secondary_tier
 
@@ -108,7 +111,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._load_results: dict[int, Any] = {}
         self._locks: dict[OffloadKey, tuple[int, float]] = {}  # key -> (holders, expiry in monotonic seconds)
         self._locks_expired = 0
-        self._stored: dict[OffloadKey, tuple[Any, int]] = {}  # key -> (ObjectKey, object bytes) stored here
+        self._usage = SaltUsage(self.block_bytes)  # rows the tier holds per cache salt
         self._closed = False
         self._worker = TierWorker(
             self.tier,
@@ -125,6 +128,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             rows,
             self.namespace.digest,
         )
+        threading.Thread(target=self._restore_usage, name="tiering-lmcache-scan", daemon=True).start()
 
     # -- event fds ---------------------------------------------------------------
     def get_store_event_fd(self) -> int:
@@ -143,12 +147,15 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _submit(self, kind: str, keys: Sequence[Any], objects: Sequence[Any] = ()) -> int:
         if kind != "lookup" and len(objects) != len(keys):
             raise ValueError(f"{kind} task: {len(keys)} keys but {len(objects)} objects")
-        okeys, tenant = [encode_key(k) for k in keys], tenant_of(keys)
+        okeys = [encode_key(k) for k in keys]
+        tenants = [k.cache_salt for k in keys]
         with self._lock:
             # Queued under the lock that close() takes: no task can land behind the worker's stop mark.
             if self._closed:
                 raise RuntimeError("TieringL2Adapter is closed")
-            task = Task(kind, next(self._ids), list(keys), okeys, list(objects), tenant=tenant)
+            for salt in set(tenants):
+                self._usage.learn(salt)
+            task = Task(kind, next(self._ids), list(keys), okeys, tenants, list(objects))
             self._worker.submit(task)
         return task.task_id
 
@@ -218,18 +225,21 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def get_usage(self) -> Any:
         """Bytes the tier holds (its ``resident_bytes``, recovered on restart), its cap, and bytes per cache salt.
 
-        ``bytes_by_cache_salt`` counts the bytes of objects this process
-        stored and the tier still holds (removals the tier reports are
-        subtracted). A tier without ``resident_bytes`` reports the sum of
-        those instead.
+        ``bytes_by_cache_salt`` counts one row (``object_bytes`` + 8) per
+        object the tier holds: those this process stored and those the tier
+        held at start (counted again from their keys once listed), minus
+        those the tier removed since. A tier without ``resident_bytes``
+        reports the sum of the rows counted instead.
         """
-        base = super().get_usage()
         stats = self._tier_stats()
+        with self._lock:
+            by_salt = self._usage.by_salt()
+            counted = sum(by_salt.values()) + self._usage.unnamed_bytes()
         used = stats.get("resident_bytes")
         return AdapterUsage(
-            total_bytes_used=int(used) if used is not None else base.total_bytes_used,
+            total_bytes_used=int(used) if used is not None else counted,
             total_capacity_bytes=int(stats.get("capacity_bytes", 0) or 0),
-            bytes_by_cache_salt=MappingProxyType(dict(base.bytes_by_cache_salt)),
+            bytes_by_cache_salt=MappingProxyType(by_salt),
         )
 
     def report_status(self) -> dict[str, Any]:
@@ -269,19 +279,17 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     # -- the worker's callbacks (worker thread) ---------------------------------------------
     def _complete(self, task: Task) -> None:
         """Publish a finished task's result, update locks and accounting, signal its fd."""
-        if task.kind == "store":
-            new_keys, sizes = [], []
+        if task.kind == "restore":
             with self._lock:
-                for index in task.stored:
-                    okey = task.okeys[index]
-                    if okey not in self._stored:
-                        size = len(flat(task.objects[index]))
-                        self._stored[okey] = (task.keys[index], size)
-                        new_keys.append(task.keys[index])
-                        sizes.append(size)
+                new = self._usage.restored(task.okeys[i] for i in task.hits)
+            logger.info("tiering L2 adapter: %d object(s) held by the tier at start counted per cache salt", new)
+            return
+        if task.kind == "store":
+            with self._lock:
+                new_keys = [task.keys[i] for i in task.stored if self._usage.stored(task.okeys[i], task.keys[i])]
                 self._store_results[task.task_id] = L2StoreResult(not task.failed, task.bytes_done)
             if new_keys:
-                self._notify_keys_stored(new_keys, sizes)
+                self._notify_keys_stored(new_keys, [self.block_bytes] * len(new_keys))
             self._store_efd.notify()
             return
         bitmap = _bitmap(len(task.keys), task.hits)
@@ -292,20 +300,57 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                 self._notify_keys_accessed([task.keys[i] for i in sorted(task.hits)])
             self._load_efd.notify()
             return
-        expiry = time.monotonic() + self.params.lock_ttl_s
+        self._lock_hits(task)
         with self._lock:
-            for index in task.hits:
-                holders = self._locks.get(task.okeys[index], (0, 0.0))[0]
-                self._locks[task.okeys[index]] = (holders + 1, expiry)
             self._lookup_results[task.task_id] = bitmap
         self._lookup_efd.notify()
+
+    def _lock_hits(self, task: Task) -> None:
+        """Lock a lookup's hits against eviction until their unlock, or ``lock_ttl_s`` at most (worker thread).
+
+        The tier is told of a use (the hits become the most recently used
+        in its eviction order, one call per tenant), and each hit's holders
+        are counted with an expiry that :meth:`submit_unlock` and
+        :meth:`_expire_locks` honour.
+        """
+        by_tenant: dict[str, list[OffloadKey]] = {}
+        for index in sorted(task.hits):
+            by_tenant.setdefault(task.tenant(index), []).append(task.okeys[index])
+        for tenant, okeys in by_tenant.items():
+            try:
+                self.tier.touch(okeys, ReqContext(f"lmcache-lookup-{task.task_id}", tenant=tenant))
+            except Exception:
+                logger.exception("tiering L2 adapter: tier touch raised")
+                self._worker.errors += 1
+        expiry = time.monotonic() + self.params.lock_ttl_s
+        with self._lock:
+            for okeys in by_tenant.values():
+                for okey in okeys:
+                    self._locks[okey] = (self._locks.get(okey, (0, 0.0))[0] + 1, expiry)
 
     def _removed(self, keys: list[OffloadKey]) -> None:
         """The tier removed ``keys`` (its own eviction): take their bytes out of the per-salt accounting."""
         with self._lock:
-            gone = [entry for key in keys if (entry := self._stored.pop(key, None)) is not None]
+            gone = self._usage.removed(keys)
         if gone:
-            self._notify_keys_deleted([k for k, _ in gone], [s for _, s in gone])
+            self._notify_keys_deleted(gone, [self.block_bytes] * len(gone))
+
+    def _restore_usage(self) -> None:
+        """List the keys the tier holds (its inspector, off the LMCache threads) and have them counted per salt."""
+        try:
+            okeys = scan_keys(self.params.tier, self.namespace.digest)
+        except Exception:
+            logger.exception(
+                "tiering L2 adapter: listing the tier's objects at start failed; per-salt usage "
+                "counts only objects stored from now on"
+            )
+            return
+        if not okeys:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._worker.submit(Task("restore", next(self._ids), okeys, okeys))
 
     def _expire_locks(self) -> None:
         """Drop locks whose unlock never came within ``lock_ttl_s``."""

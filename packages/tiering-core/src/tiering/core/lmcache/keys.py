@@ -4,8 +4,10 @@ LMCache names an object by its ``ObjectKey`` (chunk hash, model name, KV
 rank, object group id, cache salt). Every field goes into our key, a
 SHA-256 over all of them behind a domain tag naming the engine, so the same
 chunk hash under another model, rank, group or salt is another block, and
-no vLLM or SGLang block key can ever equal an LMCache one. The namespace
-adds the engine name and the row format (:data:`KV_LAYOUT`), so LMCache
+no vLLM or SGLang block key can ever equal an LMCache one. The key then
+carries the cache salt's tag (:func:`salt_tag`), so that the bytes a tier
+holds per salt can be counted again from the keys alone after a restart.
+The namespace adds the engine name and the row format (:data:`KV_LAYOUT`), so LMCache
 blocks live apart from every other engine's even in a shared root or
 bucket.
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
@@ -34,12 +35,56 @@ KV_LAYOUT = "lmcache-object/v1"
 ROW_HEADER_BYTES = 8
 """Bytes in front of the payload in a row: the payload length (uint64, little-endian)."""
 
+DIGEST_BYTES = 32
+"""Bytes of the SHA-256 at the front of every key; the salt tag follows."""
+
+PLAIN_SALT_BYTES = 31
+"""Longest cache salt (UTF-8 bytes) written into the key as it is; a longer one is hashed."""
+
+_PLAIN, _HASHED = b"\x01", b"\x02"
 _DOMAIN = b"tiering/lmcache/object-key/v1\x00"
+_SALT_DOMAIN = b"tiering/lmcache/cache-salt/v1\x00"
 _LENGTH = struct.Struct("<Q")
 
 
+def salt_tag(salt: str) -> bytes:
+    """The tag of a cache salt at the end of every key (1 to 32 bytes).
+
+    A salt of at most :data:`PLAIN_SALT_BYTES` UTF-8 bytes is kept as it is
+    behind ``0x01`` (LMCache's own raw-block adapter also keeps salts
+    readable in its index), so :func:`salt_of` gives it back; a longer salt
+    becomes ``0x02`` + 31 bytes of its SHA-256, which only names it once
+    the salt is seen again.
+    """
+    raw = salt.encode()
+    if len(raw) <= PLAIN_SALT_BYTES:
+        return _PLAIN + raw
+    return _HASHED + hashlib.sha256(_SALT_DOMAIN + raw).digest()[:PLAIN_SALT_BYTES]
+
+
+def key_salt_tag(key: bytes) -> bytes | None:
+    """The salt tag of a key made by :func:`encode_key`; None for a key of another form."""
+    tag = bytes(key[DIGEST_BYTES:])
+    if not tag or tag[:1] not in (_PLAIN, _HASHED) or len(tag) > PLAIN_SALT_BYTES + 1:
+        return None
+    return tag
+
+
+def salt_of(tag: bytes) -> str | None:
+    """The cache salt a tag names when it holds the salt itself; None for a hashed tag or one that is not UTF-8."""
+    if tag[:1] != _PLAIN:
+        return None
+    try:
+        return tag[1:].decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def encode_key(key: Any) -> OffloadKey:
-    """Our 32-byte block key for an LMCache ``ObjectKey`` (or anything with its five fields).
+    """Our block key for an LMCache ``ObjectKey`` (or anything with its five fields).
+
+    The key is the 32-byte SHA-256 over every field, then the cache salt's
+    :func:`salt_tag` (33 to 64 bytes in all).
 
     Args:
         key: has ``chunk_hash`` (bytes), ``model_name`` (str), ``kv_rank``
@@ -63,20 +108,7 @@ def encode_key(key: Any) -> OffloadKey:
             raise TypeError(f"ObjectKey.{name} must be int, got {type(value).__name__}")
         digest.update(struct.pack("<q", value))  # fixed width: needs no length
     digest.update(length_prefixed(bytes(chunk_hash)))
-    return OffloadKey(digest.digest())
-
-
-def tenant_of(keys: Sequence[Any]) -> str:
-    """The tenant of a batch of LMCache ``ObjectKey`` s: their common ``cache_salt`` (``""`` when they differ).
-
-    LMCache's ``cache_salt`` is the tenant. Isolation needs nothing more (the
-    salt is in every key, :func:`encode_key`); the tenant only tells tiers
-    whose blocks these are (quotas, usage). A batch mixing salts is
-    attributed to the default tenant ``""``.
-    """
-    salts = {getattr(key, "cache_salt", "") for key in keys}
-    salt = salts.pop() if len(salts) == 1 else ""
-    return salt if isinstance(salt, str) else ""
+    return OffloadKey(digest.digest() + salt_tag(key.cache_salt))
 
 
 def namespace_config(object_bytes: int) -> dict[str, Any]:

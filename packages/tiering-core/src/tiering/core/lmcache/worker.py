@@ -30,6 +30,7 @@ _IDLE_WAIT_S = 0.05
 _MIN_POLL_S = 0.0002
 _MAX_POLL_S = 0.005
 _TICK_S = 1.0
+_RESTORE_PER_TICK = 10_000  # keys a restore asks the tier about per tick: LMCache's tasks never wait long on it
 CLOSE_WAIT_S = 60.0
 """How long :meth:`TierWorker.stop` waits for the tier's jobs in flight before failing their tasks."""
 
@@ -44,22 +45,25 @@ class Task:
     """One store, load or lookup task of the adapter.
 
     Attributes:
-        kind: ``"store"``, ``"load"`` or ``"lookup"``.
+        kind: ``"store"``, ``"load"``, ``"lookup"`` or ``"restore"`` (which of
+            ``okeys``, listed at start, the tier holds: no lock, no deadline).
         task_id: the id handed to LMCache.
         keys: LMCache's ``ObjectKey`` s (opaque here).
         okeys: our key of each (:func:`~tiering.core.lmcache.keys.encode_key`).
+        tenants: the cache salt of each key, the tenant of the tier jobs and
+            lookups (a job holds keys of one tenant).
         objects: store: the objects to read; load: the buffers to fill (one per key).
         hits: lookup: the indices found; load: the indices loaded and verified.
         failed: store: some object was not stored (the task fails as a whole).
         bytes_done: store: object bytes stored.
         stored: store: indices stored.
-        tenant: the tenant the task's objects belong to (:func:`~tiering.core.lmcache.keys.tenant_of`).
     """
 
     kind: str
     task_id: int
     keys: Sequence[Any]
     okeys: list[OffloadKey]
+    tenants: Sequence[str] = ()
     objects: Sequence[Any] = ()
     hits: set[int] = dataclasses.field(default_factory=set)
     failed: bool = False
@@ -71,7 +75,10 @@ class Task:
     abandoned: bool = False  # reported failed already; its jobs still in flight only free their rows
     pending: list[int] = dataclasses.field(default_factory=list)  # lookup: keys still "not known yet"
     deadline: float = 0.0
-    tenant: str = ""
+
+    def tenant(self, index: int) -> str:
+        """The tenant (cache salt) of key ``index``; ``""`` when the task names none."""
+        return self.tenants[index] if self.tenants else ""
 
     def done(self) -> bool:
         """Every key handed to the tier and every job reported."""
@@ -108,6 +115,7 @@ class TierWorker:
         # Loads first: LMCache waits on them to serve a request, stores only free L1 later.
         self._waiting: dict[str, collections.deque[Task]] = {"load": collections.deque(), "store": collections.deque()}
         self._lookups: list[Task] = []
+        self._restores: list[Task] = []
         self._jobs: dict[int, tuple[Task, list[int], list[int]]] = {}
         self._free_rows = list(range(len(view)))
         self._job_ids = itertools.count()
@@ -130,8 +138,8 @@ class TierWorker:
     def _row(self, row: int) -> memoryview:
         return self._view[row : row + 1].cast("B")
 
-    def _context(self, task: Task) -> ReqContext:
-        return ReqContext(f"lmcache-{task.kind}-{task.task_id}", tenant=task.tenant)
+    def _context(self, task: Task, index: int) -> ReqContext:
+        return ReqContext(f"lmcache-{task.kind}-{task.task_id}", tenant=task.tenant(index))
 
     # -- the loop ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -157,6 +165,7 @@ class TierWorker:
                     self._fail_all()
                     return
                 if time.monotonic() >= next_tick:
+                    self._poll_restores()
                     self._on_tick()
                     next_tick = time.monotonic() + _TICK_S
             except Exception:
@@ -171,10 +180,10 @@ class TierWorker:
             delay = _MIN_POLL_S if progress else min(delay * 2, _MAX_POLL_S)
 
     def _accept(self, task: Task) -> None:
-        if task.kind == "lookup":
+        if task.kind in ("lookup", "restore"):
             task.pending = list(range(len(task.keys)))
             task.deadline = time.monotonic() + self._lookup_timeout_s
-            self._lookups.append(task)
+            (self._lookups if task.kind == "lookup" else self._restores).append(task)
         else:
             self._waiting[task.kind].append(task)
 
@@ -227,12 +236,22 @@ class TierWorker:
         return kept_i, kept_r
 
     def _submit_job(self, task: Task, indices: list[int], rows: list[int]) -> None:
+        """One tier job per tenant (cache salt) of ``indices``: a job's context names one tenant."""
+        groups: dict[str, tuple[list[int], list[int]]] = {}
+        for index, row in zip(indices, rows, strict=True):
+            group = groups.setdefault(task.tenant(index), ([], []))
+            group[0].append(index)
+            group[1].append(row)
+        for group_indices, group_rows in groups.values():
+            self._submit_one(task, group_indices, group_rows)
+
+    def _submit_one(self, task: Task, indices: list[int], rows: list[int]) -> None:
         job = JobMetadata(
             job_id=next(self._job_ids),
             keys=[task.okeys[i] for i in indices],
             block_ids=rows,
             is_promotion=task.kind == "load",
-            req_context=self._context(task),
+            req_context=self._context(task, indices[0]),
         )
         self._jobs[job.job_id] = (task, indices, rows)
         task.outstanding += 1
@@ -303,12 +322,7 @@ class TierWorker:
         for task in self._lookups:
             pending = []
             for index in task.pending:
-                try:
-                    verdict = self.tier.lookup(task.okeys[index], self._context(task))
-                except Exception:
-                    logger.exception("tiering L2 adapter: tier lookup raised; a miss")
-                    self.errors += 1
-                    verdict = False
+                verdict = self._lookup(task, index)
                 if verdict is None:
                     pending.append(index)
                 elif verdict:
@@ -318,17 +332,36 @@ class TierWorker:
             if pending and now < task.deadline:
                 still.append(task)
                 continue
-            if task.hits:
-                # The lock of a hit: most recently used in the tier's eviction order.
-                try:
-                    self.tier.touch([task.okeys[i] for i in sorted(task.hits)], self._context(task))
-                except Exception:
-                    logger.exception("tiering L2 adapter: tier touch raised")
-                    self.errors += 1
             self._complete(task)
             progress = True
         self._lookups = still
         return progress
+
+    def _lookup(self, task: Task, index: int) -> bool | None:
+        try:
+            return self.tier.lookup(task.okeys[index], self._context(task, index))
+        except Exception:
+            logger.exception("tiering L2 adapter: tier lookup raised; a miss")
+            self.errors += 1
+            return False
+
+    def _poll_restores(self) -> None:
+        """Once a tick: which keys listed at start the tier holds (it may still be scanning: ask again later)."""
+        budget = _RESTORE_PER_TICK
+        for task in self._restores:
+            asked, rest = task.pending[:budget], task.pending[budget:]
+            budget -= len(asked)
+            undecided = []
+            for index in asked:
+                verdict = self._lookup(task, index)
+                if verdict is None:
+                    undecided.append(index)
+                elif verdict:
+                    task.hits.add(index)
+            task.pending = rest + undecided
+            if not task.pending:
+                self._complete(task)
+        self._restores = [task for task in self._restores if task.pending]
 
     # -- completion -----------------------------------------------------------------------
     def _complete(self, task: Task) -> None:
@@ -343,10 +376,10 @@ class TierWorker:
         (it may still be writing into them); only then are the rows reused.
         """
         waiting = [*self._waiting["load"], *self._waiting["store"]]
-        tasks = {id(t): t for t in [*waiting, *self._lookups, *(e[0] for e in self._jobs.values())]}
+        tasks = {id(t): t for t in [*waiting, *self._lookups, *self._restores, *(e[0] for e in self._jobs.values())]}
         for queued in self._waiting.values():
             queued.clear()
-        self._lookups = []
+        self._lookups, self._restores = [], []
         for task in tasks.values():
             if task.completed:
                 continue

@@ -19,6 +19,21 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
+from tiering.core.base import OffloadKey
+from tiering.core.format import MAX_KEY_BYTES
+
+
+def page_key(key: str) -> OffloadKey:
+    """SGLang's page key (hex SHA-256) as a tiering key (its UTF-8 bytes).
+
+    Raises:
+        ValueError: the key is longer than tiering's 64-byte limit.
+    """
+    raw = key.encode()
+    if len(raw) > MAX_KEY_BYTES:
+        raise ValueError(f"SGLang key of {len(raw)} bytes exceeds {MAX_KEY_BYTES} bytes: {key[:80]!r}")
+    return OffloadKey(raw)
+
 
 @dataclasses.dataclass(frozen=True)
 class PageGeometry:

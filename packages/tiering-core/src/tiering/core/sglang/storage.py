@@ -15,6 +15,10 @@ SGLang calls, each blocking, with up to 128 pages, from several threads:
 - ``get`` / ``set`` / ``batch_get`` / ``batch_set`` / ``exists`` (without
   ``interface_v1``): flat page tensors, as SGLang's file backend takes them.
 
+``clear()`` removes every page of this backend's namespace from every tier
+and starts the tiers afresh; ``get_stats()`` gives SGLang's
+``StorageMetrics`` (with ``enable_storage_metrics``).
+
 Every answer SGLang expects as a list of bools is one, never None, even when
 a tier raises (a TypeError on SGLang's storage thread would stop its L3 tier
 without a word). With MLA (KV replicated across TP ranks) only rank 0 writes;
@@ -25,6 +29,7 @@ SWA, indexer: SGLang's ``register_mem_host_pool_v2``) are refused at start.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,9 +37,10 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
 from tiering.core.base import OffloadKey
-from tiering.core.format import MAX_KEY_BYTES
+from tiering.core.inspection import inspector_for
+from tiering.core.sglang.calls import CallGate, CallMetrics
 from tiering.core.sglang.config import BackendConfig, Ranks, parse_extra_config, spec_config
-from tiering.core.sglang.pages import PageGeometry, Staging
+from tiering.core.sglang.pages import PageGeometry, Staging, page_key
 from tiering.core.sglang.stack import TierStack
 from tiering.core.spec import TieringOffloadingSpec
 
@@ -42,18 +48,6 @@ logger = logging.getLogger(__name__)
 
 KV_POOL = "kv"
 """SGLang's name of the KV pool (``PoolName.KV``), the one pool this backend stores."""
-
-
-def _key(key: str) -> OffloadKey:
-    """SGLang's page key (hex SHA-256) as a tiering key (its UTF-8 bytes).
-
-    Raises:
-        ValueError: the key is longer than tiering's 64-byte limit.
-    """
-    raw = key.encode()
-    if len(raw) > MAX_KEY_BYTES:
-        raise ValueError(f"SGLang key of {len(raw)} bytes exceeds {MAX_KEY_BYTES} bytes: {key[:80]!r}")
-    return OffloadKey(raw)
 
 
 class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
@@ -87,9 +81,12 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             is_mla=storage_config.is_mla_model,
         )
         self.stack: TierStack | None = None
+        self.spec: TieringOffloadingSpec | None = None
         self.geometry: PageGeometry | None = None
         self.page_size = 0
         self.refused: str | None = None
+        self._gate = CallGate()
+        self._metrics = CallMetrics() if storage_config.enable_storage_metrics else None
 
     # -- set-up -----------------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -118,18 +115,23 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 page_bytes=self.geometry.page_bytes,
             )
         )
-        staging = Staging(spec.num_primary_blocks, self.geometry.page_bytes)
-        tiers = spec.create_secondary_tiers(staging.view)
-        self.stack = TierStack(tiers, staging, self.config.timeout_s)
+        self.spec = spec
+        self.stack = self._build_stack(spec)
         logger.info(
             "tiering HiCache backend: %d tier(s) (%s), pages of %d bytes, %d staging slots, namespace %s (%s)",
-            len(tiers),
-            ", ".join(t.tier_type for t in tiers),
+            len(self.stack.tiers),
+            ", ".join(t.tier_type for t in self.stack.tiers),
             self.geometry.page_bytes,
-            staging.slots,
+            self.stack.staging.slots,
             spec.namespace.digest,
             spec.namespace.kv_layout,
         )
+
+    def _build_stack(self, spec: TieringOffloadingSpec) -> TierStack:
+        """The tiers of ``spec`` over a new staging buffer of its pages."""
+        assert self.geometry is not None
+        staging = Staging(spec.num_primary_blocks, self.geometry.page_bytes)
+        return TierStack(spec.create_secondary_tiers(staging.view), staging, self.config.timeout_s)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Accept SGLang's KV pool again; refuse any extra pool (hybrid models), which this backend would store half of.
@@ -164,14 +166,15 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     # -- zero-copy interface ----------------------------------------------------------------------
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """The number of leading ``keys`` some tier holds (0 on any error)."""
-        stack = self.stack if self.refused is None else None
-        if stack is None or not keys:
-            return 0
-        try:
-            return stack.leading_run([_key(k) for k in keys])
-        except Exception:
-            logger.exception("tiering batch_exists failed; answered 0")
-            return 0
+        with self._gate.call():
+            stack = self.stack if self.refused is None else None
+            if stack is None or not keys:
+                return 0
+            try:
+                return stack.leading_run([page_key(k) for k in keys])
+            except Exception:
+                logger.exception("tiering batch_exists failed; answered 0")
+                return 0
 
     def exists(self, key: str) -> bool:
         """Whether some tier holds ``key``."""
@@ -185,10 +188,11 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         Returns:
             Per key, True when its page was read and verified into the host pool.
         """
-        stack = self._ready("batch_get_v1", True)
-        if stack is None:
-            return [False] * len(keys)
-        return self._pages(stack, keys, host_indices, load=True)
+        with self._gate.call():
+            stack = self._ready("batch_get_v1", True)
+            if stack is None:
+                return [False] * len(keys)
+            return self._pages(stack, keys, host_indices, load=True)
 
     def batch_set_v1(
         self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
@@ -201,10 +205,11 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """
         if not self.ranks.writer:
             return [True] * len(keys)
-        stack = self._ready("batch_set_v1", True)
-        if stack is None:
-            return [False] * len(keys)
-        return self._pages(stack, keys, host_indices, load=False)
+        with self._gate.call():
+            stack = self._ready("batch_set_v1", True)
+            if stack is None:
+                return [False] * len(keys)
+            return self._pages(stack, keys, host_indices, load=False)
 
     def _pages(self, stack: TierStack, keys: list[str], host_indices: torch.Tensor, *, load: bool) -> list[bool]:
         """Move the pages at ``host_indices`` between the host pool and the tiers; per key whether it moved."""
@@ -214,7 +219,7 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 raise ValueError(f"{len(host_indices)} host indices for {len(keys)} pages of {self.page_size} tokens")
             pointers, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
             pages = self.geometry.segments(pointers, sizes, len(keys))
-            return self._run(stack, [_key(k) for k in keys], pages, load)
+            return self._run(stack, [page_key(k) for k in keys], pages, load)
         except Exception:
             logger.exception("tiering %s of %d pages failed", "load" if load else "store", len(keys))
             return [False] * len(keys)
@@ -222,11 +227,15 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def _run(
         self, stack: TierStack, keys: Sequence[OffloadKey], pages: list[list[tuple[int, int]]], load: bool
     ) -> list[bool]:
-        """:meth:`_chunk` over chunks of at most all staging slots."""
+        """:meth:`_chunk` over chunks of at most all staging slots (recorded for :meth:`get_stats`)."""
         ok: list[bool] = []
         chunk = stack.staging.slots
+        started = time.perf_counter()
         for start in range(0, len(keys), chunk):
             ok.extend(self._chunk(stack, keys[start : start + chunk], pages[start : start + chunk], load))
+        if self._metrics is not None and self.geometry is not None:
+            moved = sum(ok) * self.geometry.page_bytes
+            self._metrics.record(load=load, pages=len(keys), moved_bytes=moved, seconds=time.perf_counter() - started)
         return ok
 
     def _chunk(
@@ -256,18 +265,19 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         A target is a contiguous CPU tensor of one page (SGLang's file
         backend's form) or an ``(address, bytes)`` pair (Mooncake's form).
         """
-        stack = self._ready(what, False)
-        if stack is None or self.geometry is None:
-            return [False] * len(keys)
-        page_bytes = self.geometry.page_bytes
-        try:
-            if len(targets) != len(keys):
-                raise ValueError(f"{what}: {len(keys)} keys but {len(targets)} pages")
-            pages = [[_flat_page(what, key, target, page_bytes)] for key, target in zip(keys, targets, strict=True)]
-            return self._run(stack, [_key(k) for k in keys], pages, load)
-        except Exception:
-            logger.exception("tiering %s of %d pages failed", what, len(keys))
-            return [False] * len(keys)
+        with self._gate.call():
+            stack = self._ready(what, False)
+            if stack is None or self.geometry is None:
+                return [False] * len(keys)
+            page_bytes = self.geometry.page_bytes
+            try:
+                if len(targets) != len(keys):
+                    raise ValueError(f"{what}: {len(keys)} keys but {len(targets)} pages")
+                pages = [[_flat_page(what, k, target, page_bytes)] for k, target in zip(keys, targets, strict=True)]
+                return self._run(stack, [page_key(k) for k in keys], pages, load)
+            except Exception:
+                logger.exception("tiering %s of %d pages failed", what, len(keys))
+                return [False] * len(keys)
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         """Read ``key`` into ``target_location``.
@@ -308,9 +318,57 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         return all(self._flat("batch_set", targets, keys, False))
 
     # -- lifecycle --------------------------------------------------------------------------------
+    def clear(self) -> bool:
+        """Remove every page of this backend's namespace from every tier, then start the tiers afresh.
+
+        SGLang calls it to flush its storage tier; calls running finish
+        first, new ones wait. Other namespaces (models, ranks, engines)
+        stay. With MLA only rank 0 removes pages (the ranks share its
+        namespace); every rank restarts its tiers, so none answers from a
+        stale index. A tier without an inspector keeps nothing across a
+        restart: the restart empties it.
+
+        Returns:
+            True when every tier's namespace was removed and the tiers
+            restarted; False (logged) otherwise, or before
+            ``register_mem_pool_host``, after ``close``, or for a refused hybrid model.
+        """
+        if self.spec is None or self.refused is not None:
+            logger.error(
+                "tiering HiCache backend: clear before register_mem_pool_host, after close or on a refused model"
+            )
+            return False
+        with self._gate.exclusive():
+            stack, self.stack = self.stack, None
+            if stack is not None:
+                stack.shutdown()
+            ok, removed = True, 0
+            for index, entry in enumerate(self.config.tiering["secondary_tiers"] if self.ranks.writer else ()):
+                try:
+                    inspector = inspector_for(entry, index)
+                    removed += inspector.remove_namespace(self.spec.namespace.digest) if inspector else 0
+                except Exception:
+                    logger.exception("tiering HiCache backend: clearing secondary_tiers[%d] failed", index)
+                    ok = False
+            try:
+                self.stack = self._build_stack(self.spec)
+            except Exception:
+                logger.exception("tiering HiCache backend: restarting the tiers after clear failed; calls now fail")
+                return False
+        logger.info("tiering HiCache backend: cleared %d page(s) of namespace %s", removed, self.spec.namespace.digest)
+        return ok
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` of the calls since the last one (see :meth:`CallMetrics.take`).
+
+        None without ``enable_storage_metrics`` (SGLang then never asks).
+        """
+        return self._metrics.take() if self._metrics is not None else None
+
     def close(self) -> None:
         """Shut the tiers down (SGLang calls this when it detaches the backend)."""
-        stack, self.stack = self.stack, None
+        with self._gate.exclusive():
+            stack, self.stack, self.spec = self.stack, None, None  # no clear brings the tiers back
         if stack is not None:
             stack.shutdown()
 
