@@ -164,7 +164,8 @@ class RedisSecondaryTierManager(JobReporting, RedisBlockIO, SecondaryTierManager
         )
         self.index = CapacityIndex(capacity)
         self.jobs = JobTracker()
-        self.events = KVEventLog(self.medium)
+        self.events = KVEventLog(self.medium, tier=self.tier_type, locality="fleet" if eviction == "tier" else "remote")
+        self.index.attach_events(self.events)
         self.counters = Counters(_COUNTERS)
         n = settings["max_connections"]
         self.pool = IOPool(

@@ -172,7 +172,9 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
         self._counters = Counters(_COUNTERS)
         self._index = CapacityIndex(capacity_bytes)
         self.jobs = JobTracker()
-        self.events = KVEventLog(self.medium)
+        # A bucket is shared: a block one engine stores is a hit for every engine of the namespace.
+        self.events = KVEventLog(self.medium, tier=self.tier_type, locality="fleet")
+        self._index.attach_events(self.events)
         self._pool = IOPool(max_concurrency, 0, name="tiering-s3")
         self._io = io = BlockIO(
             self._client,
@@ -182,7 +184,6 @@ class S3SecondaryTierManager(JobReporting, SecondaryTierManager):
             self.block,
             self._index,
             self._counters,
-            self.events,
             self._pool,
             self._redact,
         )

@@ -136,6 +136,7 @@ class CapacityIndex(IndexState):
         """
         with self._lock:
             self._touched.apply(self._resident)
+            new: list[OffloadKey] = []
             for key, ok in outcomes:
                 entry = self._writing[key]
                 entry[1] -= 1
@@ -148,8 +149,9 @@ class CapacityIndex(IndexState):
                 self._writing_bytes -= size
                 if not entry[3]:
                     self._waiting_bytes -= size
-                if entry[2]:
-                    self._insert(key, size)
+                if entry[2] and self._insert(key, size):
+                    new.append(key)
+            self._record_stored(new, "store")
             self._space.notify_all()
 
     def wait_for_room(self, keys: Sequence[OffloadKey], timeout_s: float) -> list[bool]:
@@ -240,13 +242,16 @@ class CapacityIndex(IndexState):
         n = 0
         with self._lock:
             self._touched.apply(self._resident)
+            new: list[OffloadKey] = []
             for key, size in found:
                 if key in self._resident:
                     self._resident.move_to_end(key)
                     n += 1
                 elif self._may_adopt(key, ticket):
                     self._insert(key, size)
+                    new.append(key)
                     n += 1
+            self._record_stored(new, "found")
             if n:
                 self._space.notify_all()
         return n
@@ -256,15 +261,17 @@ class CapacityIndex(IndexState):
             return False
         return not self._epochs.removed_since(key, ticket)
 
-    def _insert(self, key: OffloadKey, size: int) -> None:
+    def _insert(self, key: OffloadKey, size: int) -> bool:
+        """Make ``key`` resident (most recently used); True when it was not resident before."""
         old = self._resident.pop(key, None)
         if old is not None:
             self._resident_bytes -= old[0]
         self._resident[key] = (size, self._epochs.tick())
         self._resident_bytes += size
+        return old is None
 
     # -- removal and eviction ------------------------------------------------------------
-    def remove(self, key: OffloadKey, delete: bool = True) -> Victim | None:
+    def remove(self, key: OffloadKey, delete: bool = True, cause: str = "deleted") -> Victim | None:
         """Take ``key`` out of the resident set (a block found bad, or gone).
 
         Args:
@@ -272,32 +279,31 @@ class CapacityIndex(IndexState):
             delete: True when the caller will delete the bytes: the key stays
                 counted (DELETING) until :meth:`deleted`; False when the bytes
                 are known gone (forgotten at once).
+            cause: why, for the KV event (:data:`~tiering.core.toolkit.events.REMOVED_CAUSES`).
 
         Returns:
             The victim to delete (``delete`` True and the key was resident), else None.
         """
         with self._lock:
             self._touched.apply(self._resident)
-            entry = self._resident.pop(key, None)
-            if entry is None:
+            if key not in self._resident:
                 return None
-            self._resident_bytes -= entry[0]
-            self._epochs.removed(key)
+            (size,) = self._drop((key,), cause)
             if not delete:
                 self._space.notify_all()
                 return None
-            return self._deletes.hand_out(key, entry[0])
+            return self._deletes.hand_out(key, size)
 
     def _make_room(self, need: int) -> tuple[Victim, ...]:
         cap = self.capacity_bytes
         if cap is None:
             return ()
-        victims: list[Victim] = []
-        while self._resident and self._committed() + need > cap:
-            key, (size, _) = self._resident.popitem(last=False)
-            self._resident_bytes -= size
-            self._epochs.removed(key)
-            victims.append(self._deletes.hand_out(key, size))
+        over, lru, keys = self._committed() + need - cap, iter(self._resident.items()), list[OffloadKey]()
+        while over > 0 and len(keys) < len(self._resident):
+            key, (size, _) = next(lru)
+            keys.append(key)
+            over -= size
+        victims = [self._deletes.hand_out(k, size) for k, size in zip(keys, self._drop(keys, "eviction"), strict=True)]
         self._evictions += len(victims)
         self._evicted_bytes += sum(v.size for v in victims)
         return tuple(victims)
@@ -372,11 +378,9 @@ class CapacityIndex(IndexState):
                 self._resident[key] = (size, self._epochs.tick())
                 self._resident.move_to_end(key, last=False)
                 self._resident_bytes += size
+            self._record_stored(added, "found")
             vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
-            for key in vanished:
-                size, _ = self._resident.pop(key)
-                self._resident_bytes -= size
-                self._epochs.removed(key)
+            self._drop(vanished, "vanished")
             confirmed = self._deletes.settle_absent(found)
             self._space.notify_all()
             return ReconcileReport(tuple(added), tuple(vanished), confirmed)

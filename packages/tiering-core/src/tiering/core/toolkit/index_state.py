@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit.deletes import DeleteLedger
 from tiering.core.toolkit.epochs import RemovalEpochs
+from tiering.core.toolkit.events import KVEventLog
 from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.index_types import KeyState
 from tiering.core.toolkit.touches import TouchQueue
@@ -52,6 +53,58 @@ class IndexState:
         self._evicted_bytes = 0
         self._touched = TouchQueue()  # touched without the lock; applied before the LRU order is read
         self.owner = ProcessOwner("this tier's index")  # a forked child's copy refuses lookups (no dead lock)
+        self._events: KVEventLog | None = None
+
+    def attach_events(self, events: KVEventLog) -> None:
+        """Record every change of the resident set in ``events``, under the index's lock (so in order).
+
+        A key entering the resident set is ``BlockStored`` (cause ``store``
+        for a commit, ``found`` for an adoption or a rescan), a key leaving it
+        ``BlockRemoved`` (``eviction`` when evicted to make room, else the
+        cause its remover gives); :meth:`announce` re-announces. The log's
+        re-announcer (after events were dropped at its bound) is set to
+        :meth:`announce`. Blocks already resident are announced at once.
+        """
+        events.reannounce = self.announce
+        with self._lock:
+            self._events = events
+            self._touched.apply(self._resident)
+            events.record_stored(self._resident, "announce")
+
+    def announce(self, cause: str) -> None:
+        """Record ``TierCleared(cause)`` and every resident key (cause ``announce``); no log attached: nothing.
+
+        For a consumer that missed events (the tier reconnected, events were
+        dropped): after it, the consumer holds exactly the resident keys.
+        """
+        with self._lock:
+            if self._events is not None:
+                self._touched.apply(self._resident)
+                self._events.record_cleared(cause, self._resident)
+
+    def _record_stored(self, keys: list[OffloadKey], cause: str) -> None:
+        # Called under the lock, so a consumer sees the changes in the order they happened.
+        if keys and self._events is not None:
+            self._events.record_stored(keys, cause)
+
+    def _record_removed(self, keys: Iterable[OffloadKey], cause: str) -> None:
+        if self._events is not None:
+            self._events.record_removed(keys, cause)
+
+    def _drop(self, keys: Sequence[OffloadKey], cause: str) -> list[int]:
+        """Take resident ``keys`` out of the resident set, recording their removal with ``cause``; their sizes.
+
+        Every path that removes resident keys goes through here (call it
+        under the lock), so each removal has its KV event, in order.
+        """
+        sizes = []
+        for key in keys:
+            size, _ = self._resident.pop(key)
+            self._resident_bytes -= size
+            self._epochs.removed(key)
+            sizes.append(size)
+        self._record_removed(keys, cause)
+        return sizes
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
