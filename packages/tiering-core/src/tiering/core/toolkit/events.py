@@ -52,11 +52,12 @@ STORED_CAUSES = ("store", "promotion", "found", "announce")
 tier (``promotion``), a read or a rescan found it written elsewhere (``found``), or the tier re-announces what it
 holds after a :class:`TierCleared` (``announce``)."""
 
-REMOVED_CAUSES = ("eviction", "ttl", "quota", "corrupt", "vanished", "deleted")
+REMOVED_CAUSES = ("eviction", "ttl", "quota", "corrupt", "vanished", "deleted", "forgotten")
 """Why a block disappeared: evicted to make room (``eviction``), expired (``ttl``), evicted for a tenant's
 quota (``quota``), found corrupt on a load and dropped (``corrupt``), found gone by a read or a rescan (``vanished``:
 deleted by ``tiering gc`` / ``verify --remove`` from another process, by the server, by hand), deleted through the
-tier (``deleted``: ``gc`` / ``verify --remove`` of this process)."""
+tier (``deleted``), or no longer tracked though a server may still hold it (``forgotten``: redis with
+``eviction: "server"`` bounds what it remembers)."""
 
 CLEARED_CAUSES = ("startup", "reconnect", "overflow")
 """Why a tier's blocks are re-announced: the tier started (``startup``), it reconnected to a server whose data
@@ -90,7 +91,7 @@ class BlockRemoved:
     Attributes:
         keys: the blocks' keys.
         medium: the tier's medium.
-        cause: why (:data:`REMOVED_CAUSES`; a backend may add its own, e.g. redis ``"server_restart"``).
+        cause: why (:data:`REMOVED_CAUSES`).
         tier: the tier's registered name.
         locality: :data:`LOCALITIES`.
     """
