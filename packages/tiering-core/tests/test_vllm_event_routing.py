@@ -195,13 +195,14 @@ def _rescan(tier: Any) -> None:
         time.sleep(0.01)
 
 
-def _tiering_cli(tmp_path: Path, tier_config: dict[str, Any], *argv: str) -> None:
+def _tiering_cli(tmp_path: Path, tier_config: dict[str, Any], *argv: str) -> int:
+    """Run ``tiering <argv[0]> CONFIG <argv[1:]>`` over a stack of ``tier_config``; returns the exit status."""
     from tiering.core.cli import main
 
     config = {"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": "events/routing"}
     path = tmp_path / "gc-config.json"
     path.write_text(json.dumps({**config, "secondary_tiers": [tier_config]}))
-    assert main([argv[0], str(path), *argv[1:]]) == 0
+    return main([argv[0], str(path), *argv[1:]])
 
 
 def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failover(
@@ -254,7 +255,7 @@ def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failo
             assert stack.drift("restart") == {"tiering_fs": 0, "tiering_redis": 0}
             assert _entries([gone]).isdisjoint(router.snapshot("tiering_fs"))
             # `tiering gc` down to two blocks, then a rescan of the running tier finds them gone
-            _tiering_cli(tmp_path, fs_config, "gc", "--to-bytes", str(2 * (BLOCK + 4096)))
+            assert _tiering_cli(tmp_path, fs_config, "gc", "--to-bytes", str(2 * (BLOCK + 4096))) == 0
             fs_tier = stack.tiers["tiering_fs"]
             _rescan(fs_tier)
             assert stack.drift("gc") == {"tiering_fs": 0, "tiering_redis": 0}
@@ -264,7 +265,7 @@ def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failo
             data = bytearray(path.read_bytes())
             data[10] ^= 0xFF
             path.write_bytes(bytes(data))
-            _tiering_cli(tmp_path, fs_config, "verify", "--remove")
+            assert _tiering_cli(tmp_path, fs_config, "verify", "--remove") == 1  # 1: it found (and removed) one
             _rescan(fs_tier)
             assert stack.drift("verify --remove") == {"tiering_fs": 0, "tiering_redis": 0}
             assert len(router.snapshot("tiering_fs")) == 1
