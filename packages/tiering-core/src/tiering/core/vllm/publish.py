@@ -22,7 +22,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.toolkit.events import BlockRemoved, BlockStored, HeldKeys
 from tiering.core.vllm.compat import (
     AllBlocksCleared,
@@ -87,11 +86,13 @@ class StackEventPublisher:
     not thread safe (one caller).
 
     Args:
-        tiers: the tier's name on the wire (``ownership``) -> tiering tier.
+        tiers: the tier's name on the wire (``ownership``) -> a tiering tier, or the stack's
+            :class:`~tiering.core.primary.tier.CPUPrimaryTier` (anything with ``take_events()``
+            and a ``medium`` class attribute).
         publisher: a vLLM ``EventPublisher`` (``ZmqEventPublisher``...); not shut down here.
     """
 
-    def __init__(self, tiers: Mapping[str, TieringTierManager], publisher: EventPublisher) -> None:
+    def __init__(self, tiers: Mapping[str, Any], publisher: EventPublisher) -> None:
         self.tiers = dict(tiers)
         self.publisher = publisher
         self._held = {name: HeldKeys() for name in self.tiers}
