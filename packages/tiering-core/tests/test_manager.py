@@ -349,3 +349,26 @@ def test_c18_other_tier_calls_raising_never_escape(raise_in):
     if raise_in == "submit_store":
         # the fill of keys 2, 3 (loaded from tier 1) and the new store: both refused, both reported failed
         assert manager.metrics.value("jobs_total", index="0", kind="store", outcome="failed") == 2
+
+
+def test_primary_events_name_stores_promotions_and_evictions(stack):
+    manager, tiers = stack
+    keys = [make_key(i) for i in range(6)]
+    store_in_batches(manager, tiers, keys)  # 4 slots: keys 0, 1 evicted from the primary tier
+    ctx = ReqContext("b")
+    assert manager.lookup(keys[:2], ctx) == 2
+    manager.prepare_load(keys[:2], ctx)  # promoted back: keys 2, 3 make room
+    finish(manager, tiers)
+    manager.complete_load(ctx)
+    events = manager.primary.take_events()
+    assert {(e.medium, e.tier, e.locality) for e in events} == {("cpu", "primary", "local")}
+    assert [(type(e).__name__, e.cause, e.keys) for e in events[1:]] == [
+        ("BlockStored", "store", tuple(keys[0:2])),
+        ("BlockStored", "store", tuple(keys[2:4])),
+        ("BlockRemoved", "eviction", (keys[0],)),
+        ("BlockRemoved", "eviction", (keys[1],)),
+        ("BlockStored", "store", tuple(keys[4:6])),
+        ("BlockRemoved", "eviction", (keys[2],)),
+        ("BlockRemoved", "eviction", (keys[3],)),
+        ("BlockStored", "promotion", tuple(keys[0:2])),
+    ]

@@ -74,6 +74,22 @@ def test_fs_tier_events_reach_vllms_manager_stored_evicted_vanished(tmp_path: An
         assert vanished == [survivor]
 
 
+def test_a_re_announcement_reaches_vllm_as_removals_then_stores(tmp_path: Any) -> None:
+    from tiering.core.vllm import testing
+
+    entry = {"type": "tiering_fs", "module_path": MODULE, "root": str(tmp_path / "kv"), "enable_kv_events": True}
+    extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 32 * ROW, "secondary_tiers": [entry]}
+    with testing.vllm_manager(extra, worker_kv_bytes_per_block=ROW, enable_kv_cache_events=True) as (_, mgr, drv):
+        keys = sorted(testing.make_key(i, seed=b"announce") for i in range(3))
+        drv.finish(drv.store([keys], lambda k: testing.payload(k, drv.row_bytes)))
+        drv.wait_idle()
+        assert [(e.removed, sorted(e.keys)) for e in _take(mgr)] == [(False, keys)]
+        (wrapper,) = [t for t in mgr.secondary_tiers if t.tier_type == "tiering_fs"]
+        wrapper._guard.tier.index.announce("reconnect")  # as the redis tier does after a failover
+        # vLLM has no clear of one tier: what it was told is removed, then what the tier holds is stored
+        assert [(e.removed, sorted(e.keys)) for e in _take(mgr)] == [(True, keys), (False, keys)]
+
+
 def test_events_stay_off_unless_the_entry_and_the_engine_ask(tmp_path: Any) -> None:
     from tiering.core.vllm import testing
 

@@ -57,9 +57,10 @@ def test_stores_publish_kv_events_once_per_new_block(spec_view):
     tier.submit_store(JobMetadata(1, [make_key(1), make_key(2)], [0, 1], False, ReqContext("r")))
     tier.submit_store(JobMetadata(2, [make_key(2), make_key(3)], [1, 2], False, ReqContext("r")))
     events = tier.take_events()
-    assert [(type(e).__name__, list(e.keys), e.medium) for e in events] == [
-        ("BlockStored", [make_key(1), make_key(2)], "cpu"),
-        ("BlockStored", [make_key(3)], "cpu"),
+    assert [(type(e).__name__, list(e.keys), e.medium, e.tier) for e in events] == [
+        ("TierCleared", [], "cpu", "example"),  # the start-up clear: nothing held yet
+        ("BlockStored", [make_key(1), make_key(2)], "cpu", "example"),
+        ("BlockStored", [make_key(3)], "cpu", "example"),
     ]
     assert tier.take_events() == []
 

@@ -16,7 +16,7 @@ from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.core.toolkit import BlockRemoved, BlockStored
+from tiering.core.toolkit import BlockRemoved, BlockStored, TierCleared
 from tiering.fs import FsspecSecondaryTierManager, RootNotUsableError
 from tiering.fs.inspection import FsInspector
 from tiering.fs.layout import HOST, TRAILER_BYTES, shard_of, temp_namer
@@ -403,13 +403,15 @@ def test_kv_events_for_stores_evictions_and_removals_seen_by_a_rescan(tmp_path, 
     keys = [make_key(i, b"ev") for i in range(3)]
     assert all(store(tier, view, [key]) for key in keys)  # one job each: a known LRU order
     events = tier.take_events()
+    assert events[0] == TierCleared("storage", "startup", "fs", "local")
     stored = [e for e in events if isinstance(e, BlockStored)]
-    assert {e.medium for e in stored} == {"storage"}
+    assert {(e.medium, e.cause, e.tier, e.locality) for e in stored} == {("storage", "store", "fs", "local")}
     assert sorted(k for e in stored for k in e.keys) == sorted(keys)  # one event per share settled
-    assert [e for e in events if isinstance(e, BlockRemoved)] == [BlockRemoved((keys[0],), "storage", "eviction")]
+    removed = [e for e in events if isinstance(e, BlockRemoved)]
+    assert removed == [BlockRemoved((keys[0],), "storage", "eviction", "fs", "local")]
     os.unlink(tier.block_path(keys[1]))  # removed behind the tier's back (another process, tiering gc)
     rescan(tier)
-    assert tier.take_events() == [BlockRemoved((keys[1],), "storage", "vanished")]
+    assert tier.take_events() == [BlockRemoved((keys[1],), "storage", "vanished", "fs", "local")]
     assert tier.lookup(keys[1], CTX) is False and tier.take_events() == []
 
 

@@ -333,7 +333,7 @@ class TieringManager:
         kept = set(meta.keys) if finished.success else set(finished.loaded)
         ok = [key for key in meta.keys if key in kept]
         failed = [key for key in meta.keys if key not in kept]
-        self.primary.complete_write(ok, True)
+        self.primary.complete_write(ok, True, "promotion")
         self.primary.complete_write(failed, False)
         self.primary.pin(ok, record_access=False)
         load.pinned.extend(ok)

@@ -57,7 +57,7 @@ class ExampleSecondaryTierManager(JobReporting, SecondaryTierManager):
         self.custom_param: int = EXAMPLE_SCHEMA.check_value("custom_param", custom_param)
         self._blocks: dict[OffloadKey, bytes] = {}
         self.jobs = JobTracker()
-        self.events = KVEventLog(self.medium)
+        self.events = KVEventLog(self.medium, tier=self.tier_type)
         logger.info("example tier %r ready (custom_param=%d)", tier_type, custom_param)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool:

@@ -168,7 +168,8 @@ class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, Second
         self.jobs = JobTracker()
         self.counters = Counters(_COUNTERS)
         self._lookup_counts = dict.fromkeys(_LOOKUP_COUNTERS, 0)
-        self.events = KVEventLog(self.medium)
+        self.events = KVEventLog(self.medium, tier=self.tier_type, locality="local")
+        self.index.attach_events(self.events)
         self._stopping = False
         self._temp_bytes = 0
         self._last_scan_s = 0.0
@@ -177,9 +178,7 @@ class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, Second
         self.pool = IOPool(
             cfg.n_read_threads, cfg.n_write_threads, name="tiering-fs", min_batch=share, reader_help_batch=share
         )
-        self.transfers = Transfers(
-            self.index, self.files, self.counters, self.events, self.pool, self.block, self._is_stopping
-        )
+        self.transfers = Transfers(self.index, self.files, self.counters, self.pool, self.block, self._is_stopping)
         self._lookup_cache: LookupCache | None = None
         if self.lookup_fallback == "async":
             self._lookup_cache = LookupCache(

@@ -9,7 +9,7 @@ its bytes in the :class:`~tiering.core.toolkit.index.CapacityIndex` in one
 lock round (so ``lookup`` answers None while they are written), deletes the
 evicted victims, moves the blocks through
 :class:`~tiering.fs.blocks.BlockFiles` in one call, and settles the share
-with one round per lock: index (commit / adopt), counters, KV events, job
+with one round per lock: index (commit / adopt, which records the KV events), counters, job
 outcomes (one round per job).
 
 Loads take an index ticket before reading, so a block evicted while it was
@@ -43,7 +43,6 @@ from tiering.core.toolkit import (
     Counters,
     IOPool,
     KeyState,
-    KVEventLog,
     PoolShutdownError,
     Victim,
 )
@@ -77,7 +76,6 @@ class Transfers:
         index: the tier's block index.
         files: the tier's block files.
         counters: the tier's counters (stats vocabulary names).
-        events: the tier's KV event log.
         pool: the tier's I/O pool.
         slot: primary slot ``block_id`` -> its ``memoryview`` (``block_bytes`` long).
         stopping: True once the tier is shutting down (blocks not yet moved then fail as ``shutdown``).
@@ -91,7 +89,6 @@ class Transfers:
         index: CapacityIndex,
         files: BlockFiles,
         counters: Counters,
-        events: KVEventLog,
         pool: IOPool,
         slot: Callable[[int], memoryview],
         stopping: Callable[[], bool],
@@ -99,7 +96,6 @@ class Transfers:
         self.index = index
         self.files = files
         self.counters = counters
-        self.events = events
         self.pool = pool
         self.slot = slot
         self._is_stopping = stopping
@@ -157,7 +153,7 @@ class Transfers:
 
         One index lock round reserves the share's blocks (evicting LRU blocks
         as the cap needs), the victims are deleted, one native call writes
-        every reserved block; the index, counters, KV events and job outcomes
+        every reserved block; the index (and its KV events), counters and job outcomes
         then take one round per lock. A reservation is always committed or
         released, also when this raises.
         """
@@ -267,7 +263,6 @@ class Transfers:
             self.index.commit_many(commits)
         if stored:
             self.counters.add({"blocks_stored": len(stored), "bytes_stored": len(stored) * self.block_bytes})
-            self.events.record_stored(stored)
         if full:
             self.counters.inc("disk_full_stores", full)
             self._fit_cap_to_disk()
@@ -348,16 +343,16 @@ class Transfers:
         cause = failure_cause(exc, load=True, in_index=known)
         _log_failure("load", key, cause, exc)
         if isinstance(exc, BlockFormatError):
-            victim = self.index.remove(key, delete=True)
+            victim = self.index.remove(key, delete=True, cause="corrupt")
             if victim is not None:
                 self.delete([victim], "bad")
             elif self.files.remove(key):
                 self.counters.inc("bad_blocks_removed")
         elif isinstance(exc, FileNotFoundError) and known:
-            self.index.remove(key, delete=False)
+            self.index.remove(key, delete=False, cause="vanished")
             self.forget([key], "vanished")
         elif cause == "foreign" and known:  # a symlink put in its place: not ours to serve or to delete
-            self.index.remove(key, delete=False)
+            self.index.remove(key, delete=False, cause="corrupt")
             self.forget([key], "foreign")
         return cause
 
@@ -387,10 +382,9 @@ class Transfers:
         return self.index.wait_for_room(keys, 0.0 if self._stopping else ROOM_WAIT_S)
 
     def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
-        if keys:
-            self.events.record_removed(keys, reason)
-            if self.on_removed is not None:
-                self.on_removed(keys)
+        # The KV events were recorded by the index when the keys left its resident set.
+        if keys and self.on_removed is not None:
+            self.on_removed(keys)
 
 
 def _log_failure(what: str, key: OffloadKey, cause: str, exc: BaseException) -> None:

@@ -60,7 +60,6 @@ class RedisBlockIO(RedisServerSync):
             outcomes = [(v.key, not isinstance(r, Exception)) for v, r in zip(batch, results, strict=True)]
             if accounted:
                 self.index.deleted_many(outcomes)
-            self.events.record_removed([k for k, ok in outcomes if ok], reason)
 
         def failed(batch: Sequence[Victim], exc: BaseException) -> None:
             if accounted:
@@ -123,7 +122,6 @@ class RedisBlockIO(RedisServerSync):
         self.index.commit_many(commits)
         self._trim_known()
         self.lookups.invalidate(k for k, ok in commits if not ok)
-        self.events.record_stored(new)
         record_tasks(outcomes)
         if self.fleet is not None and new:
             try:
@@ -170,20 +168,16 @@ class RedisBlockIO(RedisServerSync):
         if not victims:
             return
         for key in victims:
-            self.index.remove(key, delete=False)
+            self.index.remove(key, delete=False, cause="eviction")
         self.lookups.invalidate(victims)
         self.counters.inc("fleet_evictions", len(victims))
         pipe = self._pipeline()
         for key in victims:
             pipe.unlink(self.block_key(key))
         try:
-            results = pipe.execute(raise_on_error=False)
+            pipe.execute(raise_on_error=False)
         except Exception as exc:
             self._count_error(exc, f"UNLINK of {len(victims)} evicted blocks")
-            results = [exc] * len(victims)
-        self.events.record_removed(
-            [k for k, r in zip(victims, results, strict=True) if not isinstance(r, Exception)], "eviction"
-        )
 
     def flush_touches(self) -> None:
         """Eviction "tier": send the touches queued by :meth:`touch` to the fleet's LRU (on an I/O thread)."""

@@ -84,7 +84,7 @@ class RedisServerSync:
         for key in self.index.keys():  # noqa: SIM118 (a snapshot, LRU first; the index is not iterable)
             if surplus <= 0:
                 break
-            self.index.remove(key, delete=False)
+            self.index.remove(key, delete=False, cause="forgotten")  # still on the server: lookups ask it
             surplus -= self.object_bytes
             forgotten.append(key)
         self.lookups.invalidate(forgotten)
@@ -173,7 +173,6 @@ class RedisServerSync:
             )
         else:
             self.lookups.invalidate(vanished)
-            self.events.record_removed(vanished, "server_restart")
             logger.warning(
                 "redis tier: %s restarted (new run_id, a new data set); forgot %d blocks it may no longer hold",
                 self.location,
@@ -183,16 +182,18 @@ class RedisServerSync:
                 self._client.set(self.layout.namespace_key(self.digest), self._namespace_record, nx=True)
             except Exception as exc:
                 self._count_error(exc, "writing the namespace record again")
+        # A consumer of the KV events may have missed some around the change: re-announce what is known.
+        self.index.announce("reconnect")
         if self.settings["startup_scan"]:
             self.pool.submit_call("read", lambda: self._scan(replace=True))
 
     def _forget(self, keys: Iterable[OffloadKey], reason: str) -> None:
         """Keys known gone (a load found them missing): out of the index and the lookup cache."""
         keys = list(keys)
+        cause = "corrupt" if reason == "bad" else reason
         for key in keys:
-            self.index.remove(key, delete=False)
+            self.index.remove(key, delete=False, cause=cause)
         self.lookups.mark_absent(keys)
-        self.events.record_removed(keys, reason)
         if self.fleet is not None and keys:
             try:
                 self.fleet.removed(keys)
@@ -234,7 +235,6 @@ class RedisServerSync:
                 else:
                     self.index.adopt_many(found.items(), ticket)
             self.lookups.invalidate(vanished)
-            self.events.record_removed(vanished, "vanished")
             self.counters.inc("scanned_blocks", len(found))
             self._delete(self.index.evict_to_cap(), "eviction")
             if self.fleet is not None:

@@ -183,7 +183,8 @@ class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBl
         self.index.keep = self.pins.protects
         self.pins.refresh()  # before the start-up scan evicts down to the cap
         self.jobs = JobTracker()
-        self.events = KVEventLog(self.medium)
+        self.events = KVEventLog(self.medium, tier=self.tier_type, locality="fleet" if eviction == "tier" else "remote")
+        self.index.attach_events(self.events)
         self.counters = Counters(_COUNTERS)
         n = settings["max_connections"]
         self.pool = IOPool(

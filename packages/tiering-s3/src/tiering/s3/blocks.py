@@ -34,7 +34,6 @@ from tiering.core.toolkit import (
     IOPool,
     JobState,
     KeyState,
-    KVEventLog,
     LookupCache,
     record_tasks,
 )
@@ -67,7 +66,6 @@ class BlockIO:
         slot: primary slot index -> its writable ``block_bytes`` view.
         index: the tier's capacity index.
         counters: the tier's counters.
-        events: the tier's KV event log.
         pool: the tier's I/O pool (HEADs of a lookup batch run on it).
         redact: removes credentials from text.
     """
@@ -81,7 +79,6 @@ class BlockIO:
         slot: Callable[[int], memoryview],
         index: CapacityIndex,
         counters: Counters,
-        events: KVEventLog,
         pool: IOPool,
         redact: Redactor,
     ) -> None:
@@ -94,10 +91,9 @@ class BlockIO:
         self.block = slot
         self._index = index
         self._counters = counters
-        self._events = events
         self._pool = pool
         self._redact = redact
-        self._deleter = Deleter(client, layout.block, index, counters, events, threads=pool.n_read_threads)
+        self._deleter = Deleter(client, layout.block, index, counters, threads=pool.n_read_threads)
         self._lookups: LookupCache | None = None
         self._closed = False
         self.last_scan_s = 0.0
@@ -181,7 +177,6 @@ class BlockIO:
             found.sort(key=lambda entry: entry[0])
             born = {key: modified for modified, key, _ in found}  # a tenant's TTL counts from the store
             report = self._index.reconcile({key: size for _, key, size in found}, ticket, born)
-        self._events.record_removed(report.vanished, "vanished")
         self.lookups.invalidate(report.vanished)
         self._counters.add({"scans": 1, "short_objects_seen": short})
         self.last_scan_s = time.monotonic() - started
@@ -256,7 +251,6 @@ class BlockIO:
             body = b"".join((encode_header(self._digest, key, data), data))
             if self._client.put(self.object_key(key), body, if_absent=True):
                 self._counters.add({"blocks_stored": 1, "bytes_stored": self.block_bytes})
-                self._events.record_stored((key,))
             else:
                 self._counters.inc("stores_already_present")
             self._index.commit(key, True)
@@ -306,14 +300,13 @@ class BlockIO:
         with self._index.reading() as ticket:
             data = self._client.get(name)
             if data is None:
-                self._index.remove(key, delete=False)
+                self._index.remove(key, delete=False, cause="vanished")
                 self.lookups.mark_absent((key,))
-                self._events.record_removed((key,), "vanished")
                 return False, "missing"
             if len(data) < self.object_bytes:  # not there yet (a PUT in progress elsewhere): a miss, not deleted
                 self._counters.inc("short_objects_seen")
                 if self._index.lookup(key, touch=False) is not KeyState.WRITING:
-                    self._index.remove(key, delete=False)
+                    self._index.remove(key, delete=False, cause="vanished")
                     self.lookups.mark_absent((key,))
                 return False, "truncated"
             view = memoryview(data)
@@ -334,7 +327,8 @@ class BlockIO:
             logger.warning("s3 tier: block %s is unusable (%s) but a store of it is in flight; kept", name, exc.reason)
             return
         logger.warning("s3 tier: block %s is unusable (%s): %s; deleting it", name, exc.reason, exc)
-        self._index.remove(key, delete=True)  # a victim if it was indexed: counted until its delete succeeds
+        # A victim if it was indexed: counted until its delete succeeds.
+        self._index.remove(key, delete=True, cause="corrupt")
         self.lookups.invalidate((key,))
         self.lookups.mark_absent((key,))  # absent for the negative-lookup TTL
         self._deleter.queue((key,), "bad")

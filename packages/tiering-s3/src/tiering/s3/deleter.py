@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit import CapacityIndex, Counters, IOPool, KVEventLog
+from tiering.core.toolkit import CapacityIndex, Counters, IOPool
 from tiering.s3.client import DELETE_BATCH, S3Client
 from tiering.s3.errors import classify_error
 
@@ -44,7 +44,6 @@ class Deleter:
         index: the tier's index (victims are reported to it; other keys are ignored by it).
         counters: the tier's counters (``delete_requests``, ``objects_deleted``, ``bad_blocks_removed``,
             ``errors_<class>``).
-        events: the tier's KV event log (``BlockRemoved`` once a delete succeeded).
     """
 
     def __init__(
@@ -53,14 +52,12 @@ class Deleter:
         object_key: Callable[[bytes], str],
         index: CapacityIndex,
         counters: Counters,
-        events: KVEventLog,
         threads: int = 1,
     ) -> None:
         self._client = client
         self._object_key = object_key
         self._index = index
         self._counters = counters
-        self._events = events
         self._lock = threading.Lock()
         self._queue: dict[OffloadKey, str] = {}  # key -> reason ("eviction", "bad"), not yet sent
         self._threads = threads
@@ -141,8 +138,6 @@ class Deleter:
                 "bad_blocks_removed": sum(1 for _, reason in done if reason == "bad"),
             }
         )
-        for reason in ("eviction", "bad"):
-            self._events.record_removed((key for key, r in done if r == reason), reason)
         if failed:
             self._schedule_retry()
         else:

@@ -183,7 +183,9 @@ class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryT
         self.pins = PinBook(S3Pins(self._client, self.base), pinned, self.object_bytes, f"s3 tier {self.base}")
         self._index.keep = self.pins.protects
         self.jobs = JobTracker()
-        self.events = KVEventLog(self.medium)
+        # A bucket is shared: a block one engine stores is a hit for every engine of the namespace.
+        self.events = KVEventLog(self.medium, tier=self.tier_type, locality="fleet")
+        self._index.attach_events(self.events)
         self._pool = IOPool(max_concurrency, 0, name="tiering-s3")
         self._io = io = BlockIO(
             self._client,
@@ -193,7 +195,6 @@ class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryT
             self.block,
             self._index,
             self._counters,
-            self.events,
             self._pool,
             self._redact,
         )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 from tiering.core.base import OffloadKey
 from tiering.core.primary.buffer import allocate_host_buffer, as_block_view
 from tiering.core.primary.policy import CachePolicy
+from tiering.core.toolkit.events import KVEvent, KVEventLog
 
 
 @dataclasses.dataclass
@@ -45,6 +47,11 @@ class CPUPrimaryTier:
     taken for every transfer that reads or writes the slot and released when
     it is reported finished.
 
+    Its KV events (:attr:`events`, tier ``"primary"``, medium ``"cpu"``):
+    a block becomes stored when its write completes (cause ``store``, or
+    ``promotion`` for a copy loaded from a secondary tier) and removed when
+    evicted.
+
     Args:
         num_blocks: number of slots (capacity in blocks).
         block_bytes: bytes per slot.
@@ -56,6 +63,9 @@ class CPUPrimaryTier:
     Raises:
         ValueError: non-positive sizes or a buffer of the wrong size.
     """
+
+    medium: ClassVar[str] = "cpu"
+    """Host memory (vLLM's medium ``CPU``)."""
 
     def __init__(
         self,
@@ -76,6 +86,11 @@ class CPUPrimaryTier:
         self._free = list(range(num_blocks - 1, -1, -1))
         self._pinned = 0  # slots with pins > 0
         self.evictions = 0
+        self.events = KVEventLog(self.medium, tier="primary")
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events since the last call (see :attr:`events`), oldest first."""
+        return self.events.take_events()
 
     # -- queries ------------------------------------------------------------
     def lookup(self, key: OffloadKey) -> bool:
@@ -138,14 +153,19 @@ class CPUPrimaryTier:
             return None
         evicted.append(victim)
         self.evictions += 1
+        self.events.record_removed((victim,), "eviction")
         return self._slots.pop(victim).block_id
 
     def _evictable(self, key: OffloadKey) -> bool:
         slot = self._slots[key]
         return slot.ready and slot.pins == 0
 
-    def complete_write(self, keys: Sequence[OffloadKey], success: bool) -> None:
-        """Finish writes started by :meth:`allocate`: make slots ready, or free them on failure."""
+    def complete_write(self, keys: Sequence[OffloadKey], success: bool, cause: str = "store") -> None:
+        """Finish writes started by :meth:`allocate`: make slots ready, or free them on failure.
+
+        ``cause`` names the write in the KV event of the keys made ready (``"store"``, ``"promotion"``).
+        """
+        ready = []
         for key in keys:
             slot = self._slots.get(key)
             if slot is None or slot.ready:
@@ -155,9 +175,11 @@ class CPUPrimaryTier:
             if success:
                 slot.ready = True
                 self.policy.insert(key)
+                ready.append(key)
             elif slot.pins == 0:
                 del self._slots[key]
                 self._free.append(slot.block_id)
+        self.events.record_stored(ready, cause)
 
     # -- reads --------------------------------------------------------------
     def pin(self, keys: Sequence[OffloadKey], *, record_access: bool = True) -> list[int]:

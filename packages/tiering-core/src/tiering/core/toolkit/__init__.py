@@ -13,7 +13,7 @@ One module per concern (see ``docs/content/toolkit.md``):
 - :mod:`~tiering.core.toolkit.pool`: an I/O worker pool with read and write queues;
 - :mod:`~tiering.core.toolkit.config`: config schemas and one exception type per mistake;
 - :mod:`~tiering.core.toolkit.stats`: the stats vocabulary;
-- :mod:`~tiering.core.toolkit.events`: a bounded KV event log;
+- :mod:`~tiering.core.toolkit.events`: a bounded KV event log (the index records into it);
 - :mod:`~tiering.core.toolkit.reporting`: the tier methods answered from the two above.
 
 Nothing here imports torch, vLLM or any backend.
@@ -29,7 +29,7 @@ from tiering.core.toolkit.config import (
     TierConfigError,
     UnknownKeyError,
 )
-from tiering.core.toolkit.events import BlockRemoved, BlockStored, KVEvent, KVEventLog
+from tiering.core.toolkit.events import BlockRemoved, BlockStored, HeldKeys, KVEvent, KVEventLog, TierCleared
 from tiering.core.toolkit.index import Admit, CapacityIndex, KeyState, ReconcileReport, Reservation, Victim
 from tiering.core.toolkit.jobs import JobState, JobTracker
 from tiering.core.toolkit.lookup_cache import LookupCache
@@ -54,6 +54,7 @@ __all__ = [
     "JobReporting",
     "JobState",
     "JobTracker",
+    "HeldKeys",
     "KVEvent",
     "KVEventLog",
     "KeyState",
@@ -63,6 +64,7 @@ __all__ = [
     "ReconcileReport",
     "Reservation",
     "Stat",
+    "TierCleared",
     "TierConfigError",
     "UnknownKeyError",
     "Victim",

@@ -145,6 +145,7 @@ class CapacityIndex(IndexState):
         """
         with self._lock:
             self._touched.apply(self._resident)
+            new: list[OffloadKey] = []
             for key, ok in outcomes:
                 entry = self._writing[key]
                 entry[1] -= 1
@@ -159,8 +160,9 @@ class CapacityIndex(IndexState):
                     self.tenants.writing(key, -size)
                 if not entry[3]:
                     self._waiting_bytes -= size
-                if entry[2]:
-                    self._insert(key, size)
+                if entry[2] and self._insert(key, size):
+                    new.append(key)
+            self._record_stored(new, "store")
             self._space.notify_all()
 
     def wait_for_room(self, keys: Sequence[OffloadKey], timeout_s: float) -> list[bool]:
@@ -251,13 +253,16 @@ class CapacityIndex(IndexState):
         n = 0
         with self._lock:
             self._touched.apply(self._resident)
+            new: list[OffloadKey] = []
             for key, size in found:
                 if key in self._resident:
                     self._resident.move_to_end(key)
                     n += 1
                 elif self._may_adopt(key, ticket):
                     self._insert(key, size)
+                    new.append(key)
                     n += 1
+            self._record_stored(new, "found")
             if n:
                 self._space.notify_all()
         return n
@@ -267,19 +272,8 @@ class CapacityIndex(IndexState):
             return False
         return not self._epochs.removed_since(key, ticket)
 
-    def _insert(self, key: OffloadKey, size: int, born: float | None = None) -> None:
-        old = self._resident.pop(key, None)
-        if old is not None:
-            self._resident_bytes -= old[0]
-        self._resident[key] = (size, self._epochs.tick())
-        self._resident_bytes += size
-        if self.tenants is not None:
-            if old is not None:
-                self.tenants.removed(key, old[0])
-            self.tenants.added(key, size, born)
-
     # -- removal and eviction ------------------------------------------------------------
-    def remove(self, key: OffloadKey, delete: bool = True) -> Victim | None:
+    def remove(self, key: OffloadKey, delete: bool = True, cause: str = "deleted") -> Victim | None:
         """Take ``key`` out of the resident set (a block found bad, or gone).
 
         Args:
@@ -287,38 +281,20 @@ class CapacityIndex(IndexState):
             delete: True when the caller will delete the bytes: the key stays
                 counted (DELETING) until :meth:`deleted`; False when the bytes
                 are known gone (forgotten at once).
+            cause: why, for the KV event (:data:`~tiering.core.toolkit.events.REMOVED_CAUSES`).
 
         Returns:
             The victim to delete (``delete`` True and the key was resident), else None.
         """
         with self._lock:
             self._touched.apply(self._resident)
-            entry = self._resident.pop(key, None)
-            if entry is None:
+            if key not in self._resident:
                 return None
-            self._resident_bytes -= entry[0]
-            self._epochs.removed(key)
-            if self.tenants is not None:
-                self.tenants.removed(key, entry[0])
+            (size,) = self._drop((key,), cause)
             if not delete:
                 self._space.notify_all()
                 return None
-            return self._deletes.hand_out(key, entry[0])
-
-    def _make_room(self, need: int) -> tuple[Victim, ...]:
-        cap = self.capacity_bytes
-        if cap is None:
-            return ()
-        victims: list[Victim] = []
-        kept = 0
-        while len(self._resident) > kept and self._committed() + need > cap:
-            key = next(iter(self._resident))
-            if self.keep is not None and self.keep(key):  # pinned: looked at again after every other block
-                self._resident.move_to_end(key)
-                kept += 1
-                continue
-            victims += self._evict_keys((key,))
-        return self._count_evicted(victims)
+            return self._deletes.hand_out(key, size)
 
     def lower_cap(self, limit_bytes: int) -> tuple[Victim, ...]:
         """Lower the cap to ``limit_bytes`` and evict LRU blocks down to it (e.g. to what a full disk holds).
@@ -393,13 +369,9 @@ class CapacityIndex(IndexState):
             for key in reversed(added):
                 self._insert(key, found[key], None if born is None else born.get(key))
                 self._resident.move_to_end(key, last=False)
+            self._record_stored(added, "found")
             vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
-            for key in vanished:
-                size, _ = self._resident.pop(key)
-                self._resident_bytes -= size
-                self._epochs.removed(key)
-                if self.tenants is not None:
-                    self.tenants.removed(key, size)
+            self._drop(vanished, "vanished")
             confirmed = self._deletes.settle_absent(found)
             self._space.notify_all()
             return ReconcileReport(tuple(added), tuple(vanished), confirmed)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from tiering.core.base import OffloadKey
 from tiering.core.toolkit.deletes import DeleteLedger
 from tiering.core.toolkit.epochs import RemovalEpochs
+from tiering.core.toolkit.events import KVEventLog
 from tiering.core.toolkit.forks import ProcessOwner
 from tiering.core.toolkit.index_types import KeyState, Victim
 from tiering.core.toolkit.tenancy import TenantPolicy
@@ -67,6 +68,60 @@ class IndexState:
         if tenants is not None:  # the same map, keeping each tenant's LRU order too
             self._resident = order = TenantOrder()
             self.tenants = TenantBook(tenants, order)
+        self._events: KVEventLog | None = None
+
+    def attach_events(self, events: KVEventLog) -> None:
+        """Record every change of the resident set in ``events``, under the index's lock (so in order).
+
+        A key entering the resident set is ``BlockStored`` (cause ``store``
+        for a commit, ``found`` for an adoption or a rescan), a key leaving it
+        ``BlockRemoved`` (``eviction`` when evicted to make room, else the
+        cause its remover gives); :meth:`announce` re-announces. The log's
+        re-announcer (after events were dropped at its bound) is set to
+        :meth:`announce`. Blocks already resident are announced at once.
+        """
+        events.reannounce = self.announce
+        with self._lock:
+            self._events = events
+            self._touched.apply(self._resident)
+            events.record_stored(self._resident, "announce")
+
+    def announce(self, cause: str) -> None:
+        """Record ``TierCleared(cause)`` and every resident key (cause ``announce``); no log attached: nothing.
+
+        For a consumer that missed events (the tier reconnected, events were
+        dropped): after it, the consumer holds exactly the resident keys.
+        """
+        with self._lock:
+            if self._events is not None:
+                self._touched.apply(self._resident)
+                self._events.record_cleared(cause, self._resident)
+
+    def _record_stored(self, keys: list[OffloadKey], cause: str) -> None:
+        # Called under the lock, so a consumer sees the changes in the order they happened.
+        if keys and self._events is not None:
+            self._events.record_stored(keys, cause)
+
+    def _record_removed(self, keys: Iterable[OffloadKey], cause: str) -> None:
+        if self._events is not None:
+            self._events.record_removed(keys, cause)
+
+    def _drop(self, keys: Sequence[OffloadKey], cause: str) -> list[int]:
+        """Take resident ``keys`` out of the resident set, recording their removal with ``cause``; their sizes.
+
+        Every path that removes resident keys goes through here (call it
+        under the lock), so each removal has its KV event, in order.
+        """
+        sizes = []
+        for key in keys:
+            size, _ = self._resident.pop(key)
+            self._resident_bytes -= size
+            self._epochs.removed(key)
+            if self.tenants is not None:
+                self.tenants.removed(key, size)
+            sizes.append(size)
+        self._record_removed(keys, cause)
+        return sizes
 
     # -- queries ----------------------------------------------------------------
     def lookup(self, key: OffloadKey, touch: bool = True) -> KeyState:
@@ -94,22 +149,43 @@ class IndexState:
             return KeyState.DELETING
         return KeyState.ABSENT
 
-    def _evict_keys(self, keys: Iterable[OffloadKey]) -> list[Victim]:
+    def _insert(self, key: OffloadKey, size: int, born: float | None = None) -> bool:
+        """Make ``key`` resident (most recently used); True when it was not resident before."""
+        old = self._resident.pop(key, None)
+        if old is not None:
+            self._resident_bytes -= old[0]
+        self._resident[key] = (size, self._epochs.tick())
+        self._resident_bytes += size
+        if self.tenants is not None:
+            if old is not None:
+                self.tenants.removed(key, old[0])
+            self.tenants.added(key, size, born)
+        return old is None
+
+    def _make_room(self, need: int) -> tuple[Victim, ...]:
+        cap = self.capacity_bytes
+        if cap is None:
+            return ()
+        victims: list[Victim] = []
+        kept = 0
+        while len(self._resident) > kept and self._committed() + need > cap:
+            key = next(iter(self._resident))
+            if self.keep is not None and self.keep(key):  # pinned: looked at again after every other block
+                self._resident.move_to_end(key)
+                kept += 1
+                continue
+            victims += self._evict_keys((key,))
+        return self._count_evicted(victims)
+
+    def _evict_keys(self, keys: Iterable[OffloadKey], cause: str = "eviction") -> list[Victim]:
         """Take resident ``keys`` out and hand them out to be deleted (each stays counted until :meth:`deleted`)."""
-        victims = []
-        for key in keys:
-            size, _ = self._resident.pop(key)
-            self._resident_bytes -= size
-            self._epochs.removed(key)
-            if self.tenants is not None:
-                self.tenants.removed(key, size)
-            victims.append(self._deletes.hand_out(key, size))
-        return victims
+        keys = list(keys)
+        return [self._deletes.hand_out(k, size) for k, size in zip(keys, self._drop(keys, cause), strict=True)]
 
     def _expire(self, keys: Iterable[OffloadKey]) -> list[Victim]:
         """Evict resident ``keys`` past their tenant's TTL; counted as expirations."""
         keys = list(keys)
-        victims = self._evict_keys(keys)
+        victims = self._evict_keys(keys, "ttl")
         if self.tenants is not None:
             self.tenants.count_expired(keys)
         return victims
@@ -120,7 +196,7 @@ class IndexState:
         need = 0 if book is None else book.over_quota(key, size)
         if book is None or not need:
             return ()
-        return self._count_evicted(self._evict_keys(book.quota_victims(key, need, self.keep)))  # pins kept
+        return self._count_evicted(self._evict_keys(book.quota_victims(key, need, self.keep), "quota"))  # pins kept
 
     def _count_evicted(self, victims: list[Victim]) -> tuple[Victim, ...]:
         self._evictions += len(victims)

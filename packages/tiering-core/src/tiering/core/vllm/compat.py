@@ -84,7 +84,11 @@ if os.environ.get(SKIP_VERSION_CHECK_ENV) != "1":
     check_vllm_version(installed_vllm_version())
 
 # The vLLM surface. Nothing above this line imports from vLLM (but the version).
+from vllm.distributed.kv_events import AllBlocksCleared, EventPublisher, KVEventBatch  # noqa: E402
+from vllm.distributed.kv_events import BlockRemoved as VLLMBlockRemoved  # noqa: E402
+from vllm.distributed.kv_events import BlockStored as VLLMBlockStored  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats  # noqa: E402
+from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash  # noqa: E402
 from vllm.v1.kv_offload import base as _base  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCaches,
@@ -102,6 +106,8 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     RequestOffloadingContext,
     ScheduleEndContext,
     TransferResult,
+    get_offload_block_hash,
+    get_offload_group_idx,
 )
 from vllm.v1.kv_offload.config import (  # noqa: E402
     OffloadingCacheConfig,
@@ -159,6 +165,15 @@ __all__ = [
     "SUPPORTED_RANGE",
     "SUPPORTED_TEXT",
     "VLLM_VERSION",
+    "AllBlocksCleared",
+    "BlockHash",
+    "EventPublisher",
+    "KVEventBatch",
+    "VLLMBlockRemoved",
+    "VLLMBlockStored",
+    "get_offload_block_hash",
+    "get_offload_group_idx",
+    "maybe_convert_block_hash",
     "CanonicalKVCaches",
     "ConfigInfoMapping",
     "GPULoadStoreSpec",

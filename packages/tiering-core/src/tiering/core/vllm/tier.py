@@ -50,6 +50,7 @@ from tiering.core.factory import check_tier_keys
 from tiering.core.guard import GuardedTier
 from tiering.core.pinning import RequestPins
 from tiering.core.tenants import scope_key, scope_keys, tenant_from_params
+from tiering.core.toolkit.events import HeldKeys
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
@@ -139,6 +140,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             raise TypeError(f"tier {tier_type!r}: enable_kv_events must be a bool, got {enable_kv_events!r}")
         # As vLLM's fs and obj tiers: events only when the entry and the engine (kv_events_config) both ask.
         self._events_enabled = enable_kv_events and bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+        self._held = HeldKeys()  # what vLLM was told this tier holds: a re-announcement first removes it
         if enable_kv_events and not self._events_enabled:
             logger.warning(
                 "enable_kv_events is set on secondary tier %r but KV cache events are disabled globally; "
@@ -291,10 +293,13 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
     def take_events(self) -> Iterable[Any]:
         """The tier's KV events as vLLM's ``OffloadingEvent`` (``enable_kv_events`` and vLLM's KV events on).
 
-        ``BlockStored`` of the tiering tier (a store) becomes a stored event,
-        ``BlockRemoved`` (its own eviction, a bad block removed, a block that
-        vanished at a rescan, e.g. deleted by ``tiering gc``) a removed one;
-        vLLM's own fs and obj tiers never emit removals. Each carries the
+        ``BlockStored`` of the tiering tier (a store, a block found, a
+        re-announcement) becomes a stored event, ``BlockRemoved`` (an
+        eviction, a corrupt block dropped, a block that vanished at a rescan,
+        e.g. deleted by ``tiering gc``) a removed one; vLLM's own fs and obj
+        tiers never emit removals. ``TierCleared`` (the tier reconnected and
+        re-announces) becomes a removal of every key reported before (vLLM has
+        no clear of one tier: ``AllBlocksCleared`` clears the engine). Each carries the
         tier's ``medium`` and ``locality``, and ``ownership`` = the tier's
         ``type``, so vLLM tracks our residency apart from the primary tier's;
         stored events set ``removal_expected`` (a removal will follow).
@@ -302,7 +307,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         events = self._guard.take_events()
         if not self._events_enabled:
             return []
-        return to_offloading_events(events, self.medium, self.locality, self.tier_type)
+        return to_offloading_events(self._held.resolve(events), self.medium, self.locality, self.tier_type)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Forward a use of ``keys`` to the tier's recency order (and pin them when the request asks for pins)."""
