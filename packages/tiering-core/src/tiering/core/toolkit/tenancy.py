@@ -1,4 +1,4 @@
-"""Per-tenant byte quotas and TTL for the persistent tiers (fs, s3, redis), kept in their capacity index.
+"""The tenant key form (mark + tag + key), and per-tenant byte quotas and TTL kept in a tier's capacity index.
 
 Config (a tier entry's ``tenants`` key, off when absent)::
 
