@@ -20,6 +20,7 @@ from tiering.core.tenants import (
     tenant_from_params,
 )
 from tiering.core.testing import block_payload
+from tiering.core.toolkit.tenancy import MARK, TAG_BYTES, tag_of, tenant_tag
 
 BLOCK = 1024
 ENGINE_KEY = OffloadKey(bytes(range(32)) + (0).to_bytes(4, "big"))
@@ -30,7 +31,7 @@ ENGINE_KEY = OffloadKey(bytes(range(32)) + (0).to_bytes(4, "big"))
 
 def test_scope_key_known_answer() -> None:
     assert scope_key("acme", OffloadKey(b"\x01" * 32)).hex() == (
-        "d9d913cfbd74dd0a70eb1b21bd456f9b11764b91eae1dc79b5d4304260e6728d"
+        "f7746e1e" + "5fe6ca12ed9ea369a0f98649b5c69937" + "01" * 32  # mark, acme's 16-byte tag, the key
     )
 
 
@@ -53,7 +54,10 @@ def test_structured_known_answer() -> None:
 def test_tenant_and_key_splits_differ() -> None:
     plain = [hashlib.sha256(t.encode() + k).digest() for t, k in (("ab", b"c"), ("a", b"bc"))]
     assert plain[0] == plain[1]  # what joining the fields would have given
-    assert scope_key("ab", OffloadKey(b"c")) != scope_key("a", OffloadKey(b"bc"))
+    one, two = scope_key("ab", OffloadKey(b"c")), scope_key("a", OffloadKey(b"bc"))
+    assert one != two  # the tenant is a fixed-length tag after a fixed mark: the key starts at the same byte
+    assert (tag_of(one), tag_of(two)) == (tenant_tag("ab"), tenant_tag("a"))
+    assert one[len(MARK) + TAG_BYTES :] == b"c" and two[len(MARK) + TAG_BYTES :] == b"bc"
     assert length_prefixed(b"ab", b"c") != length_prefixed(b"a", b"bc")
 
 
@@ -76,7 +80,7 @@ def test_default_tenant_keeps_engine_keys() -> None:
     assert scope_key("", ENGINE_KEY) is ENGINE_KEY
     assert scope_keys("", [ENGINE_KEY]) == [ENGINE_KEY]
     scoped = scope_keys("t", [ENGINE_KEY, ENGINE_KEY])
-    assert scoped[0] == scoped[1] != ENGINE_KEY and len(scoped[0]) == 32
+    assert scoped[0] == scoped[1] == MARK + tenant_tag("t") + ENGINE_KEY
     assert scope_key("t", ENGINE_KEY) != scope_key("u", ENGINE_KEY)
 
 
@@ -161,9 +165,11 @@ def test_identical_prompts_of_two_tenants_never_share_primary_blocks() -> None:
     manager.on_request_finished(b)
 
 
-def test_harness_jobs_carry_the_tenant() -> None:
+def test_harness_jobs_carry_the_tenant_and_scoped_keys() -> None:
     from tiering.core.harness import load_job, store_job
 
     assert store_job([ENGINE_KEY], [0], tenant="a").req_context.tenant == "a"
     assert load_job([ENGINE_KEY], [0]).req_context.tenant == ""
-    assert store_job([ENGINE_KEY], [0], tenant="a").keys == [ENGINE_KEY]  # tier-level: keys as given
+    assert store_job([ENGINE_KEY], [0], tenant="a").keys == [scope_key("a", ENGINE_KEY)]  # as the manager's
+    assert load_job([ENGINE_KEY], [0], tenant="a").keys == [scope_key("a", ENGINE_KEY)]
+    assert load_job([ENGINE_KEY], [0]).keys == [ENGINE_KEY]

@@ -8,9 +8,10 @@ import time
 import pytest
 from fs_test_helpers import BB, block_files, make_spec
 
-from tiering.core import JobMetadata
+from tiering.core import JobMetadata, TieringOffloadingSpec
 from tiering.core.base import ReqContext, block_view
 from tiering.core.bench.workload import load_mooncake_trace, resolve_trace
+from tiering.core.tenants import scope_key, scope_keys
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.core.toolkit.tenancy import MARK, tenant_tag
 from tiering.fs.layout import TRAILER_BYTES
@@ -21,12 +22,18 @@ _ids = itertools.count(1)
 
 
 def store(tier, view, keys, ctx, slots=None):
+    """Store the engine's ``keys`` of ``ctx``'s tenant as the manager would: under their scoped keys."""
     slots = list(range(len(keys))) if slots is None else slots
     for key, slot in zip(keys, slots, strict=True):
         block_view(view, slot)[:] = block_payload(key, tier.block_bytes)
-    job = JobMetadata(next(_ids), list(keys), slots, False, ctx)
+    job = JobMetadata(next(_ids), scope_keys(ctx.tenant, keys), slots, False, ctx)
     tier.submit_store(job)
     return wait_for_jobs(tier, [job.job_id], 60)[job.job_id]
+
+
+def lookup(tier, key, ctx):
+    """The tier's answer for the engine's ``key`` of ``ctx``'s tenant (scoped, as the manager asks)."""
+    return tier.lookup(scope_key(ctx.tenant, key), ctx)
 
 
 def tenant_files(root, tenant):
@@ -87,7 +94,7 @@ def test_quota_overshoot_is_at_most_one_block_per_writer(tmp_path, open_tier, mo
             keys = [make_key(1000 * w + 10 * j + i, b"q-a") for i in range(4)]
             for key, slot in zip(keys, slots, strict=True):
                 block_view(view, slot)[:] = block_payload(key, tier.block_bytes)
-            job = JobMetadata(next(_ids), keys, slots, False, A)
+            job = JobMetadata(next(_ids), scope_keys("a", keys), slots, False, A)
             tier.submit_store(job)
             with done:
                 done.wait_for(lambda job=job: job.job_id in results, 60)
@@ -103,7 +110,7 @@ def test_quota_overshoot_is_at_most_one_block_per_writer(tmp_path, open_tier, mo
     assert quota_blocks <= peak[0] <= quota_blocks + writers
     assert len(tenant_files(tmp_path, "a")) == s["tenant:a:resident_blocks"] == quota_blocks
     assert s["tenant:a:quota_evictions"] == writers * 8 * 4 - quota_blocks == s["evictions"]
-    assert all(tier.lookup(k, B) is True for k in b_keys) and len(tenant_files(tmp_path, "b")) == 4
+    assert all(lookup(tier, k, B) is True for k in b_keys) and len(tenant_files(tmp_path, "b")) == 4
 
 
 def test_tenant_ttl_expires_blocks_as_misses_and_removes_them(tmp_path, open_tier):
@@ -112,9 +119,9 @@ def test_tenant_ttl_expires_blocks_as_misses_and_removes_them(tmp_path, open_tie
     tier.index.tenants.clock = lambda: now[0]
     ka, kb = make_key(1, b"ttl"), make_key(2, b"ttl")
     assert store(tier, view, [ka], A) and store(tier, view, [kb], B)
-    assert tier.lookup(ka, A) is True and tier.lookup(ka, B) is False  # (b's key for the same block differs)
+    assert lookup(tier, ka, A) is True and lookup(tier, ka, B) is False  # (b's key for the same block differs)
     now[0] += 61
-    assert tier.lookup(ka, A) is False and tier.lookup(kb, B) is True
+    assert lookup(tier, ka, A) is False and lookup(tier, kb, B) is True
     wait_until(lambda: tier.stats()["used_bytes"] == STORED)  # a's block deleted, and the delete reported
     s = tier.stats()
     assert s["expirations"] == s["tenant:a:expirations"] == 1 and s["tenant:a:resident_blocks"] == 0
@@ -129,7 +136,7 @@ def test_restart_restores_tenant_usage_quota_and_age(tmp_path, open_tier):
     assert store(tier, view, a_keys, A) and store(tier, view, b_keys, B)
     tier.shutdown()
     old = time.time() - 7200  # b's first block was stored two hours ago: past the default TTL
-    b_file = [p for p in tenant_files(tmp_path, "b") if p.name.startswith(tier.stored_key(b_keys[0], B).hex())]
+    b_file = [p for p in tenant_files(tmp_path, "b") if p.name.startswith(scope_key("b", b_keys[0]).hex())]
     os.utime(b_file[0], (old, old))
 
     tier2, view2 = open_tier(tmp_path, tenants=tenants)
@@ -139,12 +146,12 @@ def test_restart_restores_tenant_usage_quota_and_age(tmp_path, open_tier):
     assert (s["tenant:a:resident_blocks"], s["tenant:a:resident_bytes"]) == (5, 5 * STORED)
     tag_b = f"tenant:tag:{tenant_tag('b').hex()}:"  # b is not in the config: named by its tag after a restart
     assert s[tag_b + "resident_blocks"] == 2 and s[tag_b + "expirations"] == 1
-    assert [tier2.lookup(k, B) for k in b_keys] == [False, True, True]
+    assert [lookup(tier2, k, B) for k in b_keys] == [False, True, True]
     more = [make_key(i, b"rs-a-more") for i in range(3)]
     assert store(tier2, view2, more, A)  # 8 blocks for a quota of 6: two of a's older ones go, b's stay
-    assert [tier2.lookup(k, A) for k in a_keys].count(True) == 3 and all(tier2.lookup(k, A) for k in more)
+    assert [lookup(tier2, k, A) for k in a_keys].count(True) == 3 and all(lookup(tier2, k, A) for k in more)
     assert len(tenant_files(tmp_path, "a")) == 6 and tier2.stats()["tenant:a:quota_evictions"] == 2
-    assert all(tier2.lookup(k, B) for k in b_keys[1:])
+    assert all(lookup(tier2, k, B) for k in b_keys[1:])
 
 
 def replay(tier, view, requests):
@@ -156,14 +163,16 @@ def replay(tier, view, requests):
     for ctx, keys in requests:
         hits = 0
         for key in keys:
-            if tier.lookup(key, ctx) is not True:
+            if lookup(tier, key, ctx) is not True:
                 break
             hits += 1
         c = counts.setdefault(ctx.tenant, [0, 0])
         c[0] += hits
         c[1] += len(keys)
         if hits < len(keys):
-            job = JobMetadata(next(_ids), list(keys[hits:]), list(range(len(keys) - hits)), False, ctx)
+            job = JobMetadata(
+                next(_ids), scope_keys(ctx.tenant, keys[hits:]), list(range(len(keys) - hits)), False, ctx
+            )
             tier.submit_store(job)  # (the slots' bytes are not checked here: only presence counts)
             assert wait_for_jobs(tier, [job.job_id], 60)[job.job_id]
     return counts
@@ -201,3 +210,38 @@ def test_noisy_neighbour_keeps_tenant_a_hit_ratio(tmp_path, open_tier):
     assert solo > 0.1
     assert shared >= 0.95 * solo
     assert unguarded < 0.95 * solo  # (the replay is one where a neighbour hurts)
+
+
+def test_a_tenants_pin_through_the_manager_keeps_its_blocks_past_its_quota(tmp_path):
+    # The manager pins the keys the tier stores (one key form): the pinned blocks of tenant a are passed
+    # over when a's quota evicts a's least recently used blocks.
+    block = 4096
+    stored = block + TRAILER_BYTES
+    tier_config = {"type": "fs", "root": str(tmp_path), "max_pinned_bytes": 2 * stored,
+                   "tenants": {"overrides": {"a": {"quota_bytes": 4 * stored}}}}  # fmt: skip
+    config = {"cpu_bytes_to_use": 64 * block, "block_bytes": block, "block_size": 16, "model": "fs-tenant-pins"}
+    manager = TieringOffloadingSpec({**config, "secondary_tiers": [tier_config]}).get_manager()
+    try:
+        pinned = [make_key(i, b"pin-a") for i in range(2)]
+        manager_store(manager, pinned, A)
+        assert manager.pin(pinned, 3600, tenant="a") == [True]
+        for i in range(8):  # a's flood: 10 blocks for a quota of 4
+            manager_store(manager, [make_key(i, b"flood-a")], A)
+        tier = manager.secondary_tiers[0]
+        s = tier.stats()
+        assert (s["tenant:a:resident_blocks"], s["tenant:a:quota_evictions"], s["pinned_blocks"]) == (4, 6, 2)
+        assert [tier.lookup(k, A) for k in scope_keys("a", pinned)] == [True, True]
+        assert manager.lookup(pinned, ReqContext("again", tenant="a")) == 2
+        assert manager.lookup(pinned, ReqContext("other", tenant="b")) == 0
+    finally:
+        manager.shutdown()
+
+
+def manager_store(manager, keys, ctx):
+    """Store ``keys`` of ``ctx``'s tenant through ``manager`` and wait until every tier has them."""
+    alloc = manager.prepare_store(keys, ctx)
+    for key, slot in zip(alloc.keys, alloc.block_ids, strict=True):
+        block_view(manager.primary.kv_view, slot)[:] = block_payload(key, manager.primary.block_bytes)
+    manager.complete_store(alloc.keys, ctx)
+    wait_until(lambda: not manager.has_pending_work(), 30)
+    manager.on_request_finished(ctx)

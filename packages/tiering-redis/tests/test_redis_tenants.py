@@ -7,6 +7,7 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
+from tiering.core.tenants import scope_key, scope_keys
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.core.toolkit.tenancy import tenant_tag
 
@@ -21,18 +22,24 @@ def spec():
 
 
 def store(tier, view, keys, ctx):
+    """Store the engine's ``keys`` of ``ctx``'s tenant as the manager would: under their scoped keys."""
     for slot, key in enumerate(keys):
         block_view(view, slot)[:] = block_payload(key, BLOCK)
-    job = JobMetadata(next(_ids), list(keys), list(range(len(keys))), False, ctx)
+    job = JobMetadata(next(_ids), scope_keys(ctx.tenant, keys), list(range(len(keys))), False, ctx)
     tier.submit_store(job)
     ok = wait_for_jobs(tier, [job.job_id], 30)[job.job_id]
     tier.pool.wait_idle(10)
     return ok
 
 
+def lookup(tier, key, ctx):
+    """The tier's answer for the engine's ``key`` of ``ctx``'s tenant (scoped, as the manager asks)."""
+    return tier.lookup(scope_key(ctx.tenant, key), ctx)
+
+
 def present(client, tier, keys, ctx):
     """How many of ``keys`` (of tenant ``ctx``) the server holds."""
-    return sum(client.exists(tier.block_key(tier.stored_key(k, ctx))) for k in keys)
+    return sum(client.exists(tier.block_key(scope_key(ctx.tenant, k))) for k in keys)
 
 
 def test_tenant_ttl_is_the_blocks_ex_and_expired_blocks_are_misses(redis_server, prefix):
@@ -45,12 +52,12 @@ def test_tenant_ttl_is_the_blocks_ex_and_expired_blocks_are_misses(redis_server,
         assert tier.wait_for_scan(30)
         ka, kb = [make_key(i, b"r-ttl-a") for i in range(3)], [make_key(i, b"r-ttl-b") for i in range(2)]
         assert store(tier, view, ka, A) and store(tier, view, kb, B)
-        assert all(0 < client.ttl(tier.block_key(tier.stored_key(k, A))) <= 2 for k in ka)  # 1.5 s rounded up
-        assert all(3500 < client.ttl(tier.block_key(tier.stored_key(k, B))) <= 3600 for k in kb)  # the tier's
-        assert all(tier.lookup(k, A) for k in ka)
+        assert all(0 < client.ttl(tier.block_key(scope_key("a", k))) <= 2 for k in ka)  # 1.5 s rounded up
+        assert all(3500 < client.ttl(tier.block_key(scope_key("b", k))) <= 3600 for k in kb)  # the tier's
+        assert all(lookup(tier, k, A) for k in ka)
         time.sleep(2.1)
         assert present(client, tier, ka, A) == 0 and present(client, tier, kb, B) == 2  # the server expired a's
-        assert [tier.lookup(k, A) for k in ka] == [False] * 3 and all(tier.lookup(k, B) for k in kb)
+        assert [lookup(tier, k, A) for k in ka] == [False] * 3 and all(lookup(tier, k, B) for k in kb)
         tier.pool.wait_idle(10)
         s = tier.stats()
         assert s["expirations"] == s["tenant:a:expirations"] == 3 and s["tenant:a:resident_blocks"] == 0

@@ -2,25 +2,29 @@
 
 import pytest
 
-from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext
+from tiering.core.base import OffloadKey, ReqContext
+from tiering.core.format import MAX_KEY_BYTES
+from tiering.core.toolkit import tenancy
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
 from tiering.core.toolkit.index import Admit, CapacityIndex, KeyState
 from tiering.core.toolkit.tenancy import (
     MARK,
+    TAG_BYTES,
     TENANTS_KEY,
     TenantLimits,
     TenantPolicy,
+    scope_key,
     tag_of,
     tenant_tag,
-    untag,
-    untag_result,
 )
 
 A, B = ReqContext("r", tenant="a"), ReqContext("r", tenant="b")
 
 
 def key(i, ctx, policy):
-    return policy.key(OffloadKey(i.to_bytes(4, "big") * 8), ctx)
+    """The key the manager hands a tier for block ``i`` of ``ctx``'s tenant; ``policy`` notes the tenant's name."""
+    policy.note(ctx.tenant)  # as a tier does for each store
+    return scope_key(ctx.tenant, OffloadKey(i.to_bytes(4, "big") * 8))
 
 
 def store(index, k, size=100):
@@ -31,18 +35,35 @@ def store(index, k, size=100):
     return res
 
 
-def test_tags_are_per_tenant_and_reversible():
+def test_tags_are_per_tenant_and_read_back_from_the_key():
     policy = TenantPolicy(TenantLimits())
     raw = OffloadKey(b"k" * 32)
-    ka, kb = policy.key(raw, A), policy.key(raw, B)
-    assert ka != kb and ka.startswith(MARK) and untag(ka) == raw == untag(kb)
-    assert tag_of(ka) == tenant_tag("a") and tag_of(raw) == b""
-    assert policy.key(raw, ReqContext("r")) == raw  # the default tenant keeps its plain key
-    assert policy.name(tag_of(ka)) == "a"
-    result = untag_result(JobResult(1, False, [ka]))
-    assert result.successful_keys == [raw]
-    job = policy.job(JobMetadata(1, [raw], [0], False, A))
-    assert list(job.keys) == [ka]
+    ka, kb = scope_key("a", raw), scope_key("b", raw)
+    assert ka != kb and ka == MARK + tenant_tag("a") + raw and len(tenant_tag("a")) == TAG_BYTES == 16
+    assert tag_of(ka) == tenant_tag("a") and tag_of(kb) == tenant_tag("b") and tag_of(raw) == b""
+    assert scope_key("", raw) is raw  # the default tenant keeps its plain key
+    assert policy.name(tag_of(ka)) == "tag:" + tenant_tag("a").hex() and policy.name(b"") == ""
+    policy.note("a")  # a tier saw a request of tenant a
+    assert policy.name(tag_of(ka)) == "a" == policy.without_quotas().name(tag_of(ka))
+    assert TenantPolicy(TenantLimits(), {"b": TenantLimits()}).name(tag_of(kb)) == "b"  # named by the config
+
+
+def test_names_learned_from_requests_are_bounded(monkeypatch):
+    monkeypatch.setattr(tenancy, "MAX_NOTED_NAMES", 2)
+    policy = TenantPolicy(TenantLimits(), {"cfg": TenantLimits()})
+    for tenant in ("x", "y", "cfg", "", "z"):  # config names and the default tenant take no room
+        policy.note(tenant)
+    names = [policy.name(tenant_tag(t)) for t in ("x", "y", "z", "cfg", "")]
+    assert names == ["tag:" + tenant_tag("x").hex(), "y", "z", "cfg", ""]  # the oldest noted name forgotten
+
+
+def test_a_key_too_long_for_the_tag_is_replaced_by_its_digest():
+    long_key, other = OffloadKey(b"x" * MAX_KEY_BYTES), OffloadKey(b"x" * (MAX_KEY_BYTES - 1) + b"y")
+    scoped = scope_key("a", long_key)
+    assert len(scoped) == MAX_KEY_BYTES and tag_of(scoped) == tenant_tag("a")
+    assert scoped != scope_key("a", other) and scoped == scope_key("a", long_key)
+    fits = OffloadKey(b"z" * (MAX_KEY_BYTES - len(MARK) - TAG_BYTES))
+    assert scope_key("a", fits) == MARK + tenant_tag("a") + fits  # the longest key kept as it is
 
 
 def test_config_parses_sizes_and_inherits_default():

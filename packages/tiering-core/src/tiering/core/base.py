@@ -52,8 +52,9 @@ class ReqContext:
         extra: free-form per-request data (vLLM's ``kv_transfer_params``).
         tenant: who the request belongs to; ``""`` is the default tenant.
             The manager keeps tenants' blocks apart by key
-            (:mod:`tiering.core.tenants`); tiers that keep per-tenant quotas,
-            TTLs or usage attribute the request's blocks to it.
+            (:mod:`tiering.core.tenants`): the keys a tier gets already carry
+            the tenant's tag, by which tiers that keep per-tenant quotas, TTLs
+            or usage attribute each block.
 
     Raises:
         TypeError: ``tenant`` is not a str.

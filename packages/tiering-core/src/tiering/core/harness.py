@@ -16,6 +16,7 @@ from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager, block_view
 from tiering.core.spec import OffloadingSpec
+from tiering.core.tenants import scope_keys
 
 DEFAULT_TIMEOUT_S = 30.0
 """Seconds the wait helpers wait before declaring a hang."""
@@ -127,17 +128,21 @@ def store_job(
 ) -> JobMetadata:
     """A store job of ``keys`` from ``slots`` with a fresh id, for a request of ``tenant``.
 
-    A tier-level job: ``keys`` reach the tier as given (the manager, not the
-    tier, scopes keys per tenant); the tenant only tells the tier whose blocks they are.
+    It mimics the manager: the job's keys are ``keys`` scoped to ``tenant``
+    (:func:`~tiering.core.tenants.scope_keys`; ``keys`` as given for the
+    default tenant), the one form a tier ever sees.
     """
-    return JobMetadata(next_job_id(), list(keys), list(slots), False, ReqContext(req_id, tenant=tenant))
+    return JobMetadata(next_job_id(), scope_keys(tenant, keys), list(slots), False, ReqContext(req_id, tenant=tenant))
 
 
 def load_job(
     keys: Sequence[OffloadKey], slots: Sequence[int], req_id: str = "harness", *, tenant: str = ""
 ) -> JobMetadata:
-    """A load job of ``keys`` into ``slots`` with a fresh id, for a request of ``tenant`` (see :func:`store_job`)."""
-    return JobMetadata(next_job_id(), list(keys), list(slots), True, ReqContext(req_id, tenant=tenant))
+    """A load job of ``keys`` into ``slots`` with a fresh id, for a request of ``tenant``.
+
+    Its keys are ``keys`` scoped to ``tenant``, as the manager's (see :func:`store_job`).
+    """
+    return JobMetadata(next_job_id(), scope_keys(tenant, keys), list(slots), True, ReqContext(req_id, tenant=tenant))
 
 
 def store_blocks(
@@ -150,6 +155,9 @@ def store_blocks(
     tenant: str = "",
 ) -> bool:
     """Fill ``slots`` (default ``0..len(keys)-1``) with the keys' payloads, store them as one job of ``tenant``, wait.
+
+    The payloads are those of ``keys``; the blocks are stored under ``keys``
+    scoped to ``tenant``, as the manager would (see :func:`store_job`).
 
     Returns:
         The job's success.

@@ -4,29 +4,43 @@ A request's tenant is :attr:`tiering.core.base.ReqContext.tenant` (``""``:
 the default tenant). It is the only place a request's tenant is kept: the
 engine bindings fill it (vLLM: ``kv_transfer_params["tenant"]``, see
 :func:`tenant_from_params`; LMCache: the objects' ``cache_salt``), the
-standalone API and ``tiering bench --tenants N`` set it directly, and tiers
-read it from ``job.req_context`` to attribute blocks.
+standalone API and ``tiering bench --tenants N`` set it directly.
 
 Isolation is in the key. Before any tier (the primary tier included) sees a
-key of tenant ``t``, :func:`scope_key` turns it into SHA-256 of a domain tag,
-the length-prefixed tenant and the length-prefixed key: the same engine key
-of two tenants names two different blocks, so one tenant's lookup can never
-find another's block, even when the engine gave identical prompts the same
-prefix hash. The default tenant keeps the engine's key unchanged, so blocks
-stored before tenants existed stay readable. A scoped key is 32 bytes
-whatever the key's length (within :data:`tiering.core.format.MAX_KEY_BYTES`).
+key of tenant ``t``, :func:`scope_key` turns it into its one stored form,
+``MARK + tenant_tag(t) + key`` (:mod:`tiering.core.toolkit.tenancy`; the tag
+is 16 bytes of BLAKE2b of the tenant's name): the same engine key of two
+tenants names two different blocks, so one tenant's lookup can never find
+another's block, even when the engine gave identical prompts the same
+prefix hash. Tiers never re-key: the tenant of a stored block is read back
+from its name (per-tenant quotas and TTL, usage after a restart), and pins,
+results and events all carry this one form. The default tenant keeps the
+engine's key unchanged, so blocks stored before tenants existed stay
+readable. The tag is 16 bytes because a request names its own tenant: a
+caller must not be able to search names for one whose tag is another
+tenant's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.fields import length_prefixed
 from tiering.core.primary.tier import Allocation
+from tiering.core.toolkit.tenancy import scope_key
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "MAX_TENANT_CHARS",
+    "TENANT_PARAM",
+    "caller_allocation",
+    "check_tenant",
+    "scope_key",
+    "scope_keys",
+    "tenant_from_params",
+]
 
 DEFAULT_TENANT = ""
 """The tenant of a request that names none: its keys are the engine's, unchanged."""
@@ -36,26 +50,6 @@ TENANT_PARAM = "tenant"
 
 MAX_TENANT_CHARS = 1024
 """The longest tenant a request may name (vLLM's limit for ``cache_salt``)."""
-
-_SCOPE_DOMAIN = b"tiering/tenant-key/v1\x00"
-
-
-def scope_key(tenant: str, key: OffloadKey) -> OffloadKey:
-    """The key under which tenant ``tenant`` stores and finds the block the engine named ``key``.
-
-    Args:
-        tenant: the request's tenant; ``""`` (the default tenant) returns ``key`` unchanged.
-        key: the engine's key (bytes).
-
-    Returns:
-        ``key`` for the default tenant, else 32 bytes: SHA-256 of a domain
-        tag, the tenant's UTF-8 bytes and the key, each field length-prefixed
-        (:func:`~tiering.core.fields.length_prefixed`), so no pair of a tenant
-        and a key gives another pair's bytes.
-    """
-    if not tenant:
-        return key
-    return OffloadKey(hashlib.sha256(_SCOPE_DOMAIN + length_prefixed(tenant.encode(), bytes(key))).digest())
 
 
 def scope_keys(tenant: str, keys: Sequence[OffloadKey]) -> list[OffloadKey]:

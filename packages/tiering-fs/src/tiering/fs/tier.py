@@ -36,7 +36,7 @@ from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
-from tiering.core.toolkit.tenancy import TenantKeying, TenantPolicy
+from tiering.core.toolkit.tenancy import TenantPolicy, note_tenant
 from tiering.fs.blocks import BlockFiles
 from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import LOAD_CAUSES, STORE_CAUSES, DirectIONotUsableError
@@ -72,7 +72,7 @@ _COUNTERS = (
 )
 
 
-class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryTierManager):
+class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier storing one file per block on a local disk or any fsspec filesystem.
 
     Config (``secondary_tiers`` entry)::
@@ -255,7 +255,6 @@ class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, Second
             flight, or the start-up scan is still running with
             ``lookup_fallback="off"``).
         """
-        key = self.stored_key(key, req_context)
         state = self.index.lookup(key)
         if state is KeyState.ABSENT:
             answer = None if self.transfers.is_queued(key) else self._fallback(key)
@@ -286,7 +285,7 @@ class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, Second
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used in the tier's own LRU record (not atime)."""
-        self.index.touch(self.stored_keys(keys, req_context))
+        self.index.touch(keys)
 
     def _delete_expired(self) -> bool:
         if expired := self.index.take_expired():
@@ -296,6 +295,7 @@ class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, Second
     # -- stores and loads ---------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
         """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
+        note_tenant(self.tenants, job.req_context.tenant)  # its keys carry only its tag: its name for stats
         self._start(job, self.transfers.store)
         self.pins.refresh_soon(self.pool.submit_call)  # other processes' pins, read again now and then
 
@@ -304,7 +304,7 @@ class FsspecSecondaryTierManager(TenantKeying, PinningTier, JobReporting, Second
         self._start(job, self.transfers.load)
 
     def _start(self, job: JobMetadata, run: Callable[[JobState], None]) -> None:
-        state = self.jobs.start(self.stored_job(job))
+        state = self.jobs.start(job)
         if not state.finished:
             state.fail_rest(SHUTDOWN) if self._stopping else run(state)
 

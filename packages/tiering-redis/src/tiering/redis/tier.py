@@ -54,7 +54,7 @@ from tiering.core.toolkit import (
 from tiering.core.toolkit.config import ConfigSchema
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
-from tiering.core.toolkit.tenancy import TenantKeying, TenantPolicy
+from tiering.core.toolkit.tenancy import TenantPolicy, note_tenant
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
 from tiering.redis.fleet import FleetCap
@@ -87,7 +87,7 @@ _COUNTERS = (
 )
 
 
-class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBlockIO, SecondaryTierManager):
+class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, SecondaryTierManager):
     """A secondary tier keeping blocks as keys of a Redis server, Cluster or Sentinel-managed primary.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "redis", "url":
@@ -271,7 +271,6 @@ class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBl
         """
         if self._closed:
             return False
-        key = self.stored_key(key, req_context)
         state = self.index.lookup(key)
         if state is KeyState.RESIDENT:
             verdict: bool | None = True
@@ -287,7 +286,6 @@ class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBl
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used (the eviction order; with ``eviction: "tier"`` the fleet's, sent later)."""
-        keys = self.stored_keys(keys, req_context)
         self.index.touch(keys)
         if self.fleet is not None and self.fleet.touch(keys):
             self.pool.submit_call("write", self.flush_touches)
@@ -304,7 +302,8 @@ class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBl
         stored first here join the fleet's LRU after their ``SET NX``, and the
         victims beyond the fleet's cap it hands this process are deleted.
         """
-        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
+        note_tenant(self.tenants, job.req_context.tenant)  # its keys carry only its tag: its name for stats
+        state = self.jobs.start(job)
         now: list[tuple[int, bool, str]] = []
         tasks: list[Task] = []
         victims: list[Victim] = []
@@ -334,7 +333,7 @@ class RedisSecondaryTierManager(TenantKeying, PinningTier, JobReporting, RedisBl
         A missing block (evicted by the server, expired, deleted) fails the job
         as a miss; a block that does not verify is deleted and counted by cause.
         """
-        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
+        state = self.jobs.start(job)
         if self._closed:
             state.fail_rest("shutdown")
             return

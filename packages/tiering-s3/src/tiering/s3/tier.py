@@ -43,7 +43,7 @@ from tiering.core.toolkit import (
 )
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
-from tiering.core.toolkit.tenancy import TenantKeying, TenantPolicy
+from tiering.core.toolkit.tenancy import TenantPolicy, note_tenant
 from tiering.s3.blocks import BlockIO, Task
 from tiering.s3.client import S3Client, ServerFeatures
 from tiering.s3.config import SCHEMA, ConnectionSettings
@@ -75,7 +75,7 @@ _COUNTERS = (
 )
 
 
-class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryTierManager):
+class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier that keeps blocks as objects in an S3 (or S3-compatible) bucket.
 
     Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b",
@@ -292,7 +292,6 @@ class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryT
         """
         if self._closed:
             return False
-        key = self.stored_key(key, req_context)
         state = self._index.lookup(key)
         if state is KeyState.RESIDENT:
             answer: bool | None = True
@@ -310,7 +309,7 @@ class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryT
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used (eviction order)."""
-        self._index.touch(self.stored_keys(keys, req_context))
+        self._index.touch(keys)
 
     # -- stores ---------------------------------------------------------------------------------
     def submit_store(self, job: JobMetadata) -> None:
@@ -321,7 +320,8 @@ class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryT
         least recently used blocks are evicted to make room; a block that cannot
         fit fails the job (``store_failed_no_space``).
         """
-        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
+        note_tenant(self.tenants, job.req_context.tenant)  # its keys carry only its tag: its name for stats
+        state = self.jobs.start(job)
         tasks: list[Task] = []
         outcomes: list[tuple[int, bool, str]] = []
         for i, (key, slot) in enumerate(zip(job.keys, job.block_ids, strict=True)):
@@ -350,7 +350,7 @@ class S3SecondaryTierManager(TenantKeying, PinningTier, JobReporting, SecondaryT
         A missing or short object is a miss (not deleted); an object read whole
         that fails verification is deleted and counted. Either fails the job.
         """
-        state = self.jobs.start(job := self.stored_job(job))  # (a tenant's keys as stored)
+        state = self.jobs.start(job)
         if self._closed:
             state.fail_rest("shutdown")
             return

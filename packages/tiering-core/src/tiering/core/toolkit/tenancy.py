@@ -1,4 +1,4 @@
-"""Per-tenant byte quotas and TTL for the persistent tiers (fs, s3, redis), kept in their capacity index.
+"""The tenant key form (mark + tag + key), and per-tenant byte quotas and TTL kept in a tier's capacity index.
 
 Config (a tier entry's ``tenants`` key, off when absent)::
 
@@ -9,16 +9,21 @@ Config (a tier entry's ``tenants`` key, off when absent)::
 ``""`` included); an override's missing fields are the default's. A null or
 absent ``quota_bytes`` / ``ttl_s`` means none.
 
-**Where the tenant lives.** With ``tenants`` set, a tier stores a block of
-tenant ``t`` (``ReqContext.tenant``, not ``""``) under the key
-``MARK + tag(t) + key`` (:func:`tenant_tag`: 8 bytes of BLAKE2b of the
-tenant's name), so the tenant is part of every medium's name for the block
-(fs file name, s3 object name, redis key) with no layout change: a start-up
-scan or rescan reads each block's tenant back from its name, and per-tenant
-usage is restored across a restart. Blocks of the default tenant keep their
-plain key. A lookup stays one index probe (one concatenation more). Results
-and events carry the tagged key, except the ``successful_keys`` of a failed
-load, which the tier hands back untagged (:func:`untag_result`).
+**Where the tenant lives.** Every key a tier sees is already in its one
+stored form: the request boundary (:mod:`tiering.core.tenants`) turns the
+engine key ``k`` of tenant ``t`` (``ReqContext.tenant``, not ``""``) into
+``MARK + tenant_tag(t) + k`` (:func:`scope_key`; the tag is 16 bytes of
+personalised BLAKE2b of the tenant's name). The tenant is thus part
+of every medium's name for the block (fs file name, s3 object name, redis
+key) with no layout change: the index attributes each block to
+:func:`tag_of` its key, so a start-up scan or rescan reads each block's tenant
+back from its name and per-tenant usage is restored across a restart. Tiers
+never re-key. Blocks of the default tenant keep their plain key.
+
+The tag is 16 bytes because a request may name its own tenant (vLLM's
+``kv_transfer_params["tenant"]`` is the caller's): with a short tag a
+caller could search tenant names for one whose tag equals a victim
+tenant's and read its blocks; 2**128 names stay out of reach.
 
 **Age.** The TTL counts from the block's store (not its last hit), so it is
 a fixed deadline that every medium keeps across restarts: fs file mtime,
@@ -41,52 +46,66 @@ publishes its blocks, so the overshoot is other writers' victims for a moment.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Mapping
 from typing import Any
 
-from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext
+from tiering.core.base import OffloadKey
 from tiering.core.format import MAX_KEY_BYTES
 from tiering.core.toolkit.config import ConfigKey
 from tiering.core.units import parse_size
 
 MARK = b"\xf7tn\x1e"
-"""First bytes of a tenant-tagged key (engine keys are hashes: one starts so by chance once in 2**32)."""
+"""First bytes of a tenant's key (engine keys are hashes: one starts so by chance once in 2**32)."""
 
-TAG_BYTES = 8
-"""Bytes of a tenant's tag."""
+TAG_BYTES = 16
+"""Bytes of a tenant's tag: too many for a caller to search for a name whose tag is another tenant's."""
 
 PREFIX_BYTES = len(MARK) + TAG_BYTES
-"""Bytes a tag adds to a key."""
+"""Bytes the mark and tag add to a key."""
 
 DEFAULT_TAG = b""
 """The tag of the default tenant ``""`` (untagged keys)."""
 
+MAX_NOTED_NAMES = 4096
+"""Most tenant names a policy learns from requests (the oldest are forgotten: stats then name their tags)."""
 
+
+@functools.lru_cache(maxsize=4096)
 def tenant_tag(tenant: str) -> bytes:
-    """The 8-byte tag of ``tenant`` (BLAKE2b, personalised); ``b""`` for the default tenant ``""``."""
+    """The 16-byte tag of ``tenant`` (BLAKE2b-128 of its UTF-8, personalised); ``b""`` for the default tenant."""
     if not tenant:
         return DEFAULT_TAG
     return hashlib.blake2b(tenant.encode(), digest_size=TAG_BYTES, person=b"tiering-tenant").digest()
 
 
+def scope_key(tenant: str, key: OffloadKey) -> OffloadKey:
+    """The one stored form of tenant ``tenant``'s block that the engine named ``key``.
+
+    Args:
+        tenant: the request's tenant; ``""`` (the default tenant) returns ``key`` unchanged.
+        key: the engine's key (bytes).
+
+    Returns:
+        ``MARK + tenant_tag(tenant) + key``; a key too long for that to fit
+        :data:`~tiering.core.format.MAX_KEY_BYTES` is replaced by its BLAKE2b
+        digest of the room left (44 bytes). The mark and tag have fixed
+        lengths, so no other pair of a tenant and a key gives the same bytes
+        (short of a BLAKE2b collision).
+    """
+    if not tenant:
+        return key
+    if len(key) + PREFIX_BYTES > MAX_KEY_BYTES:
+        key = OffloadKey(hashlib.blake2b(key, digest_size=MAX_KEY_BYTES - PREFIX_BYTES).digest())
+    return OffloadKey(MARK + tenant_tag(tenant) + key)
+
+
 def tag_of(key: bytes) -> bytes:
     """The tenant tag of a stored key; ``b""`` for an untagged (default tenant) key."""
-    return key[len(MARK) : PREFIX_BYTES] if key[: len(MARK)] == MARK and len(key) > PREFIX_BYTES else DEFAULT_TAG
-
-
-def untag(key: OffloadKey) -> OffloadKey:
-    """The engine's key of a stored key (the key itself when untagged)."""
-    return OffloadKey(key[PREFIX_BYTES:]) if tag_of(key) else key
-
-
-def untag_result(result: JobResult) -> JobResult:
-    """``result`` with its ``successful_keys`` untagged (the engine knows only its own keys)."""
-    keys = result.successful_keys
-    if not keys or not any(k[: len(MARK)] == MARK for k in keys):
-        return result
-    return dataclasses.replace(result, successful_keys=[untag(k) for k in keys])
+    return key[len(MARK) : PREFIX_BYTES] if key[: len(MARK)] == MARK and len(key) >= PREFIX_BYTES else DEFAULT_TAG
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +151,7 @@ def _limits(value: Any, where: str, base: TenantLimits) -> TenantLimits:
 
 
 class TenantPolicy:
-    """The ``tenants`` config of one tier: limits per tenant tag, and the keys blocks are stored under.
+    """The ``tenants`` config of one tier: limits per tenant tag.
 
     Args:
         default: limits of every tenant without an override.
@@ -144,7 +163,8 @@ class TenantPolicy:
         self._by_tag = {tenant_tag(name): limits for name, limits in (overrides or {}).items()}
         self._names: dict[bytes, str] = {tenant_tag(name): name for name in overrides or {}}
         self._names[DEFAULT_TAG] = ""
-        self._prefixes: dict[str, bytes] = {}
+        self._noted: dict[bytes, str] = {}  # tag -> name of tenants seen in requests (bounded)
+        self._noting = threading.Lock()
 
     @classmethod
     def from_config(cls, value: Mapping[str, Any] | None) -> TenantPolicy | None:
@@ -170,7 +190,7 @@ class TenantPolicy:
         """The same TTLs without quotas (for an index when quotas are kept elsewhere, e.g. fleet-wide)."""
         out = TenantPolicy(dataclasses.replace(self.default, quota_bytes=None))
         out._by_tag = {tag: dataclasses.replace(limits, quota_bytes=None) for tag, limits in self._by_tag.items()}
-        out._names, out._prefixes = self._names, self._prefixes
+        out._names, out._noted, out._noting = self._names, self._noted, self._noting
         return out
 
     def ttl_seconds(self, key: bytes, fallback: int | None) -> int | None:
@@ -185,36 +205,30 @@ class TenantPolicy:
         return self._by_tag.get(tag, self.default)
 
     def name(self, tag: bytes) -> str:
-        """The tenant's name when this process saw it (config or requests), else ``tag:<hex>``."""
-        return self._names.get(tag) or f"tag:{tag.hex()}"
+        """The tenant's name when this policy saw it (config or :meth:`note`), else ``tag:<hex>``."""
+        name = self._names.get(tag)
+        if name is None:
+            name = self._noted.get(tag)
+        return f"tag:{tag.hex()}" if name is None else name
 
-    def key(self, key: OffloadKey, req_context: ReqContext) -> OffloadKey:
-        """The key ``key`` of ``req_context``'s tenant is stored under (see the module doc).
+    def note(self, tenant: str) -> None:
+        """Remember ``tenant``'s name for :meth:`name`: a tier saw a request of it (stored keys carry only its tag).
 
-        An engine key too long to carry a tag within ``MAX_KEY_BYTES`` is replaced by its BLAKE2b digest
-        (that block's ``successful_keys`` then never match: a failed load of it recomputes).
+        The last :data:`MAX_NOTED_NAMES` names noted are kept; a forgotten one is named by its tag again.
         """
-        tenant = req_context.tenant
-        if not tenant:
-            return key
-        prefix = self._prefixes.get(tenant)
-        if prefix is None:
-            tag = tenant_tag(tenant)
-            self._names.setdefault(tag, tenant)
-            prefix = self._prefixes.setdefault(tenant, MARK + tag)
-        if len(key) + PREFIX_BYTES > MAX_KEY_BYTES:
-            key = OffloadKey(hashlib.blake2b(key, digest_size=MAX_KEY_BYTES - PREFIX_BYTES).digest())
-        return OffloadKey(prefix + key)
+        tag = tenant_tag(tenant)
+        if tag in self._names or tag in self._noted:
+            return
+        with self._noting:
+            if len(self._noted) >= MAX_NOTED_NAMES:
+                del self._noted[next(iter(self._noted))]
+            self._noted[tag] = tenant
 
-    def keys(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
-        """:meth:`key` of each of ``keys``."""
-        return [self.key(k, req_context) for k in keys]
 
-    def job(self, job: JobMetadata) -> JobMetadata:
-        """``job`` with its keys as stored (the same job for the default tenant)."""
-        if not job.req_context.tenant:
-            return job
-        return dataclasses.replace(job, keys=self.keys(job.keys, job.req_context))
+def note_tenant(policy: TenantPolicy | None, tenant: str) -> None:
+    """``policy.note(tenant)``; nothing when the tier has no ``tenants`` config (``policy`` None)."""
+    if policy is not None:
+        policy.note(tenant)
 
 
 def check_tenants(value: Any) -> str | None:
@@ -234,31 +248,3 @@ TENANTS_KEY = ConfigKey(
     doc='per-tenant limits: {"default": {"quota_bytes": "2GiB", "ttl_s": 3600}, "overrides": {"<tenant>": {...}}}',
 )
 """The ``tenants`` key every persistent tier declares in its schema."""
-
-
-class TenantKeying:
-    """Mixin of a tier with a ``tenants`` policy: the keys a request's blocks are stored under.
-
-    List it first in the tier's bases (``class MyTier(TenantKeying, JobReporting, SecondaryTierManager)``)
-    and set ``self.tenants`` (None: off) in ``__init__``. It untags the ``successful_keys`` of the results
-    ``get_finished`` hands the engine.
-    """
-
-    tenants: TenantPolicy | None = None
-
-    def stored_key(self, key: OffloadKey, req_context: ReqContext) -> OffloadKey:
-        """The key ``key`` of this request's tenant is stored under (``key`` itself with tenancy off)."""
-        return key if self.tenants is None else self.tenants.key(key, req_context)
-
-    def stored_keys(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> Sequence[OffloadKey]:
-        """:meth:`stored_key` of each of ``keys``."""
-        return keys if self.tenants is None or not req_context.tenant else self.tenants.keys(keys, req_context)
-
-    def stored_job(self, job: JobMetadata) -> JobMetadata:
-        """``job`` with its keys as stored."""
-        return job if self.tenants is None else self.tenants.job(job)
-
-    def get_finished(self) -> Iterable[JobResult]:
-        """The base class's results, their ``successful_keys`` untagged."""
-        results = super().get_finished()  # type: ignore[misc]
-        return results if self.tenants is None else [untag_result(r) for r in results]
