@@ -79,13 +79,11 @@ class FsspecSecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager
 
         {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
 
-    Each stored block occupies ``block_bytes + 4096`` bytes (payload, then a
-    trailer page holding the header); ``capacity_bytes`` counts those sizes
-    plus temporaries. The keys are declared in :data:`~tiering.fs.config.FS_SCHEMA`
-    and documented on :class:`~tiering.fs.config.FsConfig` and in the package
-    README (with the layout and the multi-process semantics). The keyword
-    arguments after ``tier_type`` (``root`` ... ``max_pinned_bytes``) are
-    those config keys.
+    Each stored block occupies ``block_bytes + 4096`` bytes (payload, then a trailer page holding the header);
+    ``capacity_bytes`` counts those sizes plus temporaries. The keys are declared in
+    :data:`~tiering.fs.config.FS_SCHEMA` and documented on :class:`~tiering.fs.config.FsConfig` and in the
+    package README (with the layout and the multi-process semantics). The keyword arguments after ``tier_type``
+    (``root`` ... ``tenants``) are those config keys.
 
     Args:
         offloading_spec: the stack's spec (see :class:`~tiering.core.SecondaryTierManager`).

@@ -88,6 +88,39 @@ class ServerInfo:
         """Whether the server evicts keys without a TTL when full."""
         return self.maxmemory > 0 and self.policy in EVICTING_POLICIES
 
+    def warn_eviction_authority(self, location: str, capacity: int | None, has_ttl: bool) -> None:
+        """Log a warning when nothing bounds the tier's blocks, or when two parties evict them.
+
+        Args:
+            location: the server, as logs name it.
+            capacity: the tier's own cap in bytes (``capacity_bytes`` or the fleet cap); None: none.
+            has_ttl: whether blocks are stored with a TTL.
+        """
+        info = self
+        if capacity is None and info.maxmemory == 0:
+            logger.warning(
+                "redis tier: %s has no maxmemory and the tier no capacity_bytes: nothing bounds the blocks "
+                "stored; set maxmemory with maxmemory-policy allkeys-lru on the server (or eviction 'tier')",
+                location,
+            )
+        elif capacity is None and info.maxmemory > 0 and info.policy not in EVICTING_POLICIES:
+            logger.warning(
+                "redis tier: %s has maxmemory %d with policy %s, which does not evict blocks%s: stores fail "
+                "with OOM when it is full; use allkeys-lru",
+                location,
+                info.maxmemory,
+                info.policy,
+                "" if has_ttl else " (they have no TTL)",
+            )
+        elif capacity is not None and info.server_evicts:
+            logger.warning(
+                "redis tier: the tier caps the blocks (eviction 'tier' or 'process') but %s also evicts "
+                "(maxmemory %d, %s): blocks it evicts become misses",
+                location,
+                info.maxmemory,
+                info.policy,
+            )
+
 
 def _info(client: Any, section: str) -> list[dict[str, Any]]:
     if isinstance(client, RedisCluster):

@@ -62,7 +62,7 @@ from tiering.redis.io import RedisBlockIO, Task
 from tiering.redis.layout import KeyLayout
 from tiering.redis.pins import RedisPins
 from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import EVICTING_POLICIES, probe
+from tiering.redis.probe import probe
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         except BaseException:
             self._client.close()
             raise
-        self._warn_eviction_authority(capacity or fleet_cap)
+        self.server.warn_eviction_authority(self.location, capacity or fleet_cap, bool(self.ttl_s))
         self.fleet = (
             FleetCap(
                 self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap, self.ttl_s, self.tenants
@@ -219,32 +219,6 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
             if fleet_cap
             else "the server",
         )
-
-    def _warn_eviction_authority(self, capacity: int | None) -> None:
-        info = self.server
-        if capacity is None and info.maxmemory == 0:
-            logger.warning(
-                "redis tier: %s has no maxmemory and the tier no capacity_bytes: nothing bounds the blocks "
-                "stored; set maxmemory with maxmemory-policy allkeys-lru on the server (or eviction 'tier')",
-                self.location,
-            )
-        elif capacity is None and info.maxmemory > 0 and info.policy not in EVICTING_POLICIES:
-            logger.warning(
-                "redis tier: %s has maxmemory %d with policy %s, which does not evict blocks%s: stores fail "
-                "with OOM when it is full; use allkeys-lru",
-                self.location,
-                info.maxmemory,
-                info.policy,
-                "" if self.ttl_s else " (they have no TTL)",
-            )
-        elif capacity is not None and info.server_evicts:
-            logger.warning(
-                "redis tier: the tier caps the blocks (eviction 'tier' or 'process') but %s also evicts "
-                "(maxmemory %d, %s): blocks it evicts become misses",
-                self.location,
-                info.maxmemory,
-                info.policy,
-            )
 
     @classmethod
     def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector | None:

@@ -78,21 +78,21 @@ _COUNTERS = (
 class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
     """A secondary tier that keeps blocks as objects in an S3 (or S3-compatible) bucket.
 
-    Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b",
-    ...}``; every key is documented in the package README and below.
+    Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b", ...}``; every key is documented in
+    the package README and below.
 
     Args:
         offloading_spec: the stack's spec (block geometry, namespace).
         primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` host buffer.
         tier_type: the registered name (injected by the factory).
         bucket: the bucket name (required; must exist).
-        prefix: key prefix inside the bucket (``"kv/tenantA"``); leading and
-            trailing ``/`` are ignored. Nothing outside it is read or written.
+        prefix: key prefix inside the bucket (``"kv/tenantA"``); leading and trailing ``/`` are ignored.
+            Nothing outside it is read or written.
         endpoint_url: ``http(s)://host:port`` of a non-AWS server; None: AWS.
         region_name: the bucket's region; None: boto3's default chain.
         addressing_style: ``"auto"``, ``"path"`` or ``"virtual"``.
-        aws_access_key_id: explicit access key id; None: boto3's default
-            chain (environment, profile, instance role). Never logged or shown.
+        aws_access_key_id: explicit access key id; None: boto3's default chain (environment, profile,
+            instance role). Never logged or shown.
         aws_secret_access_key: the secret of ``aws_access_key_id``. Never logged or shown.
         aws_session_token: the session token of temporary credentials. Never logged or shown.
         profile_name: a profile of the shared AWS config files.
@@ -103,21 +103,20 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         max_attempts: total attempts per request, first one included (>= 1).
         connect_timeout: seconds to open a connection.
         read_timeout: seconds to wait for bytes on an open connection.
-        request_checksum_calculation: ``"when_supported"`` or
-            ``"when_required"``; None: ``when_required`` with a custom
-            ``endpoint_url``, ``when_supported`` on AWS.
+        request_checksum_calculation: ``"when_supported"`` or ``"when_required"``; None: ``when_required``
+            with a custom ``endpoint_url``, ``when_supported`` on AWS.
         response_checksum_validation: same values and default.
-        capacity_bytes: cap on the bytes of this tier's objects (headers
-            included); None: unbounded. Least recently used blocks are evicted.
-        head_fallback: on an index miss, ask the server with HEAD (other
-            writers share the prefix); ``lookup`` answers None meanwhile.
+        capacity_bytes: cap on the bytes of this tier's objects (headers included); None: unbounded. Least
+            recently used blocks are evicted.
+        head_fallback: on an index miss, ask the server with HEAD (other writers share the prefix); ``lookup``
+            answers None meanwhile.
         max_pinned_bytes: bound on the bytes of pinned blocks (0: pinning off; :mod:`tiering.s3.pins`).
         tenants: per-tenant byte quotas and TTL (:mod:`tiering.core.toolkit.tenancy`); None: off.
 
     Raises:
         ValueError: a config value has the wrong type or range (the message names the key).
-        S3StartupError: the startup probe failed (wrong endpoint, bucket,
-            region, credentials, permissions or TLS); the message says which.
+        S3StartupError: the startup probe failed (wrong endpoint, bucket, region, credentials, permissions or
+            TLS); the message says which.
     """
 
     medium: ClassVar[str] = "storage"
@@ -188,16 +187,9 @@ class S3SecondaryTierManager(PinningTier, JobReporting, SecondaryTierManager):
         self._index.attach_events(self.events)
         self._pool = IOPool(max_concurrency, 0, name="tiering-s3")
         self._io = io = BlockIO(
-            self._client,
-            self.layout,
-            self._namespace,
-            self.block_bytes,
-            self.block,
-            self._index,
-            self._counters,
-            self._pool,
-            self._redact,
-        )
+            self._client, self.layout, self._namespace, self.block_bytes, self.block, self._index, self._counters,
+            self._pool, self._redact,
+        )  # fmt: skip
         self._lookups = LookupCache(
             io.resolve, negative_ttl_s=NEGATIVE_LOOKUP_TTL_S, max_pending=4 * max_concurrency, max_batch=64
         )
