@@ -87,7 +87,7 @@ def test_replicated_layout_shares_blocks_across_tp_sizes() -> None:
     reader = _namespace(replicated=True, world_size=4, rank=3)
     assert writer.digest == reader.digest
     assert (writer.rank, writer.world_size) == (0, 1)
-    assert "replicated=1" in writer.kv_layout and "tp=1," in writer.kv_layout
+    assert '"replicated":1' in writer.kv_layout and '"tp":1,' in writer.kv_layout
 
 
 def test_sharded_layout_keeps_rank_and_world_size_in_the_namespace() -> None:
@@ -95,7 +95,7 @@ def test_sharded_layout_keeps_rank_and_world_size_in_the_namespace() -> None:
     four = _namespace(replicated=False, world_size=4, rank=1)
     assert two.digest != four.digest
     assert (two.rank, two.world_size) == (1, 2)
-    assert "replicated=0" in two.kv_layout and "tp=2," in two.kv_layout
+    assert '"replicated":0' in two.kv_layout and '"tp":2,' in two.kv_layout
 
 
 @pytest.mark.parametrize("value", ["LOCAL", "REMOTE"])
