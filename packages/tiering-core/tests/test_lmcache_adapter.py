@@ -433,3 +433,30 @@ def test_store_and_prefetch_threads_at_once(tmp_path: Any) -> None:
         assert adapter.get_usage().bytes_by_cache_salt == {f"t{n}": 8 * ROW_BYTES for n in range(3)}
     finally:
         adapter.close()
+
+
+def test_a_lock_pins_the_object_until_its_unlock(tmp_path: Any) -> None:
+    # The lock protects an object against eviction (LMCache reads it after the lookup): a tier with
+    # pinning on keeps it however many stores follow; the last unlock ends the pin.
+    stored = 3 * (ROW_BYTES + 4096)  # an fs block file: the row, then a 4 KiB trailer page
+    tier = {"type": "fs", "root": str(tmp_path), "capacity_bytes": stored, "max_pinned_bytes": stored // 3}
+    adapter = build(plugin(tier))
+    try:
+        assert store(adapter, [object_key(0)], [memory_obj(b"p" * OBJECT_BYTES)]).is_successful()
+        assert lookup_and_lock(adapter, [object_key(0)]) == [0]
+        assert adapter.tier.stats()["pinned_blocks"] == 1
+        for i in range(1, 8):  # 7 more objects through a tier holding 3
+            assert store(adapter, [object_key(i)], [memory_obj(bytes([i]) * OBJECT_BYTES)]).is_successful()
+        assert adapter.tier.stats()["evictions"] >= 5
+        assert lookup_and_lock(adapter, [object_key(0)]) == [0]  # still there: pinned
+        adapter.submit_unlock([object_key(0)])
+        adapter.submit_unlock([object_key(0)])
+        deadline = time.monotonic() + 10
+        while adapter.tier.stats()["pinned_blocks"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert adapter.tier.stats()["pinned_blocks"] == 0
+        for i in range(8, 12):
+            assert store(adapter, [object_key(i)], [memory_obj(bytes([i]) * OBJECT_BYTES)]).is_successful()
+        assert lookup_and_lock(adapter, [object_key(0)]) == []  # unpinned: evicted like any other
+    finally:
+        adapter.close()

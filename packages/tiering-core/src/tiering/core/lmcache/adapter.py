@@ -14,9 +14,11 @@ object is only marked loaded when the tier verified every byte of its row
 and the row's length equals the buffer's.
 
 A lookup hit is locked for ``lock_ttl_s`` (:meth:`TieringL2Adapter._lock_hits`):
-the lock bumps the block in the tier's recency order (the tier's own
-eviction takes the least recently used first) and an unlock that never
-comes expires instead of leaking. Eviction is the tier's own
+the lock pins the block in the tier (a tier with ``max_pinned_bytes`` never
+evicts it before the pin's end; see :mod:`tiering.core.toolkit.pins`) and
+bumps it in the tier's recency order (all a tier that cannot pin gets); the
+last unlock ends the pin, and an unlock that never comes expires with the
+pin instead of leaking (the pin's expiry lives with the tier's blocks). Eviction is the tier's own
 (``capacity_bytes`` on the tier): the adapter declares no global capacity to
 LMCache, and :meth:`TieringL2Adapter.get_usage` reports the bytes the tier
 really holds, which a persistent tier recovers when it restarts, and the
@@ -111,6 +113,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._load_results: dict[int, Any] = {}
         self._locks: dict[OffloadKey, tuple[int, float]] = {}  # key -> (holders, expiry in monotonic seconds)
         self._locks_expired = 0
+        self._to_unpin: list[OffloadKey] = []  # unlocked keys whose pins the worker thread ends
         self._usage = SaltUsage(self.block_bytes)  # rows the tier holds per cache salt
         self._closed = False
         self._worker = TierWorker(
@@ -197,6 +200,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                     continue
                 if holders[0] <= 1:
                     del self._locks[okey]
+                    self._to_unpin.append(okey)  # ended on the worker thread: an unpin may wait on the tier
                 else:
                     self._locks[okey] = (holders[0] - 1, holders[1])
 
@@ -308,9 +312,9 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _lock_hits(self, task: Task) -> None:
         """Lock a lookup's hits against eviction until their unlock, or ``lock_ttl_s`` at most (worker thread).
 
-        The tier is told of a use (the hits become the most recently used
-        in its eviction order, one call per tenant), and each hit's holders
-        are counted with an expiry that :meth:`submit_unlock` and
+        The tier pins the hits for ``lock_ttl_s`` (False from a tier that cannot pin or has pinning off)
+        and is told of a use (the hits become the most recently used in its eviction order), one call
+        each per tenant; each hit's holders are counted with an expiry that :meth:`submit_unlock` and
         :meth:`_expire_locks` honour.
         """
         by_tenant: dict[str, list[OffloadKey]] = {}
@@ -318,9 +322,10 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             by_tenant.setdefault(task.tenant(index), []).append(task.okeys[index])
         for tenant, okeys in by_tenant.items():
             try:
+                self.tier.pin(okeys, self.params.lock_ttl_s)
                 self.tier.touch(okeys, ReqContext(f"lmcache-lookup-{task.task_id}", tenant=tenant))
             except Exception:
-                logger.exception("tiering L2 adapter: tier touch raised")
+                logger.exception("tiering L2 adapter: tier pin or touch raised")
                 self._worker.errors += 1
         expiry = time.monotonic() + self.params.lock_ttl_s
         with self._lock:
@@ -353,12 +358,22 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             self._worker.submit(Task("restore", next(self._ids), okeys, okeys))
 
     def _expire_locks(self) -> None:
-        """Drop locks whose unlock never came within ``lock_ttl_s``."""
+        """End the pins of unlocked keys; drop locks whose unlock never came within ``lock_ttl_s`` (worker thread).
+
+        An expired lock's pin ends by itself on the tier at the same time.
+        """
         now = time.monotonic()
         with self._lock:
             expired = [key for key, (_, expiry) in self._locks.items() if expiry <= now]
             for key in expired:
                 del self._locks[key]
             self._locks_expired += len(expired)
+            unpin, self._to_unpin = self._to_unpin, []
+        if unpin:
+            try:
+                self.tier.unpin(unpin)
+            except Exception:
+                logger.exception("tiering L2 adapter: tier unpin raised")
+                self._worker.errors += 1
         if expired:
             logger.warning("tiering L2 adapter: %d lock(s) expired without an unlock", len(expired))
