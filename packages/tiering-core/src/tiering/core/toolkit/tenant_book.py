@@ -38,22 +38,24 @@ class TenantOrder(collections.OrderedDict[OffloadKey, tuple[int, int]]):
         super().__setitem__(key, value)
         self.by_tag[tag_of(key)][key] = None
 
+    # Python 3.10's OrderedDict.pop / popitem call an overridden __delitem__ and later versions do not:
+    # each mirror removal tolerates the key being gone already.
     def __delitem__(self, key: OffloadKey) -> None:
         super().__delitem__(key)
-        del self.by_tag[tag_of(key)][key]
+        self.by_tag[tag_of(key)].pop(key, None)
 
     def pop(self, key: OffloadKey, *default: Any) -> Any:
         """As ``OrderedDict.pop``."""
         if key not in self:
             return super().pop(key, *default)
         value = super().pop(key)
-        del self.by_tag[tag_of(key)][key]
+        self.by_tag[tag_of(key)].pop(key, None)
         return value
 
     def popitem(self, last: bool = True) -> tuple[OffloadKey, tuple[int, int]]:
         """As ``OrderedDict.popitem``."""
         key, value = super().popitem(last)
-        del self.by_tag[tag_of(key)][key]
+        self.by_tag[tag_of(key)].pop(key, None)
         return key, value
 
     def move_to_end(self, key: OffloadKey, last: bool = True) -> None:
