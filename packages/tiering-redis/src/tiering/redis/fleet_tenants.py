@@ -113,7 +113,7 @@ class FleetTenants:
         pipe = client.pipeline(transaction=False)
         if victims or gone:
             pipe.zrem(self.lru_key, *victims, *gone)
-        for tag, members in self.group(OffloadKey(bytes.fromhex(m.decode())) for m in surplus).items():
+        for tag, members in self.group(OffloadKey(bytes.fromhex(m.decode())) for m in fleet_surplus).items():
             pipe.zrem(self.set_key(tag), *members)
         try:
             if len(pipe):
