@@ -9,7 +9,8 @@ import pytest
 from fs_test_helpers import BB, CTX, block_files, run_worker, store
 
 from tiering.core.cli import main
-from tiering.core.keys import block_keys
+from tiering.core.keys import block_keys, trace_block_key
+from tiering.core.tenants import scope_key
 from tiering.core.testing import make_key
 from tiering.core.toolkit import InvalidValueError
 from tiering.core.toolkit.pins import parse_marker
@@ -141,8 +142,11 @@ def test_tiering_pin_pins_a_prompt_from_its_token_ids_and_unpins_it(tmp_path, ca
     tokens = tmp_path / "prompt.json"
     tokens.write_text(json.dumps(list(range(40))))  # 2 full blocks of 16 tokens, 8 tokens left over
     assert main(["pin", config, "--ttl", "1h", "--tokens", str(tokens)]) == 0
-    out = capsys.readouterr().out
-    assert "secondary_tiers[0] fs: pinned 2 blocks for 3600 s; 0 blocks pinned, 2 not stored yet" in out
+    captured = capsys.readouterr()
+    assert (
+        "fs: pinned 2 blocks for 3600 s; the tier now has 0 blocks pinned, 2 pinned but not stored yet" in captured.out
+    )
+    assert "fs: warning: the tier holds no block of namespace" in captured.err  # a config that matches no engine's
     found = sorted(parse_marker(p.name)[0] for p in markers(tmp_path))
     assert found == sorted(block_keys(list(range(40)), 16))
     assert main(["pin", config, "--unpin", "--tokens", str(tokens)]) == 0
@@ -171,3 +175,17 @@ def test_a_running_process_honours_a_pin_another_process_takes(tmp_path, open_ti
     holder.pins.refresh_interval_s = 0.01  # (5 s by default) so that the refresh comes during the fill
     fill(holder, view, b"flood", 20)
     assert holder.lookup(key, CTX) is True and holder.pins.protects(key)
+
+
+def test_tiering_pin_on_a_tier_that_cannot_pin_says_so_without_a_traceback(tmp_path, capsys):
+    pytest.importorskip("tiering.example")
+    config = tmp_path / "mixed.json"
+    fs = {"type": "fs", "root": str(tmp_path / "kv"), "capacity_bytes": 10 * STORED, "max_pinned_bytes": STORED}
+    stack = {"cpu_bytes_to_use": 16 * BB, "block_bytes": BB, "secondary_tiers": [fs, {"type": "example"}]}
+    config.write_text(json.dumps(stack))
+    assert main(["pin", str(config), "--ttl", "1h", "--hash-ids", "1", "--tenant", "acme"]) == 1
+    out = capsys.readouterr().out
+    assert "secondary_tiers[0] fs: pinned 1 blocks" in out and "secondary_tiers[1] example: cannot pin" in out
+    assert [parse_marker(p.name)[0] for p in markers(tmp_path)] == [scope_key("acme", trace_block_key(1))]
+    assert main(["pin", str(config), "--unpin", "--hash-ids", "1", "--tenant", "acme"]) == 0
+    assert "example: cannot pin (nothing to unpin)" in capsys.readouterr().out and markers(tmp_path) == []

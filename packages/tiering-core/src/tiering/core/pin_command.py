@@ -7,7 +7,10 @@ ids of a Mooncake trace (``--hash-ids 0,1,2``: the keys ``tiering bench``
 replays), or as keys in hex (``--keys``). The stack is given as for
 ``tiering stat`` (a CONFIG file, ``--root DIR`` or ``--tier TYPE --KEY
 VALUE``); the tiers are opened as an engine opens them (a root or namespace
-not there yet is created: a block may be pinned before it is stored). Exit
+not there yet is created: a block may be pinned before it is stored; a tier
+holding no block of the namespace is named in a warning, as a config that
+does not match the engine's pins a namespace nobody fills). ``--tenant``
+pins that tenant's blocks (:func:`tiering.core.tenants.scope_key`). Exit
 status 0 when every tier pinned every key, 1 when a tier refused or cannot
 pin (the reason is logged), 2 on bad arguments.
 """
@@ -23,6 +26,7 @@ from typing import Any
 from tiering.core.base import OffloadKey
 from tiering.core.keys import trace_block_key
 from tiering.core.pinning import pin_in_tiers, prefix_keys
+from tiering.core.tenants import scope_keys
 from tiering.core.terminal import echo
 from tiering.core.units import duration_argument
 
@@ -71,7 +75,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     from tiering.core.primary import allocate_host_buffer
 
     spec: Any = create_spec(stack_config(args))
-    keys = _keys(args, int(getattr(spec, "block_size", 16)))
+    keys = scope_keys(args.tenant, _keys(args, int(getattr(spec, "block_size", 16))))
     if not keys:
         raise ValueError("no keys to pin")
     if not args.unpin and args.ttl is None:
@@ -80,15 +84,26 @@ def cmd_pin(args: argparse.Namespace) -> int:
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
+                can_pin = "pinned_blocks" in tier.stats()
                 tier.unpin(keys)
-                echo(f"secondary_tiers[{index}] {tier.tier_type}: unpinned {len(keys)} blocks")
+                state = f"pins of {len(keys)} blocks ended" if can_pin else "cannot pin (nothing to unpin)"
+                echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
             return 0
         results = pin_in_tiers(tiers, keys, args.ttl)
         for index, (tier, ok) in enumerate(zip(tiers, results, strict=True)):
-            stats = tier.stats()
+            stats, name = tier.stats(), f"secondary_tiers[{index}] {tier.tier_type}"
+            if "pinned_blocks" not in stats:
+                echo(f"{name}: cannot pin")
+                continue
             state = f"pinned {len(keys)} blocks for {args.ttl:g} s" if ok else "refused (see the warning above)"
-            figures = f"; {stats['pinned_blocks']} blocks pinned, {stats['pins_pending']} not stored yet"
-            echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}{figures if 'pinned_blocks' in stats else ''}")
+            pinned, pending = stats["pinned_blocks"], stats["pins_pending"]
+            echo(f"{name}: {state}; the tier now has {pinned} blocks pinned, {pending} pinned but not stored yet")
+            if not stats.get("resident_blocks"):
+                echo(
+                    f"{name}: warning: the tier holds no block of namespace {spec.namespace.digest}: check that "
+                    "the config matches the engine's (tiering ls lists the namespaces of a root)",
+                    sys.stderr,
+                )
     finally:
         for tier in tiers:
             tier.shutdown()
@@ -110,5 +125,6 @@ def add_pin_parser(sub: Any) -> None:
     what.add_argument("--tokens", metavar="FILE", help="the prompt's token ids (JSON list, or separated by spaces)")
     what.add_argument("--hash-ids", metavar="IDS", help="Mooncake trace block ids, comma separated (0,1,2)")
     what.add_argument("--keys", nargs="+", metavar="HEX", help="block keys in hex")
+    pin.add_argument("--tenant", default="", metavar="NAME", help="the tenant whose blocks these are (default: none)")
     pin.add_argument("--unpin", action="store_true", help="end the pins of these blocks now")
     pin.set_defaults(func=cmd_pin)
