@@ -23,3 +23,9 @@ def test_pinned_set_survives_whole_a_replay_filling_the_tier_ten_times_over(tmp_
     assert data["tier_stats"]["0:fs"]["pinned_blocks"] == 12
     assert "pinned prefixes (the trace's most shared blocks):" in out
     assert f"pins on   12 blocks, 12 still stored at the end; hit ratio: pinned {on['pinned_hit_ratio']:.2%}" in out
+    assert not list((tmp_path / "kv").rglob("*.pin"))  # the bench's pins end with it: the config's tier is the user's
+
+
+def test_pin_with_tenants_is_refused(tmp_path, capsys):
+    assert main(["bench", "--requests", "10", "--pin", "4", "--tenants", "2"]) == 2
+    assert "give --pin or --tenants, not both" in capsys.readouterr().err

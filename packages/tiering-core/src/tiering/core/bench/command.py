@@ -203,6 +203,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rate = args.recompute_tokens_per_s
     if rate and args.pin:
         raise ValueError("--pin and --recompute-tokens-per-s each replay twice: give one of them")
+    if args.pin and args.tenants > 1:
+        raise ValueError("--pin pins the trace's blocks of no tenant: give --pin or --tenants, not both")
     # With a recompute rate (or --pin): the same replay with the cost model (pins) off, then on, each on a fresh stack.
     passes: list[bool | None] = [False, True] if rate or args.pin else [None]
     views: dict[str, dict[str, float]] = {}
@@ -275,6 +277,7 @@ def _replay_pass(
         locations = {f"{i}:{t['type']}": tier_location(t, i) for i, t in enumerate(spec.secondary_tiers)}
         block_tokens = requests[0].block_tokens if requests else spec.block_size
         manager = _manager(spec, args.throttle, block_tokens)
+        pinned_in: list[bool] = []
         try:
             if args.metrics_port is not None and model is not False:
                 from tiering.core.metrics_prometheus import serve
@@ -307,6 +310,9 @@ def _replay_pass(
             print(f"{LABEL}: FAILED: {redact_text(str(exc), config)}", file=sys.stderr)
             return 1
         finally:
+            if pinned_in:  # the bench's pins end with it: a --config's tiers are the user's
+                for tier in manager.secondary_tiers:
+                    tier.unpin(pinned)
             manager.shutdown()
         data = report.to_dict()
         if args.pin:
