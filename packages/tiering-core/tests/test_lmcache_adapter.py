@@ -203,6 +203,7 @@ def test_a_lost_unlock_expires(tmp_path: Any) -> None:
         store(adapter, [object_key(1)], [memory_obj(b"z" * 10)])
         assert lookup_and_lock(adapter, [object_key(1)]) == [0]
         assert adapter.report_status()["locked_keys"] == 1
+        assert not adapter.tier.pinning and adapter.tier.stats()["pins_refused"] == 0  # pinning off: no pin tried
         deadline = time.monotonic() + 10
         while adapter.report_status()["locked_keys"] and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -444,7 +445,7 @@ def test_a_lock_pins_the_object_until_its_unlock(tmp_path: Any) -> None:
     try:
         assert store(adapter, [object_key(0)], [memory_obj(b"p" * OBJECT_BYTES)]).is_successful()
         assert lookup_and_lock(adapter, [object_key(0)]) == [0]
-        assert adapter.tier.stats()["pinned_blocks"] == 1
+        assert adapter.tier.pinning and adapter.tier.stats()["pinned_blocks"] == 1
         for i in range(1, 8):  # 7 more objects through a tier holding 3
             assert store(adapter, [object_key(i)], [memory_obj(bytes([i]) * OBJECT_BYTES)]).is_successful()
         assert adapter.tier.stats()["evictions"] >= 5

@@ -285,6 +285,11 @@ class SecondaryTierManager(abc.ABC):
     def unpin(self, keys: Sequence[OffloadKey]) -> None:  # noqa: B027
         """End the pins of ``keys`` now (they become evictable). Default: no-op."""
 
+    @property
+    def pinning(self) -> bool:
+        """Whether :meth:`pin` can succeed here (pinning supported and on). Default: False. No I/O."""
+        return False
+
     def stats(self) -> dict[str, int | float]:
         """Figures of the tier for metrics and ``tiering stat``. Default: none.
 

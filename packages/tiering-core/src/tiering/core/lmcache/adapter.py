@@ -200,7 +200,8 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                     continue
                 if holders[0] <= 1:
                     del self._locks[okey]
-                    self._to_unpin.append(okey)  # ended on the worker thread: an unpin may wait on the tier
+                    if self.tier.pinning:
+                        self._to_unpin.append(okey)  # ended on the worker thread: an unpin may wait on the tier
                 else:
                     self._locks[okey] = (holders[0] - 1, holders[1])
 
@@ -312,17 +313,18 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _lock_hits(self, task: Task) -> None:
         """Lock a lookup's hits against eviction until their unlock, or ``lock_ttl_s`` at most (worker thread).
 
-        The tier pins the hits for ``lock_ttl_s`` (False from a tier that cannot pin or has pinning off)
-        and is told of a use (the hits become the most recently used in its eviction order), one call
-        each per tenant; each hit's holders are counted with an expiry that :meth:`submit_unlock` and
-        :meth:`_expire_locks` honour.
+        A tier with pinning on (:attr:`~tiering.core.base.SecondaryTierManager.pinning`) pins the hits for
+        ``lock_ttl_s``; every tier is told of a use (the hits become the most recently used in its eviction
+        order), one call each per tenant; each hit's holders are counted with an expiry that
+        :meth:`submit_unlock` and :meth:`_expire_locks` honour.
         """
         by_tenant: dict[str, list[OffloadKey]] = {}
         for index in sorted(task.hits):
             by_tenant.setdefault(task.tenant(index), []).append(task.okeys[index])
         for tenant, okeys in by_tenant.items():
             try:
-                self.tier.pin(okeys, self.params.lock_ttl_s)
+                if self.tier.pinning:  # else a refusal per lookup would be logged and counted for nothing
+                    self.tier.pin(okeys, self.params.lock_ttl_s)
                 self.tier.touch(okeys, ReqContext(f"lmcache-lookup-{task.task_id}", tenant=tenant))
             except Exception:
                 logger.exception("tiering L2 adapter: tier pin or touch raised")

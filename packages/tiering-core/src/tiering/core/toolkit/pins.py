@@ -303,3 +303,8 @@ class PinningTier:
     def unpin(self, keys: Sequence[OffloadKey]) -> None:
         """See :meth:`tiering.core.base.SecondaryTierManager.unpin` (:meth:`PinBook.try_unpin`)."""
         self.pins.try_unpin(keys)
+
+    @property
+    def pinning(self) -> bool:
+        """See :attr:`tiering.core.base.SecondaryTierManager.pinning` (:attr:`PinBook.enabled`)."""
+        return self.pins.enabled
