@@ -74,7 +74,9 @@ class Deletes:
 
     def delete(self, victims: Iterable[Victim], reason: str) -> None:
         """Delete ``victims`` (``reason``: ``"eviction"``, ``"expired"`` or ``"bad"``); outcomes go to the index."""
-        keys = [v.key for v in victims]
+        self._submit([v.key for v in victims], reason)
+
+    def _submit(self, keys: Sequence[OffloadKey], reason: str) -> None:
         if not keys:
             return
         if self._pool is None:
@@ -89,14 +91,21 @@ class Deletes:
         """Delete one batch; a failed delete keeps its bytes counted (retried later)."""
         step = max(1, self.medium.delete_batch)
         outcomes: list[tuple[OffloadKey, bool]] = []
+        again: list[OffloadKey] = []
         for start in range(0, len(keys), step):
             batch = keys[start : start + step]
             try:
-                done = self.medium.remove_many(batch)
+                done: Sequence[bool | None] = self.medium.remove_many(batch)
             except Exception as exc:
                 logger.warning("%s: delete of %d blocks failed: %s", self.medium.label, len(batch), exc)
                 done = [False] * len(batch)
-            outcomes += zip(batch, done, strict=True)
+            for key, ok in zip(batch, done, strict=True):
+                # Not attempted: the medium stopped taking batches during the call; sent again in smaller batches.
+                if ok is None and self.medium.delete_batch < len(batch):
+                    again.append(key)
+                else:
+                    outcomes.append((key, bool(ok)))
+        self._submit(again, reason)
         self.index.deleted_many(outcomes)
         gone = [k for k, ok in outcomes if ok]
         if reason == "bad" and gone:

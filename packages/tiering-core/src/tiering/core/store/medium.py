@@ -198,8 +198,12 @@ class Medium(ABC):
     def remove(self, key: OffloadKey) -> bool:
         """Delete ``key``'s block; True when it is gone (also when it was already), False on an error."""
 
-    def remove_many(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        """:meth:`remove` of each key, at most :attr:`delete_batch` keys (override to delete in one request)."""
+    def remove_many(self, keys: Sequence[OffloadKey]) -> Sequence[bool | None]:
+        """:meth:`remove` of each key, at most :attr:`delete_batch` keys (override to delete in one request).
+
+        An override may answer None for keys it did not attempt because the medium refused the batch
+        and :attr:`delete_batch` is lower now: the store sends those again in batches of the new size.
+        """
         return [self.remove(key) for key in keys]
 
     @abstractmethod
