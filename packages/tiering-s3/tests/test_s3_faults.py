@@ -16,9 +16,9 @@ from s3_helpers import CTX, OBJ, block_keys, build, load, make_spec, store, wait
 
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
+from tiering.core.store import deletes as store_deletes
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.s3 import client as s3_client
-from tiering.s3 import deleter as s3_deleter
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_C16_per_key_delete_errors_keep_bytes_counted_until_a_rescan(s3, hooks):
         }
 
     tier, view = build(s3.tier_config(capacity_bytes=4 * OBJ))
-    tier._client.boto.meta.events.register(delete_event(tier), per_key_errors)
+    tier.blocks.client.boto.meta.events.register(delete_event(tier), per_key_errors)
     try:
         keys = [make_key(i, b"c16") for i in range(8)]
         assert store(tier, view, keys[:4])
@@ -147,8 +147,8 @@ def test_C16_per_key_delete_errors_keep_bytes_counted_until_a_rescan(s3, hooks):
 
 def test_C16_failed_deletes_settle_on_their_own_after_an_outage(s3, hooks, monkeypatch):
     """Deletes failing longer than the fast retry rounds are retried on, with no rescan, until they succeed."""
-    monkeypatch.setattr(s3_deleter, "RETRY_PAUSES_S", (0.05, 0.05))
-    monkeypatch.setattr(s3_deleter, "RETRY_EVERY_S", 0.3)
+    monkeypatch.setattr(store_deletes, "RETRY_PAUSES_S", (0.05, 0.05))
+    monkeypatch.setattr(store_deletes, "RETRY_EVERY_S", 0.3)
     failing = threading.Event()
     failing.set()
     attempts = []
@@ -160,7 +160,7 @@ def test_C16_failed_deletes_settle_on_their_own_after_an_outage(s3, hooks, monke
         return None
 
     tier, view = build(s3.tier_config(capacity_bytes=2 * OBJ))
-    tier._client.boto.meta.events.register(delete_event(tier), outage)
+    tier.blocks.client.boto.meta.events.register(delete_event(tier), outage)
     try:
         keys = [make_key(i, b"c16-outage") for i in range(4)]
         assert store(tier, view, keys[:2])
@@ -257,12 +257,12 @@ def test_C17_short_objects_during_stores_are_misses_never_deleted(s3, hooks):
             time.sleep(0.005)  # a spinning test thread would starve the in-process server of the GIL
         assert wait_for_jobs(writer, [job.job_id]) == {job.job_id: True}
         for key in keys:  # lookups before a block's PUT began were cached as absent: ask again, still short
-            reader._lookups.invalidate((key,))
+            reader.lookup_cache.invalidate((key,))
         assert all(wait_for_lookup(reader, k, CTX) is False for k in keys)  # short: not there (yet)
         assert reader.stats()["short_objects_seen"] >= 1
         shrinking.clear()
         for key in keys:
-            reader._lookups.invalidate((key,))  # past the negative-lookup TTL
+            reader.lookup_cache.invalidate((key,))  # past the negative-lookup TTL
         for start in range(0, 64, 16):
             assert load(reader, rview, keys[start : start + 16], list(range(16)), timeout_s=60)
             assert load(writer, wview, keys[start : start + 16], list(range(16, 32)), timeout_s=60)

@@ -40,7 +40,7 @@ def test_tenant_ttl_expires_blocks_as_misses_and_deletes_them(s3):
     tier, view = build(config, make_spec())
     try:
         now = [time.time()]
-        tier._index.tenants.clock = lambda: now[0]
+        tier.index.tenants.clock = lambda: now[0]
         ka, kb = [make_key(i, b"s3-ttl") for i in range(2)], [make_key(9, b"s3-ttl")]
         assert store(tier, view, ka, A) and store(tier, view, kb, B)
         assert objects(s3, tier, ka, A) == 2 and objects(s3, tier, kb, B) == 1
@@ -77,7 +77,7 @@ def test_restart_restores_tenant_usage_and_age_from_the_listing(s3):
         assert sum(lookup(tier, k, B) is True for k in kb) == 2 and all(lookup(tier, k, A) for k in ka)
         # Age is the listing's LastModified: 28.5 s on from now, a's blocks are >= 30.5 s old.
         later = time.time() + 28.5
-        tier._index.tenants.clock = lambda: later
+        tier.index.tenants.clock = lambda: later
         assert [lookup(tier, k, A) for k in ka] == [False] * 3
         wait_until(lambda: objects(s3, tier, ka, A) == 0)
     finally:

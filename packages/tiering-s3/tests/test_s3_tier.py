@@ -35,7 +35,7 @@ def test_unknown_key_is_named(s3):
         ({"max_attempts": True}, InvalidTypeError, "max_attempts"),
         ({"read_timeout": 0}, InvalidValueError, "read_timeout: must be a number > 0"),
         ({"ca_bundle": "/nonexistent/ca.pem"}, InvalidValueError, "ca_bundle: .*not a file"),
-        ({"capacity_bytes": 10}, InvalidValueError, "capacity_bytes: must be >= one object"),
+        ({"capacity_bytes": 10}, InvalidValueError, "capacity_bytes: .*smaller than one stored block"),
         ({"endpoint_url": "127.0.0.1:9000"}, InvalidValueError, "endpoint_url: must start with http"),
         ({"request_checksum_calculation": "always"}, InvalidValueError, "request_checksum_calculation"),
         ({"aws_secret_access_key": None}, InvalidValueError, "aws_secret_access_key: required with aws_access_key_id"),
@@ -379,7 +379,7 @@ def test_C05_capacity_evicts_and_never_refuses_forever(s3):
         tier.shutdown()
 
 
-def test_capacity_full_of_writes_in_flight_rejects_then_recovers(s3):
+def test_capacity_full_of_writes_in_flight_waits_for_them_then_evicts(s3):
     tier, view = build(s3.tier_config(capacity_bytes=2 * OBJ))
     armed, holding, release = threading.Event(), threading.Event(), threading.Event()
 
@@ -388,21 +388,26 @@ def test_capacity_full_of_writes_in_flight_rejects_then_recovers(s3):
             holding.set()
             release.wait(10)
 
-    tier._client.boto.meta.events.register("before-call.s3.PutObject", slow_put)
+    tier.blocks.client.boto.meta.events.register("before-call.s3.PutObject", slow_put)
     try:
         keys = [make_key(i, b"full") for i in range(4)]
         armed.set()
         first = JobMetadata(next(_ids), keys[:2], [0, 1], False, CTX)
-        for slot, key in enumerate(keys[:2]):
+        second = JobMetadata(next(_ids), keys[2:3], [6], False, CTX)
+        for slot, key in ((0, keys[0]), (1, keys[1]), (6, keys[2])):
             block_view(view, slot)[:] = block_payload(key, BLOCK)
         tier.submit_store(first)  # both reservations fill the cap while their PUTs are held
         assert holding.wait(10)
-        assert not store(tier, view, keys[2:3], [6])
-        assert tier.stats()["store_failed_no_space"] == 1
+        tier.submit_store(second)  # no room and nothing to evict yet: it waits for the writes in flight
+        time.sleep(0.3)
+        stats = tier.stats()
+        assert stats["in_flight_stores"] == 2 and stats["evictions"] == 0 and stats["store_failures"] == 0
+        assert len(block_keys(s3, f"{s3.prefix}/")) == 0
         armed.clear()
         release.set()
-        assert wait_for_jobs(tier, [first.job_id]) == {first.job_id: True}
-        assert store(tier, view, keys[2:4], [6, 7])  # now it evicts
+        assert wait_for_jobs(tier, [first.job_id, second.job_id]) == {first.job_id: True, second.job_id: True}
+        assert tier.stats()["evictions"] == 1 and len(block_keys(s3, f"{s3.prefix}/")) == 2
+        assert store(tier, view, keys[3:4], [7])  # now it evicts at once
         assert tier.stats()["evictions"] == 2
     finally:
         release.set()
@@ -561,7 +566,7 @@ def test_faults_end_in_failed_jobs_not_hangs(s3, proxy_factory, mode, counter):
         assert store(tier, view, present)
         proxy.set_mode(mode)
         sent = []  # HTTP attempts, counted by the client itself (servers and proxies differ in connection reuse)
-        tier._client.boto.meta.events.register("before-send.s3", lambda **_: sent.append(1))
+        tier.blocks.client.boto.meta.events.register("before-send.s3", lambda **_: sent.append(1))
         started = time.monotonic()
         new = [make_key(i, b"fault") for i in range(3)]
         for slot, k in enumerate(new):
