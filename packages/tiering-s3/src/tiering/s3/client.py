@@ -269,6 +269,14 @@ class S3Client:
                     failed[name] = code
         return failed
 
+    def delete_or_refuse(self, names: Sequence[str]) -> dict[str, str] | None:
+        """:meth:`delete_many` of at most :data:`DELETE_BATCH` names, but None when the server refuses them as a batch.
+
+        Then nothing was deleted and the client sends one ``DeleteObject`` per key from now on: the caller sends
+        them again, in parallel, rather than one after another here.
+        """
+        return self.delete_batch(names) if self.batch_delete and len(names) > 1 else self.delete_many(names)
+
     def delete_batch(self, names: Sequence[str]) -> dict[str, str] | None:
         """One ``DeleteObjects`` of up to :data:`DELETE_BATCH` ``names``.
 

@@ -1,20 +1,14 @@
-"""The medium of an s3 tier: blocks are objects in a bucket, every request through :class:`~tiering.s3.client.S3Client`.
+"""The medium of an s3 tier: blocks as objects in a bucket, every request through :class:`~tiering.s3.client.S3Client`.
 
 :class:`S3Medium` implements the primitives of the indexed block store
-(:class:`~tiering.core.store.Medium`); the store owns the index, the
-reservations and the cap, jobs, lookups, deletes with retries, scans and
-stats. A block object is :func:`tiering.core.format.encode_header` followed
-by the primary slot's bytes, verified with :func:`tiering.core.format.verify_block`
-on every load (object layout: :mod:`tiering.s3.layout`).
-
-An object shorter than a block is "not there yet": a server whose PUT is not
-atomic shows an object while its upload runs. A load answers it as a miss
-(:class:`~tiering.core.store.BlockNotReadyError`), a listing or HEAD does not
-index it, and it is never deleted for its size.
-
-A server may refuse ``DeleteObjects`` at start-up or at any later time; from
-then on :attr:`S3Medium.delete_batch` is 1 and the store's delete pool sends
-one ``DeleteObject`` per key, several at once.
+(:class:`~tiering.core.store.Medium`), which owns the index, the cap, jobs,
+lookups, deletes with retries, scans and stats. A block object is the core
+block header followed by the payload, verified on every load (names:
+:mod:`tiering.s3.layout`). An object shorter than a block is "not there
+yet" (a server whose PUT is not atomic shows an object while its upload
+runs): a miss, never indexed, never deleted for its size. A server that
+refuses ``DeleteObjects`` (at start-up or any later time) gets one
+``DeleteObject`` per key, sent in parallel by the store's delete pool.
 """
 
 from __future__ import annotations
@@ -44,26 +38,19 @@ from tiering.s3.config import ConnectionSettings
 from tiering.s3.errors import ERROR_CLASSES, S3RequestError, classify_error
 from tiering.s3.layout import Layout
 from tiering.s3.pins import S3Pins
-from tiering.s3.probe import check_bucket, probe_credentials, probe_features, startup_error
+from tiering.s3.probe import check_bucket, probe_features, startup_error
 
 logger = logging.getLogger(__name__)
 
-S3_COUNTERS = (
-    "delete_requests",
-    "objects_deleted",
-    "short_objects_seen",
-    "in_flight_loads",
-    *(f"errors_{c}" for c in ERROR_CLASSES),
-)
+S3_COUNTERS = ("delete_requests", "objects_deleted", "short_objects_seen", "in_flight_loads",
+               *(f"errors_{c}" for c in ERROR_CLASSES))  # fmt: skip
 """The medium's own figures (see :meth:`S3Medium.stats`)."""
 
 
 class S3Medium(Medium):
     """One namespace's block objects under ``<prefix>/<namespace digest>/`` of a bucket.
 
-    Opening it creates the client and probes the bucket and the server's
-    features (conditional put, batch delete), creating nothing but one probe
-    object, removed at once.
+    Opening it builds the client and probes the bucket and the server's features (conditional put, batch delete).
 
     Args:
         settings: the tier's validated connection settings.
@@ -71,14 +58,11 @@ class S3Medium(Medium):
         block_bytes: payload bytes per block.
 
     Attributes:
-        client: the S3 client (its ``boto.meta.events`` take botocore event handlers).
-        layout: the object names of the namespace.
-        tally: the medium's counters (:data:`S3_COUNTERS`).
+        client: the S3 client; layout: the object names; tally: :data:`S3_COUNTERS`;
         listed_blocks: complete block objects the latest scan listed.
 
     Raises:
-        S3StartupError: the client cannot be built, or the bucket cannot be used (the message says why,
-            never a credential).
+        S3StartupError: the client cannot be built or the bucket cannot be used (says why, never a credential).
     """
 
     store_causes = tuple(dict.fromkeys((*STORE_CAUSES, *ERROR_CLASSES)))
@@ -95,11 +79,11 @@ class S3Medium(Medium):
         self.client = S3Client(settings, 2 * settings.max_concurrency + 1)  # I/O threads, delete threads, one more
         try:
             check_bucket(self.client, self.layout.listing_prefix)
-            features = probe_features(self.client, self.layout.new_probe())
+            batch_delete = probe_features(self.client, self.layout.new_probe()).batch_delete
         except BaseException:
             self.client.close()
             raise
-        self.delete_batch = DELETE_BATCH if features.batch_delete else 1
+        self.delete_batch = DELETE_BATCH if batch_delete else 1
 
     def name(self, key: bytes) -> str:
         """The object name of block ``key``: ``<prefix>/<digest>/<shard>/<key hex>``."""
@@ -113,13 +97,8 @@ class S3Medium(Medium):
             logger.warning("%s: %s failed (%s): %s", self.label, what, cls, self.client.redact(exc))
 
     # -- blocks ------------------------------------------------------------------------------------
-    def write_many(
-        self,
-        keys: Sequence[OffloadKey],
-        block_ids: Sequence[int],
-        slot: Callable[[int], memoryview],
-        stopping: Callable[[], bool],
-    ) -> list[WriteOutcome]:
+    def write_many(self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview],
+                   stopping: Callable[[], bool]) -> list[WriteOutcome]:  # fmt: skip
         """One conditional PUT per block (header + payload); a 412 (another writer was first) is :data:`PRESENT`."""
         out: list[WriteOutcome] = []
         for key, block_id in zip(keys, block_ids, strict=True):
@@ -136,9 +115,8 @@ class S3Medium(Medium):
                 out.append(exc)
         return out
 
-    def read_many(
-        self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
-    ) -> list[BaseException | None]:
+    def read_many(self, keys: Sequence[OffloadKey], block_ids: Sequence[int],
+                  slot: Callable[[int], memoryview]) -> list[BaseException | None]:  # fmt: skip
         """One GET per block, verified before its bytes reach the slot (see the module doc for short objects)."""
         out: list[BaseException | None] = []
         self.tally.inc("in_flight_loads", len(keys))
@@ -186,37 +164,27 @@ class S3Medium(Medium):
     def remove_many(self, keys: Sequence[OffloadKey]) -> list[bool | None]:
         """One ``DeleteObjects`` while the server takes it, else one ``DeleteObject`` per key.
 
-        Returns:
-            Per key: True (gone), False (failed: retried by the store), None when the server refused the
-            batch just now (nothing deleted; :attr:`delete_batch` is 1 from now on, the store sends them again).
+        Returns per key True (gone), False (failed: retried), or None when the server refused the batch just now
+        (nothing deleted; :attr:`delete_batch` is 1 from now on: the store sends them again, in parallel).
         """
         names = {self.name(key): key for key in keys}
-        failed: dict[str, str] | None = None
-        requests = 1
         try:
-            if self.client.batch_delete:
-                failed = self.client.delete_batch(list(names))
-                if failed is None:  # refused just now: one request per key from now on
-                    self.delete_batch = 1
-                    if len(names) > 1:
-                        return [None] * len(names)  # the store sends them again, in parallel
-            if failed is None:
-                requests = len(names)
-                failed = {name: code for name in names if (code := self.client.delete_one(name)) is not None}
+            failed = self.client.delete_or_refuse(list(names))
         except Exception as exc:
             self._failed(exc)
             raise
+        if not self.client.batch_delete:
+            self.delete_batch = 1
+        if failed is None:
+            return [None] * len(names)
         for name, code in list(failed.items())[:3]:
             logger.warning("%s: delete of %s failed: %s", self.label, name, code)
+        requests = 1 if self.client.batch_delete and len(names) > 1 else len(names)
         self.tally.add({"delete_requests": requests, "objects_deleted": len(names) - len(failed)})
         return [name not in failed for name in names]
 
     def scan(self, stopping: Callable[[], bool]) -> ScanResult:
-        """List the namespace: objects of a block's size are blocks; others are not there yet (counted, kept).
-
-        Raises:
-            S3StartupError: the listing failed (the message says why).
-        """
+        """List the namespace: objects of a block's size are blocks, others not there yet; raises S3StartupError."""
         blocks: dict[bytes, tuple[int, float]] = {}
         short = 0
         try:
@@ -232,25 +200,22 @@ class S3Medium(Medium):
                         continue
                     blocks[key] = (int(obj["Size"]), obj["LastModified"].timestamp())
         except S3RequestError as exc:
-            what = "ListObjectsV2 of the namespace prefix"
-            raise startup_error(self.client, what, exc, self.layout.listing_prefix) from None
+            raise self._startup_error("ListObjectsV2 of the namespace prefix", exc) from None
         self.tally.inc("short_objects_seen", short)
         self.listed_blocks = len(blocks)
         return ScanResult(blocks, summary=f"{short} objects not whole yet" if short else "")
 
     # -- namespace, pins, reporting --------------------------------------------------------------
     def write_namespace_record(self, record: Mapping[str, Any]) -> None:
-        """``<prefix>/<digest>/namespace.json`` (written once; an existing one is kept).
-
-        Raises:
-            S3StartupError: the PUT failed.
-        """
+        """``<prefix>/<digest>/namespace.json``, written once (an existing one is kept); raises S3StartupError."""
         body = json.dumps(dict(record), indent=1, sort_keys=True).encode()
         try:
             self.client.put(self.layout.namespace_object, body, if_absent=True, content_type="application/json")
         except S3RequestError as exc:
-            what = "PutObject of namespace.json"
-            raise startup_error(self.client, what, exc, self.layout.listing_prefix) from None
+            raise self._startup_error("PutObject of namespace.json", exc) from None
+
+    def _startup_error(self, what: str, exc: S3RequestError) -> Exception:
+        return startup_error(self.client, what, exc, self.layout.listing_prefix)
 
     def pin_records(self) -> S3Pins:
         """Pin marker objects ``<prefix>/<digest>/pins/...`` (:mod:`tiering.s3.pins`)."""
@@ -264,25 +229,11 @@ class S3Medium(Medium):
             return "missing"
         return super().failure_cause(exc, load=load, in_index=in_index)
 
-    def probe_report(self, check_credentials: bool = True) -> list[str]:
-        """What the probes found, one line each (``tiering check --probe``); never a credential.
-
-        Args:
-            check_credentials: also send one request signed with made-up credentials to learn whether
-                the server checks them (:func:`tiering.s3.probe.probe_credentials`).
-        """
-        if check_credentials and self.client.checks_credentials is None:
-            probe_credentials(self.client)
-        endpoint = self.client.redact(self.client.settings.endpoint_url or "AWS")
-        return [f"s3://{self.client.bucket}/{self.layout.base}/ at {endpoint}", *self.client.features().describe()]
-
     def stats(self) -> dict[str, int | float]:
         """:data:`S3_COUNTERS`, ``conditional_put_supported`` and ``batch_delete_supported`` (1/0)."""
-        return {
-            **self.tally.snapshot(),
-            "conditional_put_supported": int(self.client.conditional_put),
-            "batch_delete_supported": int(self.client.batch_delete),
-        }
+        client = self.client
+        features = {"conditional_put_supported": client.conditional_put, "batch_delete_supported": client.batch_delete}
+        return {**self.tally.snapshot(), **{name: int(on) for name, on in features.items()}}
 
     def close(self) -> None:
         """Close the client's connections."""

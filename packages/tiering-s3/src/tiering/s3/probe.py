@@ -1,6 +1,6 @@
 """Start-up checks of an s3 tier: bucket, credentials, optional server features; errors that say what is wrong.
 
-The tier (:class:`tiering.s3.blocks.BlockIO`) and its inspector call these
+The tier's medium (:class:`tiering.s3.medium.S3Medium`) and its inspector call these
 once when they open a bucket; :func:`probe_entry` is ``tiering check
 --probe`` (creates nothing: its one probe object is removed at once, no
 ``namespace.json`` is written). Every request goes through
@@ -116,6 +116,21 @@ def probe_credentials(client: S3Client) -> bool | None:
     finally:
         other.close()
     return client.checks_credentials
+
+
+def probe_report(client: S3Client, base: str, check_credentials: bool = True) -> list[str]:
+    """What the probes found, one line each (``tiering check --probe``); never a credential.
+
+    Args:
+        client: the tier's client.
+        base: the namespace's folder in the bucket.
+        check_credentials: also send one request signed with made-up credentials to learn whether
+            the server checks them (:func:`probe_credentials`).
+    """
+    if check_credentials and client.checks_credentials is None:
+        probe_credentials(client)
+    endpoint = client.redact(client.settings.endpoint_url or "AWS")
+    return [f"s3://{client.bucket}/{base}/ at {endpoint}", *client.features().describe()]
 
 
 def startup_error(

@@ -1,13 +1,8 @@
-"""An S3 secondary tier: the indexed block store (:mod:`tiering.core.store`) on a bucket.
+"""An S3 secondary tier: the indexed block store (:mod:`tiering.core.store`) on a bucket (:mod:`tiering.s3.medium`).
 
-The block store owns the protocol (index and cap, reservations on the
-scheduler thread, lookups, jobs, deletes with retries, scans, stats,
-shutdown); :class:`~tiering.s3.medium.S3Medium` owns the requests. This
-module holds the config schema's use and the store's knobs for s3: no
-periodic rescans (a listing costs requests; :meth:`S3SecondaryTierManager.rescan`
-runs one), a blocking start-up scan (a bucket that cannot be listed fails
-the constructor), and lookups of keys missing from the index answered by
-background HEADs (``head_fallback``). Nothing on the scheduler's thread waits for S3.
+The store's knobs for s3: reservations on the scheduler thread, no periodic rescan (a listing costs requests),
+a blocking start-up scan (a bucket that cannot be listed fails the constructor), and keys missing from the
+index asked with background HEADs (``head_fallback``). Nothing on the scheduler's thread waits for S3.
 """
 
 from __future__ import annotations
@@ -25,8 +20,12 @@ from tiering.core.toolkit import ConfigSchema, LookupCache
 from tiering.s3.client import ServerFeatures
 from tiering.s3.config import CREDENTIAL_KEYS, SCHEMA, ConnectionSettings
 from tiering.s3.medium import S3Medium
+from tiering.s3.probe import probe_report
 
 logger = logging.getLogger(__name__)
+
+NEGATIVE_LOOKUP_TTL_S = 5.0
+"""How long a HEAD that found nothing answers ``lookup`` with False before asking again."""
 
 
 class _Entry(dict[str, Any]):
@@ -36,32 +35,25 @@ class _Entry(dict[str, Any]):
         return repr({k: "<redacted>" if k in CREDENTIAL_KEYS and v else v for k, v in self.items()})
 
 
-NEGATIVE_LOOKUP_TTL_S = 5.0
-"""How long a HEAD that found nothing answers ``lookup`` with False before asking again."""
-
-
 class S3SecondaryTierManager(IndexedTier):
     """A secondary tier that keeps blocks as objects in an S3 (or S3-compatible) bucket.
 
-    Config (the ``secondary_tiers`` entry): ``{"type": "s3", "bucket": "b", ...}``; the keyword arguments
-    after ``tier_type`` are the keys of :data:`tiering.s3.config.SCHEMA`, documented in the package README.
-    ``capacity_bytes`` counts whole objects (header included); least recently used blocks are evicted, and
-    a block is PUT only once the objects evicted for its room are deleted.
+    Config: ``{"type": "s3", "bucket": "b", ...}``; the keyword arguments after ``tier_type`` are the keys of
+    :data:`tiering.s3.config.SCHEMA` (documented in the package README). ``capacity_bytes`` counts whole
+    objects; least recently used blocks are evicted, and a block is PUT only once the objects evicted for its
+    room are deleted.
 
     Args:
-        offloading_spec: the stack's spec (block geometry, namespace).
-        primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` host buffer.
+        offloading_spec: the stack's spec; primary_kv_view: the primary ``(num_blocks, block_bytes)`` buffer;
         tier_type: the registered name (injected by the factory).
 
     Attributes:
-        blocks: the :class:`~tiering.s3.medium.S3Medium`.
-        startup_listed_blocks: complete block objects the start-up listing found.
-        startup_seconds: seconds the constructor took (probe and listing).
+        blocks: the :class:`~tiering.s3.medium.S3Medium`; startup_listed_blocks: complete block objects the
+        start-up listing found; startup_seconds: seconds the constructor took.
 
     Raises:
-        TierConfigError: a config value has the wrong type or range (a ``ValueError``; names the key).
-        S3StartupError: the startup probe failed (wrong endpoint, bucket, region, credentials, permissions or
-            TLS); the message says which, never a credential.
+        TierConfigError: a wrong config value (a ``ValueError`` naming the key, never a credential's value).
+        S3StartupError: the start-up probe failed (endpoint, bucket, region, credentials, permissions or TLS).
     """
 
     medium: ClassVar[str] = "storage"
@@ -75,23 +67,13 @@ class S3SecondaryTierManager(IndexedTier):
         super().__init__(offloading_spec, primary_kv_view, tier_type, **config)
         self.startup_seconds = time.monotonic() - started
         self.startup_listed_blocks = self.blocks.listed_blocks
-        logger.info(
-            "s3 tier %r ready: %s, %d blocks (%d bytes) found in %.2f s, capacity %s",
-            tier_type,
-            self.probe_report(check_credentials=False)[0],
-            self.startup_listed_blocks,
-            self.index.resident_bytes,
-            self.startup_seconds,
-            self.capacity_bytes if self.capacity_bytes is not None else "unbounded",
-        )
+        logger.info("s3 tier %r ready: %s, %d blocks (%d bytes) found in %.2f s, capacity %s", tier_type,
+                    self.probe_report(False)[0], self.startup_listed_blocks, self.index.resident_bytes,
+                    self.startup_seconds, self.capacity_bytes or "unbounded")  # fmt: skip
 
     # -- the store's hooks ------------------------------------------------------------------------
     def check_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Every key of :data:`~tiering.s3.config.SCHEMA` (defaults filled in), kept as ``self.config``.
-
-        Raises:
-            TierConfigError: a wrong, missing or unknown key (names it, never a credential's value).
-        """
+        """Every key of :data:`~tiering.s3.config.SCHEMA`, defaults filled in; raises TierConfigError naming a key."""
         return _Entry(SCHEMA.validate(config))
 
     def store_settings(self, config: Any) -> StoreSettings:
@@ -110,16 +92,11 @@ class S3SecondaryTierManager(IndexedTier):
         return S3Medium(ConnectionSettings.from_entry(config), self.namespace, self.block_bytes)
 
     def make_lookup_cache(self) -> LookupCache:
-        """HEADs of keys missing from the index, in batches resolved side by side on the read threads."""
+        """HEADs of keys missing from the index, in small batches resolved side by side on the read threads."""
         n = self.settings.n_read_threads
-        return LookupCache(
-            self._resolve,
-            lambda fn: self.pool.submit_call("read", fn),
-            negative_ttl_s=NEGATIVE_LOOKUP_TTL_S,
-            max_pending=4 * n,
-            max_batch=4,
-            parallel=n,
-        )
+        submit = lambda fn: self.pool.submit_call("read", fn)  # noqa: E731
+        return LookupCache(self._resolve, submit, negative_ttl_s=NEGATIVE_LOOKUP_TTL_S, max_pending=4 * n,
+                           max_batch=4, parallel=n)  # fmt: skip
 
     def forget(self, keys: Sequence[OffloadKey], reason: str) -> None:
         """Keys known gone from the bucket (or not whole yet): a miss for the negative-lookup TTL, without a HEAD."""
@@ -130,14 +107,7 @@ class S3SecondaryTierManager(IndexedTier):
     # -- s3's own -----------------------------------------------------------------------------------
     @classmethod
     def probe(cls, tier_config: Mapping[str, Any]) -> str:
-        """Bucket, credentials and server features of an entry, creating nothing (``tiering check --probe``).
-
-        See :func:`tiering.s3.probe.probe_entry` (one probe object, removed at once; no ``namespace.json``).
-
-        Raises:
-            TierConfigError: a wrong value or unknown key (a ``ValueError``).
-            S3StartupError: the bucket cannot be used (the message says why, without credentials).
-        """
+        """Bucket, credentials and server features of an entry, creating nothing (:func:`.probe.probe_entry`)."""
         from tiering.s3.probe import probe_entry
 
         return probe_entry(tier_config)
@@ -164,24 +134,18 @@ class S3SecondaryTierManager(IndexedTier):
         return self.blocks.client.features()
 
     def probe_report(self, check_credentials: bool = True) -> list[str]:
-        """What the probes found, one line each (``tiering check --probe``); see :meth:`S3Medium.probe_report`."""
-        return self.blocks.probe_report(check_credentials)
+        """What the probes found, one line each (:func:`tiering.s3.probe.probe_report`); never a credential."""
+        return probe_report(self.blocks.client, self.base, check_credentials)
 
     def rescan(self) -> None:
-        """List the namespace now and reconcile the index with it; retries failed deletes; evicts to the cap.
-
-        Raises:
-            S3StartupError: the listing failed.
-        """
+        """List the namespace now, reconcile the index, retry failed deletes, evict to the cap (S3StartupError)."""
         self.scans.scan(False)
 
     def stats(self) -> dict[str, int | float]:
-        """The store's figures (:meth:`IndexedTier.stats`), the medium's and the start-up listing's; see the README."""
-        return {
-            **super().stats(),
-            "startup_listed_blocks": self.startup_listed_blocks,
-            "startup_seconds": round(self.startup_seconds, 3),
-        }
+        """The store's figures (:meth:`IndexedTier.stats`, the medium's among them) and the start-up listing's."""
+        out = super().stats()
+        out.update(startup_listed_blocks=self.startup_listed_blocks, startup_seconds=round(self.startup_seconds, 3))
+        return out
 
     def __repr__(self) -> str:
         settings = self.blocks.client.settings
