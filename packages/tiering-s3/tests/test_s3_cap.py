@@ -5,6 +5,7 @@ overshoot is 0: a block is PUT only once the victims evicted for it are gone.
 """
 
 import itertools
+import logging
 import threading
 import time
 
@@ -151,5 +152,44 @@ def test_c21_single_deletes_are_sent_in_parallel(s3, hooks):  # noqa: F811
         assert store(tier, view, keys[4:], [4, 5, 6, 7])  # 4 victims, each PUT waits for its room
         assert most[0] >= 2  # the deletes overlapped
         wait_until(lambda: tier.stats()["objects_deleted"] == 4)
+    finally:
+        tier.shutdown()
+
+
+def test_c21_a_batch_refused_after_start_up_is_sent_again_one_per_request_in_parallel(s3, hooks, caplog):  # noqa: F811
+    """Victims of one batch refused (MissingContentMD5) after start-up are deleted singly, several at once."""
+    if not s3.batch_delete():
+        pytest.skip("the server has no batch delete to refuse later")
+    lock, running, most, batches = threading.Lock(), [0], [0], itertools.count()
+
+    def slow_single_delete(**_):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+
+    hooks.add(
+        "before-call.s3.DeleteObjects",
+        lambda **_: server_error(400, "MissingContentMD5") if next(batches) >= 1 else None,
+    )
+    hooks.add("before-call.s3.DeleteObject", slow_single_delete)
+    caplog.set_level(logging.WARNING)
+    # Two delete threads for four victims: each takes a batch of two, which the server refuses.
+    tier, view = build(s3.tier_config(capacity_bytes=4 * OBJ, max_concurrency=2))
+    try:
+        assert tier.features.batch_delete is True  # the start-up probe's DeleteObjects went through
+        keys = [make_key(i, b"c21-refused-later") for i in range(8)]
+        with BucketWatch(s3, tier, 0.002) as watch:
+            assert store(tier, view, keys[:4])
+            assert store(tier, view, keys[4:], [4, 5, 6, 7])  # 4 victims in one batch, refused: sent again singly
+            settle(tier, s3, watch)
+        assert most[0] >= 2  # the single deletes overlapped
+        assert watch.peak <= 4
+        assert not [r for r in caplog.records if "cannot delete" in r.getMessage()]  # sent again, not failed
+        stats = tier.stats()
+        assert stats["batch_delete_supported"] == 0 and stats["objects_deleted"] == 4 == stats["delete_requests"]
+        assert stats["failed_deletes"] == 0 and stats["store_failures"] == 0
     finally:
         tier.shutdown()
