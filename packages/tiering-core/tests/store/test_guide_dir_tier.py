@@ -39,4 +39,9 @@ class TestGuideDirTierCappedConformance(TierConformanceTests):
     @pytest.fixture
     def tier_config(self, tmp_path):
         cap = 64 * (self.block_bytes + 128)
-        return {"type": "DirTier", "module_path": "guide_dir_tiers", "root": str(tmp_path / "kv"), "capacity_bytes": cap}
+        return {
+            "type": "DirTier",
+            "module_path": "guide_dir_tiers",
+            "root": str(tmp_path / "kv"),
+            "capacity_bytes": cap,
+        }
