@@ -22,11 +22,10 @@ class DictMedium(Medium):
 
     label = "dict store"
 
-    def __init__(self, digest, block_bytes, delete_threads, on_scheduler):
+    def __init__(self, digest, block_bytes, delete_threads):
         self.digest = digest
         self.stored_block_bytes = block_bytes + HEADER_SIZE
         self.delete_threads = delete_threads
-        self.reserve_on_scheduler = on_scheduler
         self.data = {}
         self.lock = threading.Lock()
         self.peak = 0
@@ -94,9 +93,8 @@ class DictStoreTier(IndexedTier):
     )
 
     def open_medium(self, config):
-        return DictMedium(
-            self.namespace.digest_bytes, self.block_bytes, config["delete_threads"], config["on_scheduler"]
-        )
+        self.reserve_on_scheduler = config["on_scheduler"]
+        return DictMedium(self.namespace.digest_bytes, self.block_bytes, config["delete_threads"])
 
 
 MODES = [

@@ -88,7 +88,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     """Bytes a stored block occupies beyond its payload (header, trailer); the cap counts them."""
 
     reserve_on_scheduler: ClassVar[bool] = False
-    """Reserve a store's blocks in ``submit_store`` (scheduler thread) rather than on the I/O thread."""
+    """Reserve a store's blocks in ``submit_store`` on the scheduler thread (victims known at once, a block
+    without room fails there) rather than on the I/O thread that writes them (the default: the scheduler
+    thread then touches no index lock)."""
 
     locality: ClassVar[str] = "local"
     """KV events' locality: ``"local"`` (this host), ``"remote"`` or ``"fleet"`` (shared by every engine)."""
@@ -121,7 +123,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
-        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.tenants)
+        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.index_tenants())
         label = f"{medium.label} {medium.location}".rstrip()
         self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, label)
         self.index.keep = self.pins.protects
@@ -183,6 +185,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
             Exception: the medium cannot be used (a clear error naming the key and the reason).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement open_medium")
+
+    def index_tenants(self) -> TenantPolicy | None:
+        """The tenant policy the index enforces (default: the tier's; one without quotas where a fleet keeps them)."""
+        return self.tenants
 
     def make_lookup_cache(self) -> LookupCache:
         """The lookup cache of ``lookup_fallback: "async"`` (default: resolved on the read threads, 1 s negatives)."""
@@ -259,10 +265,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     def submit_store(self, job: JobMetadata) -> None:
         """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
         note_tenant(self.tenants, job.req_context.tenant)  # its keys carry only its tag: its name for stats
-        on_scheduler = self.blocks.reserve_on_scheduler
-        if on_scheduler is None:
-            on_scheduler = self.reserve_on_scheduler
-        self._begin(job, self.stores.reserve_and_queue if on_scheduler else self.stores.queue)
+        self._begin(job, self.stores.reserve_and_queue if self.reserve_on_scheduler else self.stores.queue)
         self.pins.refresh_soon(self.pool.submit_call)  # other processes' pins, read again now and then
 
     def submit_load(self, job: JobMetadata) -> None:
