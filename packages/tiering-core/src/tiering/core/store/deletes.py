@@ -72,6 +72,11 @@ class Deletes:
         n = medium.delete_threads
         self._pool = IOPool(n, 0, name="tiering-delete", max_batch=max(1, medium.delete_batch)) if n > 0 else None
 
+    @property
+    def pooled(self) -> bool:
+        """Whether deletes run on a pool of their own (else on the calling thread)."""
+        return self._pool is not None
+
     def delete(self, victims: Iterable[Victim], reason: str) -> None:
         """Delete ``victims`` (``reason``: ``"eviction"``, ``"expired"`` or ``"bad"``); outcomes go to the index."""
         keys = [v.key for v in victims]
