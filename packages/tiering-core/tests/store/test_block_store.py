@@ -188,3 +188,28 @@ class TestCappedDeletePoolConformance(TierConformanceTests):
     def tier_config(self):
         cap = 64 * (self.block_bytes + HEADER_SIZE)
         return {"type": "DictStoreTier", "module_path": __name__, "capacity_bytes": cap, "delete_threads": 2}
+
+
+def test_rescan_on_demand_runs_without_a_rescan_interval(open_store):
+    tier, view = open_store()  # no cap, no tenants: no periodic rescans, the scan thread ended after start-up
+    keys = [make_key(i, b"rescan") for i in range(2)]
+    assert store_blocks(tier, view, keys)
+    del tier.blocks.data[keys[0]]  # removed behind the store's back
+    tier.rescan()
+    wait_until(lambda: tier.stats()["scans"] == 2)
+    assert tier.stats()["resident_blocks"] == 1
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_reset_forgets_every_block_unless_the_medium_kept_them(open_store, keep):
+    tier, view = open_store()
+    keys = [make_key(i, b"reset") for i in range(3)]
+    assert store_blocks(tier, view, keys)
+    tier.take_events()
+    if not keep:
+        tier.blocks.data.clear()  # a restarted server: a new, empty data set
+    tier.reset(keep)
+    assert tier.index.lookup(keys[0], touch=False).name == ("RESIDENT" if keep else "ABSENT")
+    wait_until(lambda: tier.stats()["scans"] == 2)
+    assert tier.stats()["resident_blocks"] == (3 if keep else 0)
+    assert any(type(e).__name__ == "TierCleared" for e in tier.take_events())  # re-announced for routers

@@ -22,7 +22,6 @@ the rest.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -34,7 +33,7 @@ from tiering.core.store.deletes import Deletes
 from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings
+from tiering.core.store.settings import StoreSettings, config_values
 from tiering.core.store.stores import Stores
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
@@ -104,7 +103,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.namespace = offloading_spec.namespace
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
-        values = _as_dict(self.config)
+        values = config_values(self.config)
         self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
         try:
@@ -174,7 +173,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
 
         Called after :meth:`open_medium`, so a knob may depend on the medium (``self.blocks``).
         """
-        return StoreSettings.from_config(_as_dict(config))
+        return StoreSettings.from_config(config_values(config))
 
     def open_medium(self, config: Any) -> Medium:
         """Open the backend's medium for this tier's namespace (``self.namespace``, ``self.block_bytes``).
@@ -329,7 +328,23 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         return self._rescanner.first_done.wait(timeout_s)
 
     def rescan(self) -> None:
-        """Run the next rescan now (in the background)."""
+        """Run a rescan now, in the background (it also retries failed deletes and evicts to the cap)."""
+        self._rescanner.wake()
+
+    def reset(self, keep: bool) -> None:
+        """The medium changed under the store (a server restarted or failed over); callable from any thread.
+
+        Args:
+            keep: True when the medium kept its blocks (a failover to a replica); False forgets every block
+                the index knows at once (a new, possibly empty, data set), so no lookup answers True and no
+                store is skipped for a block that is gone. Either way the KV events re-announce what is
+                known and a rescan runs now.
+        """
+        if not keep:
+            with self.index.reading() as ticket:
+                vanished = self.index.reconcile({}, ticket).vanished
+            self.forget(vanished, "vanished")
+        self.index.announce("reconnect")
         self._rescanner.wake()
 
     # -- the rest of the contract -----------------------------------------------------------------------
@@ -378,10 +393,3 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         if (deletes := getattr(self, "deletes", None)) is not None:
             deletes.close()  # after the pool: the deletes its last shares queued are sent
         self.blocks.close()
-
-
-def _as_dict(config: Any) -> dict[str, Any]:
-    """A checked config as a dict (a dataclass instance's fields, or the mapping itself)."""
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    return dict(config)
