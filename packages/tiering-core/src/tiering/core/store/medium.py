@@ -119,7 +119,8 @@ class Medium(ABC):
     Attributes:
         stored_block_bytes: bytes one stored block occupies on the medium (payload plus header or
             trailer); the unit of the cap. Set by the constructor.
-        label: the medium in log lines (``"fs tier /var/cache/x"``).
+        label: the tier kind in log lines (``"fs tier"``).
+        location: where the blocks are, in log lines (a directory, ``s3://bucket/prefix``, a server).
         store_causes, load_causes: every cause :meth:`failure_cause` answers (``store_failed_<cause>``,
             ``load_failed_<cause>`` counters, present in stats from the start).
         counters: names of the medium's own counters (``ScanResult.counters`` and :meth:`stats`
@@ -132,14 +133,11 @@ class Medium(ABC):
         server_evicts: the medium drops blocks on its own (a server's LRU): the store does not cap
             it; it forgets index entries beyond :attr:`known_limit_bytes` instead of deleting them.
         known_limit_bytes: with ``server_evicts``, the most bytes the medium can hold (0: unknown).
-        reserve_on_scheduler: the store reserves a job's blocks on the scheduler thread in
-            ``submit_store`` (victims known at once) instead of on the I/O thread that writes them
-            (the scheduler then touches no index lock). The store's class attribute of the same
-            name wins when the tier sets it.
     """
 
     stored_block_bytes: int
     label: str = "block store"
+    location: str = ""
     store_causes: tuple[str, ...] = STORE_CAUSES
     load_causes: tuple[str, ...] = LOAD_CAUSES
     counters: tuple[str, ...] = ()
@@ -147,7 +145,6 @@ class Medium(ABC):
     delete_batch: int = 1000
     server_evicts: bool = False
     known_limit_bytes: int = 0
-    reserve_on_scheduler: bool | None = None
 
     # -- block I/O ---------------------------------------------------------------------------------
     @abstractmethod

@@ -41,6 +41,7 @@ class Scans:
         pins: the store's pins (read again first: the eviction down to the cap keeps pinned blocks).
         stopping: True once the store is shutting down.
         forget: called with keys the scan found gone and the reason.
+        log: where the scan's summary goes (the tier's module logger, so a backend's lines stay under its name).
 
     Attributes:
         temp_bytes: other writers' temporaries counted against the cap now.
@@ -56,6 +57,7 @@ class Scans:
         pins: PinBook,
         stopping: Callable[[], bool],
         forget: Callable[[Sequence[OffloadKey], str], None],
+        log: logging.Logger = logger,
     ) -> None:
         self.medium = medium
         self.index = index
@@ -64,6 +66,7 @@ class Scans:
         self.pins = pins
         self._is_stopping = stopping
         self._forget = forget
+        self._log = log
         self.temp_bytes = 0
         self.last_scan_s = 0.0
 
@@ -89,10 +92,11 @@ class Scans:
         self.deletes.delete(self.index.evict_to_cap(), "eviction")
         self.counters.add({"scans": 1, **result.counters})
         self.last_scan_s = time.monotonic() - started
-        (logger.info if first else logger.debug)(
-            "%s: %s scan took %.3f s: %d blocks indexed, %d new, %d vanished%s",
+        (self._log.info if first else self._log.debug)(
+            "%s: %s scan of %s took %.3f s: %d blocks indexed, %d new, %d vanished%s",
             self.medium.label,
             "startup" if first else "periodic",
+            self.medium.location,
             self.last_scan_s,
             len(self.index),
             len(report.added),
@@ -116,13 +120,14 @@ class Scans:
 
 
 class Rescanner:
-    """The background thread that runs the start-up scan, then a rescan every ``interval_s``.
+    """The background thread that runs the start-up scan, then a rescan every ``interval_s`` (and on :meth:`wake`).
 
     Args:
         scan: one pass (``scan(first)``); its exceptions are logged, never fatal.
-        interval_s: seconds between rescans; 0 stops after the start-up scan.
-        name: the thread's name.
-        first: run a scan at once (False: the first one already ran; only rescans follow).
+        interval_s: seconds between rescans; 0: none on a timer (the thread ends after the start-up scan
+            and :meth:`wake` starts one pass on a thread of its own).
+        name: the threads' name.
+        first: run the start-up scan (False: it already ran, or there is none).
 
     Attributes:
         first_done: set once the start-up scan finished (also when it failed).
@@ -131,20 +136,24 @@ class Rescanner:
     def __init__(self, scan: Callable[[bool], object], interval_s: float, name: str, first: bool = True) -> None:
         self._scan = scan
         self.interval_s = interval_s
+        self.name = name
         self.first_done = threading.Event()
         self._wake = threading.Event()
+        self._lock = threading.Lock()
         self._stopping = False
         self._thread: threading.Thread | None = None
         if not first:
             self.first_done.set()
-            if interval_s <= 0:
-                return
-        self._thread = threading.Thread(target=self._main, args=(first,), name=name, daemon=True)
+        if first or interval_s > 0:
+            self._start(first, run_now=first)
+
+    def _start(self, first: bool, run_now: bool) -> None:
+        self._thread = threading.Thread(target=self._main, args=(first, run_now), name=self.name, daemon=True)
         self._thread.start()
 
-    def _main(self, first: bool) -> None:
+    def _main(self, first: bool, run_now: bool) -> None:
         while not self._stopping:
-            if not first:
+            if not run_now:
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
                 if self._stopping:
@@ -152,21 +161,29 @@ class Rescanner:
             try:
                 self._scan(first)
             except Exception:
-                logger.exception("%s: scan failed", self._thread.name if self._thread else "scan")
+                logger.exception("%s: scan failed", self.name)
             finally:
                 if first:
                     self.first_done.set()
-            first = False
+            first = run_now = False
             if self.interval_s <= 0:
                 return
 
     def wake(self) -> None:
-        """Run the next rescan now."""
+        """Run the next rescan now (on the scan thread, or on a new one where none runs)."""
+        with self._lock:
+            if self._stopping:
+                return
+            if self._thread is None or not self._thread.is_alive():
+                self._start(first=False, run_now=True)
+                return
         self._wake.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop after the pass in progress; wait up to ``timeout_s`` seconds for it."""
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if thread is not None:
+            thread.join(timeout_s)

@@ -22,7 +22,6 @@ the rest.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -34,7 +33,7 @@ from tiering.core.store.deletes import Deletes
 from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings
+from tiering.core.store.settings import StoreSettings, config_values
 from tiering.core.store.stores import Stores
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
@@ -88,7 +87,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     """Bytes a stored block occupies beyond its payload (header, trailer); the cap counts them."""
 
     reserve_on_scheduler: ClassVar[bool] = False
-    """Reserve a store's blocks in ``submit_store`` (scheduler thread) rather than on the I/O thread."""
+    """Reserve a store's blocks in ``submit_store`` on the scheduler thread (victims known at once, a block
+    without room fails there) rather than on the I/O thread that writes them (the default: the scheduler
+    thread then touches no index lock)."""
 
     locality: ClassVar[str] = "local"
     """KV events' locality: ``"local"`` (this host), ``"remote"`` or ``"fleet"`` (shared by every engine)."""
@@ -102,14 +103,15 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.namespace = offloading_spec.namespace
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
-        self.settings = s = self.store_settings(self.config)
-        self.capacity_bytes = s.capacity_bytes
-        self._check_capacity(s.capacity_bytes)
+        values = config_values(self.config)
+        self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
-        if medium.stored_block_bytes != self.stored_block_bytes:
-            raise ValueError(f"{medium.label}: stores {medium.stored_block_bytes} bytes per block, expected "
-                             f"{self.stored_block_bytes}")  # fmt: skip
         try:
+            if medium.stored_block_bytes != self.stored_block_bytes:
+                raise ValueError(f"{medium.label}: stores {medium.stored_block_bytes} bytes per block, expected "
+                                 f"{self.stored_block_bytes}")  # fmt: skip
+            self.settings = s = self.store_settings(self.config)
+            self.capacity_bytes = s.capacity_bytes
             self._start(medium, s)
         except BaseException:
             self._stop()
@@ -120,8 +122,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
-        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.tenants)
-        self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, medium.label)
+        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.index_tenants())
+        label = f"{medium.label} {medium.location}".rstrip()
+        self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, label)
         self.index.keep = self.pins.protects
         self.jobs = JobTracker()
         self.counters = Counters(self._counter_names(medium))
@@ -142,7 +145,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.loads = Loads(medium, self.index, self.deletes, self.counters, self.pool, self.block,
                            self._is_stopping, self.forget)  # fmt: skip
         self.stores.block_bytes = self.loads.block_bytes = self.block_bytes
-        self.scans = Scans(medium, self.index, self.deletes, self.counters, self.pins, self._is_stopping, self.forget)
+        log = logging.getLogger(type(self).__module__)
+        self.scans = Scans(medium, self.index, self.deletes, self.counters, self.pins, self._is_stopping, self.forget,
+                           log)  # fmt: skip
         self.lookup_cache = self.make_lookup_cache() if s.lookup_fallback == "async" else None
         interval = s.rescan_interval_s if s.capacity_bytes is not None or self.tenants else 0.0
         if s.startup_scan == "blocking":
@@ -164,18 +169,25 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         return self.config_schema.validate(config)
 
     def store_settings(self, config: Any) -> StoreSettings:
-        """The store's knobs from the checked config (default: the keys of :class:`StoreSettings`' names)."""
-        is_record = dataclasses.is_dataclass(config) and not isinstance(config, type)
-        values = dataclasses.asdict(config) if is_record else dict(config)
-        return StoreSettings.from_config(values)
+        """The store's knobs from the checked config (default: the keys of :class:`StoreSettings`' names).
+
+        Called after :meth:`open_medium`, so a knob may depend on the medium (``self.blocks``).
+        """
+        return StoreSettings.from_config(config_values(config))
 
     def open_medium(self, config: Any) -> Medium:
         """Open the backend's medium for this tier's namespace (``self.namespace``, ``self.block_bytes``).
+
+        Called after :meth:`check_config` and the ``capacity_bytes`` check, before :meth:`store_settings`.
 
         Raises:
             Exception: the medium cannot be used (a clear error naming the key and the reason).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement open_medium")
+
+    def index_tenants(self) -> TenantPolicy | None:
+        """The tenant policy the index enforces (default: the tier's; one without quotas where a fleet keeps them)."""
+        return self.tenants
 
     def make_lookup_cache(self) -> LookupCache:
         """The lookup cache of ``lookup_fallback: "async"`` (default: resolved on the read threads, 1 s negatives)."""
@@ -252,10 +264,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     def submit_store(self, job: JobMetadata) -> None:
         """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
         note_tenant(self.tenants, job.req_context.tenant)  # its keys carry only its tag: its name for stats
-        on_scheduler = self.blocks.reserve_on_scheduler
-        if on_scheduler is None:
-            on_scheduler = self.reserve_on_scheduler
-        self._begin(job, self.stores.reserve_and_queue if on_scheduler else self.stores.queue)
+        self._begin(job, self.stores.reserve_and_queue if self.reserve_on_scheduler else self.stores.queue)
         self.pins.refresh_soon(self.pool.submit_call)  # other processes' pins, read again now and then
 
     def submit_load(self, job: JobMetadata) -> None:
@@ -319,7 +328,23 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         return self._rescanner.first_done.wait(timeout_s)
 
     def rescan(self) -> None:
-        """Run the next rescan now (in the background)."""
+        """Run a rescan now, in the background (it also retries failed deletes and evicts to the cap)."""
+        self._rescanner.wake()
+
+    def reset(self, keep: bool) -> None:
+        """The medium changed under the store (a server restarted or failed over); callable from any thread.
+
+        Args:
+            keep: True when the medium kept its blocks (a failover to a replica); False forgets every block
+                the index knows at once (a new, possibly empty, data set), so no lookup answers True and no
+                store is skipped for a block that is gone. Either way the KV events re-announce what is
+                known and a rescan runs now.
+        """
+        if not keep:
+            with self.index.reading() as ticket:
+                vanished = self.index.reconcile({}, ticket).vanished
+            self.forget(vanished, "vanished")
+        self.index.announce("reconnect")
         self._rescanner.wake()
 
     # -- the rest of the contract -----------------------------------------------------------------------
