@@ -65,12 +65,13 @@ class S3Medium(Medium):
         S3StartupError: the client cannot be built or the bucket cannot be used (says why, never a credential).
     """
 
+    label = "s3 tier"
     store_causes = tuple(dict.fromkeys((*STORE_CAUSES, *ERROR_CLASSES)))
     load_causes = tuple(dict.fromkeys((*LOAD_CAUSES, *ERROR_CLASSES)))
 
     def __init__(self, settings: ConnectionSettings, namespace: Namespace, block_bytes: int) -> None:
         self.layout = Layout(settings.normalized_prefix, namespace.digest)
-        self.label = f"s3 tier {self.layout.base}"
+        self.location = f"s3://{settings.bucket_name}/{self.layout.base}"
         self.stored_block_bytes = HEADER_SIZE + block_bytes
         self.delete_threads = settings.max_concurrency
         self.tally = Counters(S3_COUNTERS)

@@ -137,10 +137,6 @@ class S3SecondaryTierManager(IndexedTier):
         """What the probes found, one line each (:func:`tiering.s3.probe.probe_report`); never a credential."""
         return probe_report(self.blocks.client, self.base, check_credentials)
 
-    def rescan(self) -> None:
-        """List the namespace now, reconcile the index, retry failed deletes, evict to the cap (S3StartupError)."""
-        self.scans.scan(False)
-
     def stats(self) -> dict[str, int | float]:
         """The store's figures (:meth:`IndexedTier.stats`, the medium's among them) and the start-up listing's."""
         out = super().stats()
