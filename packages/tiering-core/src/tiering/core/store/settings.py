@@ -36,6 +36,8 @@ class StoreSettings:
         min_batch: blocks an I/O thread takes at least per share when it can (the medium's batch is
             cheaper per block), and readers help writers with as many.
         max_batch: blocks at most per share.
+        room_wait_s: seconds a store waits for the deletes of the blocks evicted for it to free its room
+            before it fails as ``no_space`` (a remote medium's deletes take longer than unlinks).
     """
 
     capacity_bytes: int | None = None
@@ -49,6 +51,7 @@ class StoreSettings:
     rescan_interval_s: float = 30.0
     min_batch: int = 1
     max_batch: int = 16
+    room_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.lookup_fallback not in LOOKUP_FALLBACKS:

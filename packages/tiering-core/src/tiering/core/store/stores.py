@@ -50,7 +50,7 @@ _REFUSED = {Admit.NO_SPACE: "no_space", Admit.DELETING: "io_error"}
 """Failure cause of a store whose reservation was refused (DELETING: the key's old copy could not be deleted)."""
 
 ROOM_WAIT_S = 1.0
-"""Longest a store waits for victims' deletes to free the room it reserved (then ``no_space``)."""
+"""Default of :attr:`StoreSettings.room_wait_s`: longest a store waits for victims' deletes to free its room."""
 
 Task = tuple[JobState, int]
 """(job, block index)."""
@@ -94,6 +94,7 @@ class Stores:
         self._on_stored = on_stored
         self.stored_block_bytes = medium.stored_block_bytes
         self.block_bytes = 0  # set by the store (payload bytes per block, for bytes_stored)
+        self.room_wait_s = ROOM_WAIT_S  # set by the store (StoreSettings.room_wait_s)
         # Blocks of queued store jobs not reserved yet, per key (lookup answers None for them, as for a write).
         self._queued: dict[OffloadKey, int] = {}
         self._queued_lock = threading.Lock()  # held for a few dict updates only: the scheduler never waits long
@@ -321,7 +322,7 @@ class Stores:
 
     def _room_for(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Wait (bounded) for the room of reservations made on victims' room, once their deletes were handed out."""
-        return self.index.wait_for_room(keys, 0.0 if self._is_stopping() else ROOM_WAIT_S)
+        return self.index.wait_for_room(keys, 0.0 if self._is_stopping() else self.room_wait_s)
 
     def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
         """The pool's ``on_error`` for queued stores: fail the blocks (once; a share releases its own reservations)."""

@@ -145,6 +145,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.loads = Loads(medium, self.index, self.deletes, self.counters, self.pool, self.block,
                            self._is_stopping, self.forget)  # fmt: skip
         self.stores.block_bytes = self.loads.block_bytes = self.block_bytes
+        self.stores.room_wait_s = s.room_wait_s
         log = logging.getLogger(type(self).__module__)
         self.scans = Scans(medium, self.index, self.deletes, self.counters, self.pins, self._is_stopping, self.forget,
                            log)  # fmt: skip
