@@ -77,7 +77,7 @@ class S3SecondaryTierManager(IndexedTier):
         return _Entry(SCHEMA.validate(config))
 
     def store_settings(self, config: Any) -> StoreSettings:
-        """``max_concurrency`` I/O threads; HEAD lookups with ``head_fallback``; a blocking start-up scan only."""
+        """``max_concurrency`` I/O threads, HEAD lookups (``head_fallback``), one blocking scan, 10 s waits for room."""
         return StoreSettings.from_config(
             config,
             n_read_threads=config["max_concurrency"],
@@ -85,6 +85,7 @@ class S3SecondaryTierManager(IndexedTier):
             lookup_fallback="async" if config["head_fallback"] else "off",
             startup_scan="blocking",
             rescan_interval_s=0.0,
+            room_wait_s=10.0,  # a DeleteObject takes a round trip, more under load
         )
 
     def open_medium(self, config: Any) -> S3Medium:
