@@ -86,6 +86,7 @@ class S3SecondaryTierManager(IndexedTier):
             startup_scan="blocking",
             rescan_interval_s=0.0,
             room_wait_s=10.0,  # a DeleteObject takes a round trip, more under load
+            max_batch=1,  # one request per block: blocks spread over the threads, never queued behind one another
         )
 
     def open_medium(self, config: Any) -> S3Medium:
