@@ -87,8 +87,12 @@ class Deletes:
         if self._pool is None:
             self._run(keys, reason)
             return
-        # The pool spreads the keys over its idle threads; each thread sends its part in medium batches.
-        self._pool.submit("read", functools.partial(self._run, reason=reason), keys, self._never_ran)
+        # The pool spreads each batch over its idle threads; each thread sends its part in medium batches. A medium
+        # that stopped taking batches gets one key per unit: a busy pool never queues its keys behind one thread.
+        step = max(1, self.medium.delete_batch)
+        for start in range(0, len(keys), step):
+            batch = keys[start : start + step]
+            self._pool.submit("read", functools.partial(self._run, reason=reason), batch, self._never_ran)
 
     def _run(self, keys: Sequence[OffloadKey], reason: str) -> None:
         """Delete one batch; a failed delete keeps its bytes counted (retried later)."""
