@@ -148,7 +148,7 @@ def test_bad_value_error_names_the_entry_index(oot_module, small_spec, small_vie
 
 
 def test_out_of_tree_warning_logged_once(oot_module, small_spec, small_view, monkeypatch, caplog):
-    monkeypatch.setattr(registry_mod, "_warned_out_of_tree", False)
+    monkeypatch.setattr(registry_mod, "_warned", set())
     with caplog.at_level(logging.INFO, logger="tiering.core.registry"):
         for _ in range(3):
             create_secondary_tier({"type": "MyTier", "module_path": oot_module}, small_view, small_spec)

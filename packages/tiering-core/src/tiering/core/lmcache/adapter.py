@@ -49,7 +49,7 @@ from tiering.core.lmcache.params import AdapterParams, parse_params
 from tiering.core.lmcache.usage import SaltUsage, scan_keys
 from tiering.core.lmcache.worker import Task, TierWorker
 from tiering.core.spec import TieringOffloadingSpec
-from tiering.core.tier_factory import create_secondary_tier
+from tiering.core.factory import create_secondary_tier
 
 logger = logging.getLogger(__name__)
 
