@@ -587,6 +587,5 @@ def test_base_given_by_import_path_is_imported_on_first_resolution(oot_module):
     registry = Registry("thing", "tiering.core.base:SecondaryTierManager", "tiering.test-none", "type", "module_path")
     assert registry.get_class("MyTier", oot_module).__name__ == "MyTier"
     assert registry.base is SecondaryTierManager
-    with pytest.raises(TypeError, match="not a subclass of tiering.core.base.SecondaryTierManager"):
+    with pytest.raises(TypeError, match=r"not a subclass of tiering\.core\.base\.SecondaryTierManager"):
         registry.get_class("NotATier", oot_module)
-

@@ -16,10 +16,10 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tiering.core import stack
 from tiering.core.admission import AdmissionConfig, admission_config
 from tiering.core.costmodel import COST_KEYS, LoadCostConfig
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
-from tiering.core import stack
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
 from tiering.core.units import SIZE_EXAMPLES, parse_size
