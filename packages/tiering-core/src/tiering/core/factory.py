@@ -38,6 +38,7 @@ from tiering.core.registry import (
     register_tier,
 )
 from tiering.core.toolkit.config import TierConfigError, admission_schema
+from tiering.core.toolkit.declared import TIER_PARAMETERS
 
 if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
@@ -59,9 +60,8 @@ def check_tier_keys(cls: type, tier_config: Mapping[str, Any], label: str) -> No
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    reserved = {"offloading_spec", "primary_kv_view", "tier_type"}
     accepted = sorted(
-        n for n, p in params.items() if n not in reserved and p.kind is not inspect.Parameter.VAR_POSITIONAL
+        n for n, p in params.items() if n not in TIER_PARAMETERS and p.kind is not inspect.Parameter.VAR_POSITIONAL
     )
     for key in tier_config:
         if key not in accepted:
