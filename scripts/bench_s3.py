@@ -2,9 +2,10 @@
 """Benchmark the S3 tier against a raw boto3 loop, same server, same concurrency, same run.
 
 Starts moto's server in a separate process on 127.0.0.1 (so its CPU does not
-share this process's GIL; ``tiering.s3.testing.moto_server``), or uses --endpoint. For each block size it PUTs
-then GETs N blocks through ``S3SecondaryTierManager`` (one job per block, all
-submitted at once, ``max_concurrency`` = --concurrency) and through a plain
+share this process's GIL; ``tiering.s3.testing.moto_server``), or uses
+--endpoint. For each block size it PUTs then GETs N blocks through
+``S3SecondaryTierManager`` (one job per block, all submitted at once,
+``max_concurrency`` = --concurrency) and through a plain
 ``ThreadPoolExecutor`` of ``put_object`` / ``get_object().read()`` calls with
 the same object size and botocore settings. One untimed raw pass warms the
 server up; rounds alternate which path runs first; the median MB/s of each
