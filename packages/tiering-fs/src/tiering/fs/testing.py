@@ -6,7 +6,8 @@ so can the tests of anything built on the tier. Blocks are ``BB`` bytes
 :func:`~tiering.core.harness.block_payload` of the key, so a load can be
 checked byte for byte.
 
-Requires pytest, like :mod:`tiering.core.testing` (``pip install 'tiering-core[testing]'``).
+Requires pytest, like :mod:`tiering.core.testing` (``pip install 'tiering-core[testing]'``); without it,
+importing this module raises an ``ImportError`` naming that extra.
 """
 
 from __future__ import annotations
@@ -19,9 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-import pytest
 
 from tiering.core import JobMetadata, OffloadingSpec, ReqContext
+from tiering.core.configfile import install_hint
+
+try:
+    import pytest
+except ImportError as exc:  # the fixtures are pytest's: say which extra brings it
+    raise ImportError(
+        f"tiering.fs.testing (test fixtures) runs under pytest, which is not installed: "
+        f"{install_hint('tiering-core', 'testing')}",
+        name="pytest",
+    ) from exc
+
 from tiering.core.base import OffloadKey, block_view
 from tiering.core.harness import block_payload, next_job_id, wait_for_jobs
 from tiering.core.primary import allocate_host_buffer
