@@ -209,7 +209,7 @@ def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failo
     tmp_path: Path, router: Router
 ) -> None:
     from tiering.core.testing import make_key
-    from tiering.redis.servers import LocalSentinel, have_redis_server
+    from tiering.redis.testing import LocalSentinel, have_redis_server
 
     if not have_redis_server():
         pytest.skip("redis-server is not installed")

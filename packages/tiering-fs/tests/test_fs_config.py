@@ -5,7 +5,6 @@ import json
 import os
 
 import pytest
-from fs_test_helpers import BB, CTX, block_files, load, make_spec, store, temp_files
 
 from tiering.core import (
     SecondaryTierFactory,
@@ -26,6 +25,7 @@ from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import RootNotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, CTX, block_files, load, make_spec, store, temp_files
 
 # -- config and construction ----------------------------------------------------------
 

@@ -11,7 +11,7 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
-from tiering.redis.servers import LocalSentinel, have_redis_server
+from tiering.redis.testing import LocalSentinel, have_redis_server
 
 pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
 

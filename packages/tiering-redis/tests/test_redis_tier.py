@@ -18,7 +18,7 @@ from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.core.toolkit import InvalidValueError, UnknownKeyError
 from tiering.redis import RedisStartupError
-from tiering.redis.servers import LocalRedis
+from tiering.redis.testing import LocalRedis
 
 BLOCK = 64 * 1024
 SLOTS = 32
