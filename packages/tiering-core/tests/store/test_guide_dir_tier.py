@@ -5,10 +5,12 @@ to save it under) and imported from there; the conformance suite runs on it capp
 tests below check what makes it a real persistent tier: restart reuse, the cap, damaged blocks refused.
 """
 
+import atexit
 import errno
 import importlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +34,7 @@ STORED = BB + HEADER_SIZE
 def _import_guide_module():
     """``my_dir_tier.py`` written from the guide into a directory of its own, imported as a user would."""
     folder = tempfile.mkdtemp(prefix="guide-dir-tier-")
+    atexit.register(shutil.rmtree, folder, True)
     Path(folder, "my_dir_tier.py").write_text(SOURCE)
     sys.path.insert(0, folder)
     try:
@@ -113,9 +116,11 @@ def test_a_restart_serves_the_blocks_on_disk(open_tier):
 def test_the_cap_evicts_the_least_recently_used_files(open_tier):
     tier, view = open_tier(capacity_bytes=4 * STORED)
     keys = [make_key(i, b"cap") for i in range(6)]
-    assert store_blocks(tier, view, keys[:4])
+    for key in keys[:4]:  # one job each: the LRU order is the order of the keys
+        assert store_blocks(tier, view, [key])
     assert load_blocks(tier, view, keys[:1])  # key 0 used again: keys 1 and 2 are the oldest now
-    assert store_blocks(tier, view, keys[4:])
+    for key in keys[4:]:
+        assert store_blocks(tier, view, [key])
     assert files(tier) == sorted(k.hex() for k in [keys[0], keys[3], keys[4], keys[5]])
     stats = tier.stats()
     assert stats["resident_bytes"] == 4 * STORED and stats["evictions"] == 2
