@@ -8,6 +8,7 @@ tests below check what makes it a real persistent tier: restart reuse, the cap, 
 import atexit
 import errno
 import importlib
+import json
 import os
 import re
 import shutil
@@ -91,7 +92,7 @@ def files(tier):
 
 def test_the_guides_config_entry_builds_the_tier(tmp_path):
     entry = re.search(r'`(\{"type": "DirTier".*?\})`', TEXT.replace("\n", " "), re.S).group(1)
-    config = eval(entry)  # the guide's JSON is also a Python dict literal
+    config = json.loads(entry)
     config["root"] = str(tmp_path)
     spec = make_spec(block_bytes=BB, num_blocks=8)
     tier = create_secondary_tier(config, allocate_host_buffer(8, BB), spec)
