@@ -13,6 +13,7 @@ import pytest
 
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
@@ -78,6 +79,15 @@ def test_bad_config_names_the_key(config, error, match):
         make_tier(config)
 
 
+@pytest.mark.parametrize("eviction", ["process", "tier"])
+def test_capacity_below_one_block_is_a_config_error_naming_the_key(eviction):
+    # Checked before any connection: no server needed (the port is one nothing listens on).
+    with pytest.raises(InvalidValueError) as info:
+        make_tier({"url": "redis://127.0.0.1:1/0", "eviction": eviction, "capacity_bytes": BLOCK})
+    assert info.value.key == "capacity_bytes"
+    assert f"got {BLOCK}" in str(info.value) and str(BLOCK + HEADER_SIZE) in str(info.value)
+
+
 def test_secret_value_never_in_config_error():
     with pytest.raises(Exception) as info:
         make_tier({"password": 12345678})
@@ -138,6 +148,7 @@ CHILD = """
 import json, sys
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import make_key, wait_for_jobs

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
+from tiering.core.format import BlockFormatError
 from tiering.core.toolkit import (
     JobState,
     Victim,
@@ -23,8 +23,8 @@ from tiering.core.toolkit import (
     record_tasks,
 )
 from tiering.redis.errors import classify_error
+from tiering.redis.medium import BlockMissingError
 from tiering.redis.sync import RedisServerSync
-from tiering.redis.wire import InSlot, get_into, run_on_connection, set_nx_parts
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +49,8 @@ class RedisBlockIO(RedisServerSync):
         self.lookups.invalidate(v.key for v in victims)
 
         def run(batch: Sequence[Victim]) -> None:
-            pipe = self._pipeline()
-            for victim in batch:
-                pipe.unlink(self.block_key(victim.key))
-            try:
-                results = pipe.execute(raise_on_error=False)
-            except Exception as exc:
-                self._count_error(exc, f"UNLINK of {len(batch)} blocks")
-                results = [exc] * len(batch)
-            outcomes = [(v.key, not isinstance(r, Exception)) for v, r in zip(batch, results, strict=True)]
+            keys = [v.key for v in batch]
+            outcomes = list(zip(keys, self.medium_io.delete_many(keys), strict=True))
             if accounted:
                 self.index.deleted_many(outcomes)
 
@@ -75,9 +68,9 @@ class RedisBlockIO(RedisServerSync):
         """
         with self.index.reading() as ticket:
             try:
-                flags = self._present(keys)
+                flags = self.medium_io.present(keys)
             except Exception as exc:
-                self._count_error(exc, f"lookup of {len(keys)} keys")
+                self.medium_io.count_error(exc, f"lookup of {len(keys)} keys")
                 raise
             found = [key for key, flag in zip(keys, flags, strict=True) if flag]
             self.index.adopt_many(((key, self.object_bytes) for key in found), ticket)
@@ -95,9 +88,9 @@ class RedisBlockIO(RedisServerSync):
             whole = _Shutdown()
         elif tasks:
             try:
-                results = self._send_stores(tasks, keys)
+                results = self.medium_io.put_many(keys, [self.block(state.meta.block_ids[i]) for state, i in tasks])
             except Exception as exc:
-                self._count_error(exc, f"store of {len(tasks)} blocks")
+                self.medium_io.count_error(exc, f"store of {len(tasks)} blocks")
                 whole = exc
         if whole is not None:
             results = [whole] * len(tasks)
@@ -107,7 +100,7 @@ class RedisBlockIO(RedisServerSync):
         for (state, i), key, result in zip(tasks, keys, results, strict=True):
             if isinstance(result, BaseException):
                 if whole is None:
-                    self._count_error(result, f"SET of block {key.hex()[:16]}")
+                    self.medium_io.count_error(result, f"SET of block {key.hex()[:16]}")
                 cause = "shutdown" if isinstance(result, _Shutdown) else classify_error(result)
                 outcomes.append((state, i, False, cause))
                 commits.append((key, False))
@@ -127,7 +120,7 @@ class RedisBlockIO(RedisServerSync):
             try:
                 victims = self.fleet.added(new)
             except Exception as exc:
-                self._count_error(exc, f"counting {len(new)} blocks in the fleet's LRU")
+                self.medium_io.count_error(exc, f"counting {len(new)} blocks in the fleet's LRU")
             else:
                 self._fleet_evict(victims)
         if new and self.pin_records is not None:
@@ -140,7 +133,7 @@ class RedisBlockIO(RedisServerSync):
             try:
                 self.pin_records.keep_alive(pinned)
             except Exception as exc:  # the next refresh of the pins asserts them again
-                self._count_error(exc, f"keeping {len(pinned)} pinned blocks")
+                self.medium_io.count_error(exc, f"keeping {len(pinned)} pinned blocks")
 
     def _with_room(self, tasks: Sequence[Task]) -> Sequence[Task]:
         """The tasks whose room under the cap is free now or within :data:`ROOM_WAIT_S`; the rest fail ``no_space``.
@@ -171,13 +164,7 @@ class RedisBlockIO(RedisServerSync):
             self.index.remove(key, delete=False, cause="eviction")
         self.lookups.invalidate(victims)
         self.counters.inc("fleet_evictions", len(victims))
-        pipe = self._pipeline()
-        for key in victims:
-            pipe.unlink(self.block_key(key))
-        try:
-            pipe.execute(raise_on_error=False)
-        except Exception as exc:
-            self._count_error(exc, f"UNLINK of {len(victims)} evicted blocks")
+        self.medium_io.delete_many(victims)
 
     def flush_touches(self) -> None:
         """Eviction "tier": send the touches queued by :meth:`touch` to the fleet's LRU (on an I/O thread)."""
@@ -185,35 +172,7 @@ class RedisBlockIO(RedisServerSync):
             try:
                 self.fleet.flush_touches()
             except Exception as exc:
-                self._count_error(exc, "touching blocks in the fleet's LRU")
-
-    def _send_stores(self, tasks: Sequence[Task], keys: Sequence[OffloadKey]) -> list[Any]:
-        """``SET NX`` of the blocks in one round trip; one reply (or error) per block, in order.
-
-        A single server or Sentinel primary: packed by hand, the slot's bytes
-        sent as they are (:mod:`tiering.redis.wire`); a cluster: redis-py's
-        cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
-        """
-        self._check_server()
-        self.counters.inc("pipelines")
-        digest = self._digest_bytes
-        if self._is_cluster:
-            pipe = self._client.pipeline(transaction=False)
-            for (state, i), key in zip(tasks, keys, strict=True):
-                slot = self.block(state.meta.block_ids[i])
-                body = b"".join((encode_header(digest, key, slot), slot))
-                pipe.set(self.block_key(key), body, nx=True, ex=self._expiry(key))
-            return list(pipe.execute(raise_on_error=False))
-        parts: list[bytes | memoryview] = []
-        for (state, i), key in zip(tasks, keys, strict=True):
-            slot = self.block(state.meta.block_ids[i])
-            header = encode_header(digest, key, slot)
-            parts += set_nx_parts(self.block_key(key).encode(), header, slot, self._expiry(key))
-        return run_on_connection(self._client, parts, len(tasks))
-
-    def _expiry(self, key: OffloadKey) -> int | None:
-        """The ``EX`` of block ``key``: its tenant's TTL (whole seconds, rounded up), at most ``ttl_s``."""
-        return self.ttl_s if self.tenants is None else self.tenants.ttl_seconds(key, self.ttl_s)
+                self.medium_io.count_error(exc, "touching blocks in the fleet's LRU")
 
     def _tasks_failed(self, tasks: Sequence[Task], exc: BaseException) -> None:
         """A batch that never ran (shutdown) or raised: its blocks fail, store reservations are released."""
@@ -233,29 +192,24 @@ class RedisBlockIO(RedisServerSync):
             record_tasks(outcomes + [(s, i, False, "shutdown") for s, i in todo])
             return
         with self.index.reading() as ticket:
-            try:
-                replies = self._send_loads(todo)
-            except Exception as exc:
-                self._count_error(exc, f"load of {len(todo)} blocks")
-                replies = [exc] * len(todo)
+            keys = [state.meta.keys[i] for state, i in todo]
+            results = self.medium_io.get_many(keys, [self.block(state.meta.block_ids[i]) for state, i in todo])
             missing: list[OffloadKey] = []
             bad: list[Victim] = []
             loaded = 0
-            for (state, i), reply in zip(todo, replies, strict=True):
-                key = state.meta.keys[i]
-                if isinstance(reply, Exception):
-                    outcomes.append((state, i, False, classify_error(reply)))
-                elif reply is None:
+            for (state, i), key, result in zip(todo, keys, results, strict=True):
+                if result is None:
+                    loaded += 1
+                    self.index.adopt(key, self.object_bytes, ticket)
+                    outcomes.append((state, i, True, ""))
+                elif isinstance(result, BlockMissingError):
                     missing.append(key)
                     outcomes.append((state, i, False, "missing"))
+                elif isinstance(result, BlockFormatError):
+                    bad.append(Victim(key, self.object_bytes))
+                    outcomes.append((state, i, False, result.reason))
                 else:
-                    cause = self._verify_into(key, reply, state.meta.block_ids[i])
-                    if cause:
-                        bad.append(Victim(key, self.object_bytes if isinstance(reply, InSlot) else len(reply)))
-                    else:
-                        loaded += 1
-                        self.index.adopt(key, self.object_bytes, ticket)
-                    outcomes.append((state, i, not cause, cause))
+                    outcomes.append((state, i, False, classify_error(result)))
         self.counters.add({"blocks_loaded": loaded, "bytes_loaded": loaded * self.block_bytes})
         if missing:
             self._forget(missing, "vanished")
@@ -264,46 +218,3 @@ class RedisBlockIO(RedisServerSync):
             self.counters.inc("bad_blocks_removed", len(bad))
             self._delete(bad, "bad", accounted=False)
         record_tasks(outcomes)
-
-    def _send_loads(self, todo: Sequence[Task]) -> list[Any]:
-        """``GET`` of the blocks in one round trip: single server / Sentinel: read into the slots
-        (:func:`tiering.redis.wire.get_into`); cluster: redis-py's cluster pipeline.
-        """  # noqa: D205
-        if not todo:
-            return []
-        self._check_server()
-        self.counters.inc("pipelines")
-        names = [self.block_key(state.meta.keys[i]) for state, i in todo]
-        if self._is_cluster:
-            pipe = self._client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            return list(pipe.execute(raise_on_error=False))
-        slots = [self.block(state.meta.block_ids[i]) for state, i in todo]
-        return get_into(self._client, [n.encode() for n in names], slots, HEADER_SIZE)
-
-    def _verify_into(self, key: OffloadKey, reply: bytes | InSlot, block_id: int) -> str:
-        """Verify a ``GET`` reply, its payload moved into (or already read into) the slot; "" or the failure cause.
-
-        A payload read into the slot is verified there; the job fails when it
-        does not verify, so the slot's bytes are never used.
-        """
-        try:
-            if isinstance(reply, InSlot):
-                header: memoryview = memoryview(reply.header)
-                payload = self.block(block_id)
-                stored = self.object_bytes
-            else:
-                view = memoryview(reply)
-                if view.nbytes != self.object_bytes:
-                    raise TruncatedBlockError(f"value is {view.nbytes} bytes, expected {self.object_bytes}")
-                header, payload, stored = view[:HEADER_SIZE], view[HEADER_SIZE:], view.nbytes
-            verify_block(header, payload, self._digest_bytes, key, stored_size=stored)
-        except BlockFormatError as exc:
-            logger.warning(
-                "redis tier: block %s is unusable (%s): %s; deleting it", self.block_key(key), exc.reason, exc
-            )
-            return exc.reason
-        if not isinstance(reply, InSlot):
-            self.block(block_id)[:] = payload
-        return ""

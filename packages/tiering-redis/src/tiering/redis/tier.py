@@ -29,7 +29,6 @@ backoff; the client reconnects by itself when the server is back.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -51,18 +50,15 @@ from tiering.core.toolkit import (
     LookupCache,
     Victim,
 )
-from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
 from tiering.core.toolkit.pins import PinBook, PinningTier
 from tiering.core.toolkit.stats import failure_totals
 from tiering.core.toolkit.tenancy import TenantPolicy, note_tenant
 from tiering.redis.config import SCHEMA, RedisSettings
-from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
 from tiering.redis.fleet import FleetCap
 from tiering.redis.io import RedisBlockIO, Task
-from tiering.redis.layout import KeyLayout
+from tiering.redis.medium import RedisMedium
 from tiering.redis.pins import RedisPins
-from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import probe
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +72,12 @@ _COUNTERS = (
     "blocks_loaded",
     "bytes_loaded",
     "bad_blocks_removed",
-    "pipelines",
     "server_restarts",
     "failovers",
     "scanned_blocks",
     "forgotten_blocks",
     "fleet_evictions",
     "fleet_repaired_blocks",
-    *(f"errors_{c}" for c in ERROR_CLASSES),
 )
 
 
@@ -113,53 +107,36 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         self.settings = settings = RedisSettings.from_config(config)
-        self.layout = KeyLayout(settings["prefix"])
-        namespace = offloading_spec.namespace
-        self.digest = namespace.digest
-        self._digest_bytes = namespace.digest_bytes
         self.object_bytes = HEADER_SIZE + self.block_bytes
-        self.ttl_s: int | None = settings["ttl_s"]
-        self.tenants = TenantPolicy.from_config(settings["tenants"])
-        self.location = settings.location()
         eviction = settings["eviction"]
         fleet_cap = settings["capacity_bytes"] if eviction == "tier" else None
         capacity = settings["capacity_bytes"] if eviction == "process" else None
-        if (capacity or fleet_cap or self.object_bytes) < self.object_bytes:
-            raise ValueError(
-                f"redis tier: capacity_bytes {capacity or fleet_cap} is below one block ({self.object_bytes} bytes)"
-            )
-        try:
-            self._client: Any = settings.make_client()
-        except Exception as exc:
-            raise RedisStartupError(
-                f"redis tier: cannot connect to {self.location}: {settings.redact(str(exc))}", classify_error(exc)
-            ) from None
-        record = json.dumps({**namespace.to_dict(), "digest": self.digest}, indent=1, sort_keys=True).encode()
-        try:
-            self.server = probe(self._client, self.layout, self.digest, record, self.location, settings.redact)
-        except BaseException:
-            self._client.close()
-            raise
-        self.server.warn_eviction_authority(self.location, capacity or fleet_cap, bool(self.ttl_s))
+        if settings["capacity_bytes"] is not None and settings["capacity_bytes"] < self.object_bytes:
+            raise InvalidValueError(
+                tier_type, "capacity_bytes", f"must be >= one block ({self.object_bytes} bytes with its header), "
+                f"got {settings['capacity_bytes']}",
+            )  # fmt: skip
+        self.tenants = TenantPolicy.from_config(settings["tenants"])
+        self.medium_io = medium = RedisMedium(settings, offloading_spec.namespace, self.block_bytes, self.tenants)
+        medium.on_change = self._primary_changed
+        self.layout, self.digest, self.location, self.server = (
+            medium.layout,
+            medium.digest,
+            medium.location,
+            medium.server,
+        )
+        self._client = medium.client
+        self.server.warn_eviction_authority(self.location, capacity or fleet_cap, bool(settings["ttl_s"]))
         self.fleet = (
             FleetCap(
-                self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap, self.ttl_s, self.tenants
+                self._client, self.layout.lru_key(self.digest), self.object_bytes, fleet_cap, settings["ttl_s"],
+                self.tenants,
             )
             if fleet_cap
             else None
-        )
-
+        )  # fmt: skip
         self._closed = False
         self._close_lock = threading.Lock()
-        self._primaries = self.server.identity
-        self._recheck = False  # set by connection errors: was the server restarted meanwhile?
-        self._check_lock = threading.Lock()
-        self._next_check = 0.0  # monotonic time of the next run_id check (connection trouble asks at once)
-        self._namespace_record = record
-        self._is_cluster = settings["mode"] == "cluster"
-        self._presence = PresenceQuery(
-            self._client, self.layout.base(self.digest) + ":", self.object_bytes, self._is_cluster
-        )
         self._scan_done = threading.Event()
         # With the server as eviction authority the index only remembers what is stored, bounded by what the
         # server can hold (its maxmemory): beyond that the least recently used entries are forgotten, not deleted.
@@ -174,7 +151,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         refuse = eviction == "server" and self.server.server_evicts  # the server's LRU cannot be told to keep a key
         self.pin_records = None if refuse else RedisPins(
             self._client, self.layout.pins_key(self.digest), self.fleet.lru_key if self.fleet else None,
-            self.block_key if self.ttl_s else None,
+            self.block_key if settings["ttl_s"] else None,
         )  # fmt: skip
         label = f"redis tier {self.location}" + (
             f" (the server evicts any key: {self.server.policy})" if refuse else ""
@@ -226,6 +203,10 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         from tiering.redis.inspection import RedisInspector
 
         return RedisInspector.from_config(tier_config)
+
+    def block_key(self, key: bytes) -> str:
+        """The Redis key of block ``key``."""
+        return self.medium_io.block_key(key)
 
     def __repr__(self) -> str:
         return (
@@ -342,6 +323,7 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         """
         out: dict[str, int | float] = {}
         out.update(self.counters.snapshot())
+        out.update(self.medium_io.counters.snapshot())
         index = self.index.stats()
         if self._forget_only:  # the server evicts; the index forgets (nothing is deleted by this tier)
             index.pop("evictions")
@@ -374,5 +356,5 @@ class RedisSecondaryTierManager(PinningTier, JobReporting, RedisBlockIO, Seconda
         self.lookups.close()
         self.pool.shutdown(wait=True)
         self.jobs.fail_all()
-        self._client.close()
+        self.medium_io.close()
         logger.info("redis tier %r shut down: %s", self.tier_type, self.stats())
