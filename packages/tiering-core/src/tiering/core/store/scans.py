@@ -1,0 +1,172 @@
+"""Scans of an indexed block store: the start-up scan, periodic rescans, and their reconciliation with the index.
+
+A scan (:meth:`~tiering.core.store.medium.Medium.scan`) lists the medium
+once. Its blocks replace the index's view (:meth:`CapacityIndex.reconcile`,
+under a ticket, oldest first so the newest are at the LRU end; a write in
+flight keeps its state): keys the index held that the medium no longer has
+were removed by another process and are forgotten; other writers'
+temporaries count against the cap until the next scan; failed deletes are
+retried; then the store evicts down to its cap (and past tenants' TTLs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from tiering.core.base import OffloadKey
+from tiering.core.store.deletes import Deletes
+from tiering.core.store.medium import Medium, ScanResult
+from tiering.core.toolkit import Admit, CapacityIndex, Counters
+from tiering.core.toolkit.pins import PinBook
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Rescanner", "Scans"]
+
+_TEMP_KEY = OffloadKey(b"")
+"""Index key under which other writers' temporaries are reserved (no real key is empty)."""
+
+
+class Scans:
+    """One scan pass and what it settles (see the module doc).
+
+    Args:
+        medium: the store's medium.
+        index: the store's index.
+        deletes: the store's delete path.
+        counters: the store's counters (``scans`` and the medium's scan counters).
+        pins: the store's pins (read again first: the eviction down to the cap keeps pinned blocks).
+        stopping: True once the store is shutting down.
+        forget: called with keys the scan found gone and the reason.
+
+    Attributes:
+        temp_bytes: other writers' temporaries counted against the cap now.
+        last_scan_s: seconds the latest complete scan took.
+    """
+
+    def __init__(
+        self,
+        medium: Medium,
+        index: CapacityIndex,
+        deletes: Deletes,
+        counters: Counters,
+        pins: PinBook,
+        stopping: Callable[[], bool],
+        forget: Callable[[Sequence[OffloadKey], str], None],
+    ) -> None:
+        self.medium = medium
+        self.index = index
+        self.deletes = deletes
+        self.counters = counters
+        self.pins = pins
+        self._is_stopping = stopping
+        self._forget = forget
+        self.temp_bytes = 0
+        self.last_scan_s = 0.0
+
+    def scan(self, first: bool) -> ScanResult | None:
+        """One pass over the medium, reconciled with the index; None when it stopped early (shutdown).
+
+        Raises:
+            Exception: what the medium's listing raised (nothing was changed then).
+        """
+        started = time.monotonic()
+        self.pins.refresh()  # the pins first: the eviction down to the cap below keeps pinned blocks
+        with self.index.reading() as ticket:
+            result = self.medium.scan(self._is_stopping)
+            if not result.complete:
+                return None
+            oldest_first = sorted(result.blocks.items(), key=lambda item: item[1][1])
+            born = {OffloadKey(k): mtime for k, (_, mtime) in oldest_first}  # a tenant's TTL counts from the store
+            report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket, born)
+        self._forget(report.vanished, "vanished")
+        self._account_temps(result.temp_bytes)
+        self.deletes.reset_retries()
+        self.deletes.retry_failed()  # failed deletes go again first: their bytes are still there
+        self.deletes.delete(self.index.evict_to_cap(), "eviction")
+        self.counters.add({"scans": 1, **result.counters})
+        self.last_scan_s = time.monotonic() - started
+        (logger.info if first else logger.debug)(
+            "%s: %s scan took %.3f s: %d blocks indexed, %d new, %d vanished%s",
+            self.medium.label,
+            "startup" if first else "periodic",
+            self.last_scan_s,
+            len(self.index),
+            len(report.added),
+            len(report.vanished),
+            f", {result.summary}" if result.summary else "",
+        )
+        return result
+
+    def _account_temps(self, temp_bytes: int) -> None:
+        """Count other writers' temporaries against the cap until the next scan (left out, the medium outgrows it)."""
+        if self.temp_bytes:
+            self.index.commit(_TEMP_KEY, False)
+            self.temp_bytes = 0
+        if temp_bytes:
+            res = self.index.reserve(_TEMP_KEY, temp_bytes)
+            self.deletes.delete(res.victims, "eviction")
+            if res.admit is Admit.RESERVED:
+                self.temp_bytes = temp_bytes
+                if not res.ready:  # these bytes are on the medium already: count them there once their room is free
+                    self.index.wait_for_room([_TEMP_KEY], 0.0)
+
+
+class Rescanner:
+    """The background thread that runs the start-up scan, then a rescan every ``interval_s``.
+
+    Args:
+        scan: one pass (``scan(first)``); its exceptions are logged, never fatal.
+        interval_s: seconds between rescans; 0 stops after the start-up scan.
+        name: the thread's name.
+        first: run a scan at once (False: the first one already ran; only rescans follow).
+
+    Attributes:
+        first_done: set once the start-up scan finished (also when it failed).
+    """
+
+    def __init__(self, scan: Callable[[bool], object], interval_s: float, name: str, first: bool = True) -> None:
+        self._scan = scan
+        self.interval_s = interval_s
+        self.first_done = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        if not first:
+            self.first_done.set()
+            if interval_s <= 0:
+                return
+        self._thread = threading.Thread(target=self._main, args=(first,), name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self, first: bool) -> None:
+        while not self._stopping:
+            if not first:
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
+                if self._stopping:
+                    return
+            try:
+                self._scan(first)
+            except Exception:
+                logger.exception("%s: scan failed", self._thread.name if self._thread else "scan")
+            finally:
+                if first:
+                    self.first_done.set()
+            first = False
+            if self.interval_s <= 0:
+                return
+
+    def wake(self) -> None:
+        """Run the next rescan now."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop after the pass in progress; wait up to ``timeout_s`` seconds for it."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,65 @@
+"""The knobs of an indexed block store that come from its tier's configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["LOOKUP_FALLBACKS", "StoreSettings"]
+
+LOOKUP_FALLBACKS = ("stat", "async", "off")
+"""How a lookup of a key missing from the index asks the medium (see :class:`StoreSettings`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSettings:
+    """What :class:`~tiering.core.store.tier.IndexedTier` needs from a tier's checked configuration.
+
+    :meth:`from_config` takes each field from the config key of the same name when the tier declares it
+    (the defaults below otherwise), so a tier whose schema uses these names needs no mapping.
+
+    Attributes:
+        capacity_bytes: cap on the bytes of stored blocks (and other writers' temporaries) in this
+            process's account; None: unbounded. At least one stored block.
+        max_pinned_bytes: bound on the bytes of pinned blocks; 0 turns pinning off.
+        tenants: per-tenant quotas and TTL (:mod:`tiering.core.toolkit.tenancy`); None: off.
+        n_read_threads: I/O threads serving loads and lookup probes, >= 1.
+        n_write_threads: I/O threads serving stores (0: the readers serve stores too).
+        lookup_fallback: a key missing from the index is asked of the medium: ``"stat"`` (on the
+            scheduler thread, at once), ``"async"`` (in the background; the lookup answers None meanwhile)
+            or ``"off"`` (a miss once the start-up scan is done).
+        startup_scan: ``"background"`` (a thread; the constructor waits up to ``startup_scan_wait_s``),
+            ``"blocking"`` (in the constructor; a failure raises) or ``"off"``.
+        startup_scan_wait_s: seconds the constructor waits for a background start-up scan.
+        rescan_interval_s: seconds between rescans (only with a cap or tenants; 0: none).
+        min_batch: blocks an I/O thread takes at least per share when it can (the medium's batch is
+            cheaper per block), and readers help writers with as many.
+        max_batch: blocks at most per share.
+    """
+
+    capacity_bytes: int | None = None
+    max_pinned_bytes: int = 0
+    tenants: Mapping[str, Any] | None = None
+    n_read_threads: int = 8
+    n_write_threads: int = 4
+    lookup_fallback: str = "stat"
+    startup_scan: str = "background"
+    startup_scan_wait_s: float = 2.0
+    rescan_interval_s: float = 30.0
+    min_batch: int = 1
+    max_batch: int = 16
+
+    def __post_init__(self) -> None:
+        if self.lookup_fallback not in LOOKUP_FALLBACKS:
+            raise ValueError(f"lookup_fallback must be one of {LOOKUP_FALLBACKS}, got {self.lookup_fallback!r}")
+        if self.startup_scan not in ("background", "blocking", "off"):
+            raise ValueError(f"startup_scan must be background, blocking or off, got {self.startup_scan!r}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> StoreSettings:
+        """The settings named in ``config`` (a checked entry), then ``overrides``; the rest default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in config.items() if k in names}
+        values.update(overrides)
+        return cls(**values)
