@@ -1,99 +1,97 @@
-"""The redis medium: what only a Redis server knows how to do with blocks, one round trip per batch.
+"""The redis medium: what only a Redis server does with blocks, one round trip per batch.
 
-:class:`RedisMedium` holds the client and the primitives the tier runs on its
-I/O threads: ``SET NX`` of many blocks straight from their primary views
-(:meth:`~RedisMedium.put_many`), pipelined ``GET`` of many blocks verified
-into their views (:meth:`~RedisMedium.get_many`), which of many blocks exist
-(:meth:`~RedisMedium.present`), ``UNLINK`` of many
-(:meth:`~RedisMedium.delete_many`), the namespace's blocks
-(:meth:`~RedisMedium.scan`) and its record (:meth:`~RedisMedium.write_record`).
-It keeps no index: what the tier knows is the tier's.
+:class:`RedisMedium` is the :class:`~tiering.core.store.Medium` of the redis
+tier: ``SET NX`` of many blocks straight from their primary slots (the first
+writer of a block wins; its bytes are never rewritten), pipelined ``GET``
+verified into the slots, ``STRLEN`` sizes of many keys for lookups
+(:mod:`tiering.redis.presence`), ``UNLINK`` of many, ``SCAN`` of the
+namespace and its record. The pipelines are :mod:`tiering.redis.wire`'s.
 
-Each batch is one pipeline (``transaction=False``): a single server or a
-Sentinel primary gets hand-packed RESP on a pooled connection
-(:mod:`tiering.redis.wire`), a cluster redis-py's cluster pipeline (it routes
-per slot and follows ``MOVED`` / ``ASK``). Before a pipeline the medium asks,
-at most every :data:`RUN_ID_CHECK_S` and at once after connection trouble,
-whether the primary changed (a restart or a failover); :attr:`on_change` is
-told, so the tier can forget what a new, empty server lacks.
+Its hooks are what a shared server adds:
+
+- the server may evict (``eviction: "server"``, ``allkeys-lru``) or the
+  fleet's shared LRU does (``eviction: "tier"``, :mod:`tiering.redis.fleet`):
+  then the medium evicts on its own and the store forgets instead of
+  deleting; the fleet hands each process its victims after its stores;
+- a change of primary (:class:`~tiering.redis.probe.PrimaryWatch`, asked
+  before round trips): a restart loses the data set, a failover keeps it;
+  the store is told (:meth:`~tiering.core.store.IndexedTier.medium_changed`).
+
+Errors are redis-py's, after its own retries: each is counted as
+``errors_<class>`` and becomes the block's failure cause
+(:func:`~tiering.redis.errors.classify_error`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
 from tiering.core.spec import Namespace
+from tiering.core.store import PRESENT, Medium, NotStartedError, ScanResult, WriteOutcome
 from tiering.core.toolkit import Counters
+from tiering.core.toolkit.pins import PinBook
 from tiering.core.toolkit.tenancy import TenantPolicy
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
+from tiering.redis.fleet import FleetCap
 from tiering.redis.layout import KeyLayout
+from tiering.redis.pins import RedisPins
 from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import ServerInfo, primaries, probe
-from tiering.redis.wire import InSlot, get_into, run_on_connection, set_nx_parts
+from tiering.redis.probe import PrimaryWatch, probe
+from tiering.redis.wire import InSlot, get_many, set_nx_many
 
 logger = logging.getLogger(__name__)
 
-RUN_ID_CHECK_S = 1.0
-"""Seconds between checks of the primary's ``run_id`` (one ``INFO``) while the tier sends pipelines, errors or not.
-
-redis-py re-makes a pooled connection that the server closed without raising,
-so a failover (the sentinel names the new primary) or a quick restart may
-show no error at all.
-"""
-
-COUNTERS = ("pipelines", *(f"errors_{c}" for c in ERROR_CLASSES))
-"""The medium's own figures (merged into the tier's stats)."""
-
-_RECHECK_CAUSES = ("connection", "timeout", "loading", "readonly")
-"""Error classes after which the primary may have changed: the next pipeline asks at once."""
+_RECHECK = ("connection", "timeout", "loading", "readonly")
+"""Error classes a change of primary explains: the next round trip asks whether it changed."""
 
 
-class BlockMissingError(LookupError):
+class BlockMissingError(FileNotFoundError):
     """A ``GET`` found no value: the block was evicted by the server, expired or deleted."""
 
 
-class RedisMedium:
-    """The server's primitives for one namespace's blocks (see the module docstring).
+class RedisMedium(Medium):
+    """The blocks of one namespace on a Redis server, Cluster or Sentinel-managed primary (see the module doc).
 
     Args:
         settings: the validated entry.
-        namespace: the stack's namespace (its digest names the keys; its record is written at start).
+        namespace: the stack's namespace (its digest names the keys).
         block_bytes: bytes of one block's payload.
-        tenants: the tier's tenant policy (a block's ``EX`` is its tenant's TTL); None: none.
+        on_change: the store's hook for a change of primary (``on_change(kept)``).
 
     Attributes:
-        object_bytes: bytes one stored block occupies on the server (header + payload).
         server: what the start-up probe learnt (``maxmemory``, policy, primaries).
-        counters: ``pipelines`` and ``errors_<class>`` (:data:`~tiering.redis.errors.ERROR_CLASSES`).
-        on_change: called on an I/O thread after the primary changed: ``on_change(kept)``, ``kept`` True when
-            the new primary continues the old one's data set (a failover), False for a new data set (a restart).
+        fleet: the fleet's shared LRU (``eviction: "tier"``), else None.
+        pins: the store's pin book, set by the tier (blocks stored while pinned get their pin's expiry).
 
     Raises:
         RedisStartupError: the server is unreachable, refuses the credentials or the probe failed.
     """
 
+    delete_threads = 2  # a remote server: deletes never hold up the I/O threads that wait for their room
+    counters = ("forgotten_blocks", "fleet_evictions", "scanned_blocks", "fleet_repaired_blocks")
+    store_causes = ERROR_CLASSES
+    load_causes = ("checksum", "truncated", "foreign", "corrupt", "missing", *ERROR_CLASSES)
+
     def __init__(
-        self, settings: RedisSettings, namespace: Namespace, block_bytes: int, tenants: TenantPolicy | None
+        self, settings: RedisSettings, namespace: Namespace, block_bytes: int, on_change: Callable[[bool], None]
     ) -> None:
         self.settings = settings
         self.layout = KeyLayout(settings["prefix"])
-        self.digest = namespace.digest
-        self._digest_bytes = namespace.digest_bytes
-        self.object_bytes = HEADER_SIZE + block_bytes
+        self.digest, self._digest_bytes = namespace.digest, namespace.digest_bytes
+        self.stored_block_bytes = HEADER_SIZE + block_bytes
         self.ttl_s: int | None = settings["ttl_s"]
-        self.tenants = tenants
+        self.tenants = TenantPolicy.from_config(settings["tenants"])
         self.location = settings.location()
         self.is_cluster = settings["mode"] == "cluster"
-        self.counters = Counters(COUNTERS)
-        self.on_change: Callable[[bool], None] = lambda kept: None
+        self.own = Counters(("pipelines", "failovers", "server_restarts", *(f"errors_{c}" for c in ERROR_CLASSES)))
+        self.pins: PinBook | None = None
         try:
             self.client: Any = settings.make_client()
         except Exception as exc:
@@ -102,210 +100,263 @@ class RedisMedium:
             ) from None
         self._record = json.dumps({**namespace.to_dict(), "digest": self.digest}, indent=1, sort_keys=True).encode()
         try:
-            self.server: ServerInfo = probe(
-                self.client, self.layout, self.digest, self._record, self.location, settings.redact
-            )
+            self.server = probe(self.client, self.layout, self.digest, self._record, self.location, settings.redact)
         except BaseException:
             self.client.close()
             raise
-        self._primaries = self.server.identity
-        self._recheck = False  # set by connection errors: was the server restarted meanwhile?
-        self._check_lock = threading.Lock()
-        self._next_check = 0.0  # monotonic time of the next run_id check (connection trouble asks at once)
-        self._presence = PresenceQuery(
-            self.client, self.layout.base(self.digest) + ":", self.object_bytes, self.is_cluster
-        )
+        self._on_change = on_change
+        self.watch = PrimaryWatch(self.client, self.server.identity, self._changed)
+        self._presence = PresenceQuery(self.client, self.layout.base(self.digest) + ":", self.stored_block_bytes,
+                                       self.is_cluster)  # fmt: skip
+        self._open_eviction(settings["eviction"], settings["capacity_bytes"])
+
+    def _open_eviction(self, eviction: str, capacity: int | None) -> None:
+        """Who evicts: this process (``"process"``), the fleet's LRU (``"tier"``) or the server; pins accordingly."""
+        fleet_cap = capacity if eviction == "tier" else None
+        self.server.warn_eviction_authority(self.location, capacity, bool(self.ttl_s))
+        lru_key = self.layout.lru_key(self.digest)
+        self.fleet = FleetCap(self.client, lru_key, self.stored_block_bytes, fleet_cap, self.ttl_s, self.tenants) \
+            if fleet_cap else None  # fmt: skip
+        self.server_evicts = eviction != "process"  # the store forgets entries beyond known_limit_bytes instead
+        self.known_limit_bytes = fleet_cap or max(self.server.maxmemory, 0) if self.server_evicts else 0
+        self.shared_quotas = self.fleet is not None  # the tenants' quotas are kept fleet-wide, in the fleet's sets
+        refuse = eviction == "server" and self.server.server_evicts  # the server's LRU cannot be told to keep a key
+        self.label = f"redis tier {self.location}" + (f" (the server evicts any key: {self.server.policy})"
+                                                      if refuse else "")  # fmt: skip
+        self._pins = None if refuse else RedisPins(self.client, self.layout.pins_key(self.digest),
+                                                   lru_key if self.fleet else None,
+                                                   self.block_key if self.ttl_s else None)  # fmt: skip
+        logger.info("%s ready (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by %s", self.label,
+                    self.server.version, self.server.primaries, self.server.maxmemory, self.server.policy,
+                    self.layout.base(self.digest), eviction)  # fmt: skip
 
     def block_key(self, key: bytes) -> str:
         """The Redis key of block ``key``."""
         return self.layout.block_key(self.digest, key)
 
-    # -- primitives -------------------------------------------------------------------
-    def put_many(self, keys: Sequence[OffloadKey], views: Sequence[memoryview]) -> list[Any]:
-        """``SET NX`` (``EX`` per :meth:`expiry`) of header + ``views[i]`` under ``keys[i]``, in one round trip.
-
-        Returns:
-            One per block, in order: a true value (stored by this call), a false one (another writer
-            stored it first: its bytes are never rewritten) or the exception of that block.
-
-        Raises:
-            redis.exceptions.RedisError: the whole pipeline failed (every retry of the client's ``Retry``).
-        """
-        self._before_round_trip()
-        digest = self._digest_bytes
-        if self.is_cluster:
-            pipe = self.client.pipeline(transaction=False)
-            for key, view in zip(keys, views, strict=True):
-                pipe.set(self.block_key(key), b"".join((encode_header(digest, key, view), view)), nx=True,
-                         ex=self.expiry(key))  # fmt: skip
-            return list(pipe.execute(raise_on_error=False))
-        parts: list[bytes | memoryview] = []
-        for key, view in zip(keys, views, strict=True):
-            header = encode_header(digest, key, view)
-            parts += set_nx_parts(self.block_key(key).encode(), header, view, self.expiry(key))
-        return run_on_connection(self.client, parts, len(keys))
-
-    def get_many(self, keys: Sequence[OffloadKey], views: Sequence[memoryview]) -> list[BaseException | None]:
-        """``GET`` of ``keys`` in one round trip, each value verified and its payload moved into ``views[i]``.
-
-        Returns:
-            One per block, in order: None (loaded and verified), :class:`BlockMissingError` (no such key),
-            a :class:`~tiering.core.format.BlockFormatError` (a value that does not verify: the view's bytes are
-            not to be used) or the block's own error. A whole pipeline that failed gives its error for each.
-        """
-        if not keys:
-            return []
+    # -- block I/O ----------------------------------------------------------------------------
+    def write_many(
+        self,
+        keys: Sequence[OffloadKey],
+        block_ids: Sequence[int],
+        slot: Callable[[int], memoryview],
+        stopping: Callable[[], bool],
+    ) -> list[WriteOutcome]:
+        """``SET NX`` (``EX``: the block's tenant's TTL, at most ``ttl_s``) of every block, in one pipeline."""
+        if stopping():
+            return [NotStartedError() for _ in keys]
+        views = [slot(b) for b in block_ids]
+        headers = [encode_header(self._digest_bytes, key, view) for key, view in zip(keys, views, strict=True)]
+        ttls = [self.ttl_s if self.tenants is None else self.tenants.ttl_seconds(k, self.ttl_s) for k in keys]
         try:
-            replies = self._send_loads(keys, views)
+            self._round_trip()
+            names = [self.block_key(key).encode() for key in keys]
+            replies = set_nx_many(self.client, self.is_cluster, names, headers, views, ttls)
+        except Exception as exc:
+            self.count_error(exc, f"store of {len(keys)} blocks")
+            return [exc for _ in keys]
+        out: list[WriteOutcome] = []
+        for key, reply in zip(keys, replies, strict=True):
+            if isinstance(reply, Exception):
+                self.count_error(reply, f"SET of block {key.hex()[:16]}")
+            out.append(reply if isinstance(reply, Exception) else None if reply else PRESENT)
+        return out
+
+    def read_many(
+        self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
+    ) -> list[BaseException | None]:
+        """``GET`` of every block in one pipeline, each value verified (read into its slot, or moved there)."""
+        views = [slot(b) for b in block_ids]
+        try:
+            self._round_trip()
+            replies = get_many(self.client, self.is_cluster, [self.block_key(k).encode() for k in keys], views,
+                               HEADER_SIZE)  # fmt: skip
         except Exception as exc:
             self.count_error(exc, f"load of {len(keys)} blocks")
-            return [exc] * len(keys)
+            return [exc for _ in keys]
         out: list[BaseException | None] = []
         for key, view, reply in zip(keys, views, replies, strict=True):
             if reply is None:
                 out.append(BlockMissingError(self.block_key(key)))
-            elif isinstance(reply, Exception):
-                out.append(reply)
             else:
-                out.append(self._verify_into(key, reply, view))
+                out.append(reply if isinstance(reply, Exception) else self._verify_into(key, reply, view))
         return out
 
-    def present(self, keys: Sequence[OffloadKey], touch: bool = True) -> list[bool]:
-        """Whether each block exists (:class:`~tiering.redis.presence.PresenceQuery`; ``touch``: an LRU access).
-
-        Raises:
-            redis.exceptions.RedisError: a node could not be asked.
-        """
-        self._before_round_trip()
-        return self._presence(keys, touch)
-
-    def delete_many(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        """``UNLINK`` of ``keys`` in one round trip; whether each delete was answered (a key already gone counts)."""
-        if not keys:
-            return []
-        self._before_round_trip()
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.unlink(self.block_key(key))
-        try:
-            results = pipe.execute(raise_on_error=False)
-        except Exception as exc:
-            self.count_error(exc, f"UNLINK of {len(keys)} blocks")
-            return [False] * len(keys)
-        return [not isinstance(r, Exception) for r in results]
-
-    def scan(self) -> list[OffloadKey]:
-        """The namespace's blocks on the server now (``SCAN`` + ``EXISTS``: not an access for the server's LRU).
-
-        Raises:
-            redis.exceptions.RedisError: the scan failed.
-        """
-        kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
-        if self.is_cluster:
-            kwargs["target_nodes"] = "primaries"
-        keys: list[OffloadKey] = []
-        for name in self.client.scan_iter(**kwargs):
-            parsed = self.layout.parse(name)
-            if parsed is not None and parsed[1] == "block" and parsed[2] is not None:
-                keys.append(OffloadKey(parsed[2]))
-        found: list[OffloadKey] = []
-        for start in range(0, len(keys), 4096):
-            batch = keys[start : start + 4096]
-            found += [key for key, flag in zip(batch, self.present(batch, touch=False), strict=True) if flag]
-        return found
-
-    def write_record(self) -> None:
-        """``SET NX`` of the namespace record (again after a restart emptied the server); a failure is counted."""
-        try:
-            self.client.set(self.layout.namespace_key(self.digest), self._record, nx=True)
-        except Exception as exc:
-            self.count_error(exc, "writing the namespace record again")
-
-    def close(self) -> None:
-        """Close the client's connections."""
-        self.client.close()
-
-    # -- helpers --------------------------------------------------------------------------
-    def expiry(self, key: OffloadKey) -> int | None:
-        """The ``EX`` of block ``key``: its tenant's TTL (whole seconds, rounded up), at most ``ttl_s``."""
-        return self.ttl_s if self.tenants is None else self.tenants.ttl_seconds(key, self.ttl_s)
-
-    def count_error(self, exc: BaseException, what: str) -> str:
-        """Count and log a failed request (no credential in the log); returns its class."""
-        cause = classify_error(exc)
-        if cause in _RECHECK_CAUSES:
-            self._recheck = True
-        self.counters.inc(f"errors_{cause}")
-        text = self.settings.redact(f"{type(exc).__name__}: {exc}")
-        if cause == "other":
-            logger.error("redis tier: %s failed: %s", what, text)
-        else:
-            logger.warning("redis tier: %s failed (%s): %s", what, cause, text)
-        return cause
-
-    def pipeline(self, transaction: bool = False) -> Any:
-        """A pipeline of the client (counted; the primary checked first), for the fleet's and the pins' commands."""
-        self._before_round_trip()
-        return self.client.pipeline(transaction=transaction)
-
-    def _before_round_trip(self) -> None:
-        self.counters.inc("pipelines")
-        # Never when the start-up probe could not read INFO (an ACL): there is nothing to compare.
-        if self._primaries.run_ids and (self._recheck or time.monotonic() >= self._next_check):
-            self._check_primary()
-
-    def _check_primary(self) -> None:
-        """Did the primary change (new ``run_id``)? Tell :attr:`on_change`, once per change.
-
-        A promoted replica continues the old primary's replication history
-        (:meth:`~tiering.redis.probe.Primaries.continues`): ``kept``. One I/O
-        thread checks at a time (the others go on with their pipelines).
-        """
-        if not self._check_lock.acquire(blocking=False):
-            return  # another I/O thread is checking
-        try:
-            self._next_check = time.monotonic() + RUN_ID_CHECK_S
-            try:
-                now = primaries(self.client)
-            except Exception:
-                return  # still down (or no primary yet): the batch fails, and the next one asks again
-            self._recheck = False
-            if not now.run_ids or now.run_ids == self._primaries.run_ids:
-                return
-            kept = now.continues(self._primaries)
-            self._primaries = now
-            self.on_change(kept)
-        finally:
-            self._check_lock.release()
-
-    def _send_loads(self, keys: Sequence[OffloadKey], views: Sequence[memoryview]) -> list[Any]:
-        """``GET`` in one round trip: into the views (:func:`~tiering.redis.wire.get_into`), or a cluster pipeline."""
-        self._before_round_trip()
-        names = [self.block_key(key) for key in keys]
-        if self.is_cluster:
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            return list(pipe.execute(raise_on_error=False))
-        return get_into(self.client, [n.encode() for n in names], views, HEADER_SIZE)
-
     def _verify_into(self, key: OffloadKey, reply: bytes | InSlot, view: memoryview) -> BlockFormatError | None:
-        """Verify a ``GET`` reply, its payload moved into (or already read into) ``view``; None or why not."""
+        """Verify a ``GET`` reply whose payload is in ``view`` already (or is moved there once verified)."""
         try:
             if isinstance(reply, InSlot):
-                header: memoryview = memoryview(reply.header)
-                payload, stored = view, self.object_bytes
+                header, payload, stored = memoryview(reply.header), view, self.stored_block_bytes
             else:
                 value = memoryview(reply)
-                if value.nbytes != self.object_bytes:
-                    raise TruncatedBlockError(f"value is {value.nbytes} bytes, expected {self.object_bytes}")
+                if value.nbytes != self.stored_block_bytes:
+                    raise TruncatedBlockError(f"value is {value.nbytes} bytes, expected {self.stored_block_bytes}")
                 header, payload, stored = value[:HEADER_SIZE], value[HEADER_SIZE:], value.nbytes
             verify_block(header, payload, self._digest_bytes, key, stored_size=stored)
         except BlockFormatError as exc:
-            logger.warning(
-                "redis tier: block %s is unusable (%s): %s; deleting it", self.block_key(key), exc.reason, exc
-            )
             return exc
         if not isinstance(reply, InSlot):
             view[:] = payload
         return None
+
+    def size(self, key: OffloadKey) -> int | None:
+        """The value's size (``STRLEN``; an access for the server's LRU); None when absent."""
+        return self.sizes([key])[0]
+
+    def sizes(self, keys: Sequence[OffloadKey]) -> list[int | None]:
+        """:meth:`size` of each key, one packed request per node (:class:`~tiering.redis.presence.PresenceQuery`)."""
+        try:
+            self._round_trip()
+            replies = self._presence.ask(keys, b"STRLEN")
+        except Exception as exc:
+            self.count_error(exc, f"lookup of {len(keys)} keys")
+            raise
+        return [r if isinstance(r, int) and r > 0 else None for r in replies]  # an error reply reads as absent
+
+    def remove(self, key: OffloadKey) -> bool:
+        """``UNLINK`` of one block (see :meth:`remove_many`)."""
+        return self.remove_many([key])[0]
+
+    def remove_many(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        """``UNLINK`` of every key in one pipeline; True per key answered (a key already gone counts)."""
+        try:
+            pipe = self.pipeline()
+            for key in keys:
+                pipe.unlink(self.block_key(key))
+            replies = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            self.count_error(exc, f"UNLINK of {len(keys)} blocks")
+            return [False for _ in keys]
+        return [not isinstance(r, Exception) for r in replies]
+
+    def scan(self, stopping: Callable[[], bool]) -> ScanResult:
+        """The namespace's blocks (``SCAN`` + ``EXISTS``: no access); with the fleet's LRU, repaired and trimmed.
+
+        A block's store time is unknown to the server: the scan's time stands for it (its ``EX`` bounds it).
+        """
+        kwargs: dict[str, Any] = {"match": self.layout.pattern(self.digest), "count": 1000}
+        if self.is_cluster:
+            kwargs["target_nodes"] = "primaries"
+        try:
+            names = [self.layout.parse(name) for name in self.client.scan_iter(**kwargs)]
+            keys = [OffloadKey(p[2]) for p in names if p is not None and p[1] == "block" and p[2] is not None]
+            found = [k for i in range(0, len(keys), 4096) for k in self._existing(keys[i : i + 4096])]
+            counters = {"scanned_blocks": len(found)}
+            if self.fleet is not None:
+                added, removed = self.fleet.reconcile(found, self._existing)
+                victims = set(self.fleet.evict_surplus())
+                self.remove_many(list(victims))
+                found = [k for k in found if k not in victims]
+                counters |= {"fleet_repaired_blocks": added + removed, "fleet_evictions": len(victims)}
+        except Exception as exc:
+            self.count_error(exc, "the scan")
+            raise
+        now = time.time()
+        return ScanResult({k: (self.stored_block_bytes, now) for k in found}, counters=counters)
+
+    def _existing(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+        self._round_trip()
+        return [key for key, there in zip(keys, self._presence(keys, touch=False), strict=True) if there]
+
+    # -- namespace, pins, the fleet's cap --------------------------------------------------------------
+    def write_namespace_record(self, record: Mapping[str, Any]) -> None:
+        """``SET NX`` of the namespace record (also after a restart emptied the server); a failure is counted."""
+        try:
+            self.client.set(self.layout.namespace_key(self.digest), self._record, nx=True)
+        except Exception as exc:
+            self.count_error(exc, "writing the namespace record")
+
+    def pin_records(self) -> RedisPins | None:
+        """The namespace's pin set; None when the server evicts any key (it cannot be told to keep one)."""
+        return self._pins
+
+    def stored(self, keys: Sequence[OffloadKey]) -> Sequence[OffloadKey]:
+        """Blocks this process stored first: pinned ones keep their pin's expiry; the fleet's LRU counts the rest.
+
+        Returns:
+            The victims the fleet's cap handed this process (taken atomically: no other process deletes them).
+        """
+        pinned = {k: e for k in keys if self.pins is not None and (e := self.pins.expiry(k)) is not None}
+        victims: Sequence[OffloadKey] = ()
+        try:
+            if self.fleet is not None:
+                victims = self.fleet.added(keys)
+            if pinned and self._pins is not None:
+                self._pins.keep_alive(pinned)  # (a failure: the next refresh of the pins asserts them again)
+        except Exception as exc:
+            self.count_error(exc, f"counting {len(keys)} stored blocks in the fleet's LRU or pins")
+        return victims
+
+    def touched(self, keys: Sequence[OffloadKey]) -> bool:
+        """With the fleet's LRU: queue ``keys`` to be re-scored as used (sent by :meth:`flush`)."""
+        return self.fleet is not None and self.fleet.touch(keys)
+
+    def flush(self) -> None:
+        """Send the touches queued by :meth:`touched` to the fleet's LRU (on an I/O thread)."""
+        try:
+            if self.fleet is not None:
+                self.fleet.flush_touches()
+        except Exception as exc:
+            self.count_error(exc, "touching blocks in the fleet's LRU")
+
+    def gone(self, keys: Sequence[OffloadKey]) -> None:
+        """Blocks known gone (missing, bad, deleted): no longer counted by the fleet's LRU."""
+        try:
+            if self.fleet is not None and keys:
+                self.fleet.removed(keys)
+        except Exception as exc:
+            self.count_error(exc, f"removing {len(keys)} gone blocks from the fleet's LRU")
+
+    # -- reporting, errors, shutdown ---------------------------------------------------------------------
+    def failure_cause(self, exc: BaseException, *, load: bool, in_index: bool = False) -> str:
+        """``missing`` for a block not there (evicted, expired or deleted), a redis error's class, else the store's."""
+        if isinstance(exc, BlockMissingError):
+            return "missing"
+        if isinstance(exc, (NotStartedError, BlockFormatError)):
+            return super().failure_cause(exc, load=load, in_index=in_index)
+        return classify_error(exc)
+
+    def stats(self) -> dict[str, int | float]:
+        """``pipelines``, ``failovers``, ``server_restarts``, ``errors_<class>``, the server's and the fleet's figures."""
+        out: dict[str, int | float] = dict(self.own.snapshot())
+        out |= {"server_maxmemory_bytes": self.server.maxmemory, "server_evicts": int(self.server.server_evicts)}
+        if self.fleet is not None:
+            out |= {"fleet_capacity_bytes": self.fleet.capacity_bytes, "fleet_used_bytes": self.fleet.used_bytes}
+            if self.fleet.tenants is not None:
+                out |= self.fleet.tenants.stats()
+        return out
+
+    def count_error(self, exc: BaseException, what: str) -> str:
+        """Count and log a failed request (no credential in the log); returns its class."""
+        cause = classify_error(exc)
+        if cause in _RECHECK:
+            self.watch.suspect()
+        self.own.inc(f"errors_{cause}")
+        text = self.settings.redact(f"{type(exc).__name__}: {exc}")
+        (logger.error if cause == "other" else logger.warning)("%s: %s failed (%s): %s", self.label, what, cause, text)
+        return cause
+
+    def pipeline(self) -> Any:
+        """A pipeline of the client (``transaction=False``), counted, the primary checked first."""
+        self._round_trip()
+        return self.client.pipeline(transaction=False)
+
+    def _round_trip(self) -> None:
+        self.own.inc("pipelines")
+        self.watch.check()
+
+    def _changed(self, kept: bool) -> None:
+        """The primary changed: the store forgets (a restart) or keeps what it knew (a failover), then rescans."""
+        self._on_change(kept)
+        self.own.inc("failovers" if kept else "server_restarts")  # after the store's reaction: whoever sees it waits
+        if kept:
+            logger.warning("%s failed over (new run_id) to a replica of the old primary; keeping the known blocks",
+                           self.label)  # fmt: skip
+        else:
+            logger.warning("%s restarted (new run_id, a new data set); forgot the blocks it may no longer hold",
+                           self.label)  # fmt: skip
+            self.write_namespace_record({})
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self.client.close()

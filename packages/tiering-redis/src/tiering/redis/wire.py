@@ -287,3 +287,46 @@ def get_into(client: Any, names: Sequence[bytes], slots: Sequence[memoryview], h
         raise
     finally:
         pool.release(conn)
+
+
+def set_nx_many(
+    client: Any,
+    is_cluster: bool,
+    names: Sequence[bytes],
+    headers: Sequence[bytes],
+    payloads: Sequence[memoryview],
+    ttls: Sequence[int | None],
+) -> list[Any]:
+    """``SET name header+payload NX [EX ttl]`` of every block in one round trip; one reply (or error) per block.
+
+    A single server or Sentinel primary: packed by hand (:func:`set_nx_parts`, the payload not copied); a
+    cluster: redis-py's cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
+
+    Raises:
+        redis.exceptions.RedisError: the whole request failed (every attempt of the client's ``Retry``).
+    """
+    if is_cluster:
+        pipe = client.pipeline(transaction=False)
+        for name, header, payload, ttl in zip(names, headers, payloads, ttls, strict=True):
+            pipe.set(name, b"".join((header, payload)), nx=True, ex=ttl)
+        return list(pipe.execute(raise_on_error=False))
+    parts: list[Chunk] = []
+    for name, header, payload, ttl in zip(names, headers, payloads, ttls, strict=True):
+        parts += set_nx_parts(name, header, payload, ttl)
+    return run_on_connection(client, parts, len(names))
+
+
+def get_many(
+    client: Any, is_cluster: bool, names: Sequence[bytes], slots: Sequence[memoryview], header_size: int
+) -> list[Any]:
+    """``GET`` of every key in one round trip: :func:`get_into` (a single server / Sentinel), or a cluster pipeline.
+
+    Returns:
+        As :func:`get_into`; a cluster's replies are ``bytes`` (or None, or an error), never :class:`InSlot`.
+    """
+    if not is_cluster:
+        return get_into(client, names, slots, header_size)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+    return list(pipe.execute(raise_on_error=False))
