@@ -21,6 +21,7 @@ from tiering.core.toolkit.config import (
     TierConfigError,
 )
 from tiering.fs import FsspecSecondaryTierManager
+from tiering.fs.config import FsConfig
 from tiering.fs.errors import RootNotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
@@ -72,15 +73,13 @@ def test_bad_config_values_are_named(tmp_path, config, exc, match):
         assert info.value.with_entry("secondary_tiers[0]").args[0].startswith(f"secondary_tiers[0].{info.value.key}:")
 
 
-def test_schema_declares_every_constructor_key():
-    import inspect
+def test_schema_declares_every_config_key():
+    import dataclasses
 
-    params = set(inspect.signature(FsspecSecondaryTierManager).parameters) - {
-        "offloading_spec",
-        "primary_kv_view",
-        "tier_type",
-    }
-    assert set(FsspecSecondaryTierManager.config_schema.keys) == params
+    # The constructor takes the config keys as **config; the schema and FsConfig declare them, defaults included.
+    fields = {f.name: f.default for f in dataclasses.fields(FsConfig)}
+    assert set(FsspecSecondaryTierManager.config_schema.keys) == set(fields)
+    assert FsspecSecondaryTierManager.config_schema.defaults() == {k: v for k, v in fields.items() if k != "root"}
     assert FsspecSecondaryTierManager.config_schema.secret_keys == {"storage_options"}
     with pytest.raises(MissingKeyError, match=r"secondary_tiers\[0\]\.root: required"):
         FsspecSecondaryTierManager.config_schema.validate({"type": "fs"}, entry="secondary_tiers[0]")

@@ -30,15 +30,12 @@ from collections.abc import Callable, Sequence
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, MAX_KEY_BYTES, encode_header, verify_block
+from tiering.core.store import NotStartedError
 from tiering.fs.io import Backend
 from tiering.fs.layout import TRAILER_BYTES, block_path, shard_of, temp_namer
 from tiering.fs.native import NativeBlockIO, block_error
 
 _ZERO_TAIL = bytes(TRAILER_BYTES - HEADER_SIZE)
-
-
-class NotStartedError(Exception):
-    """A block of a share was not written: the tier began shutting down before its turn (pure-Python path)."""
 
 
 class BlockFiles:

@@ -1,8 +1,8 @@
-"""Errors of the fs tier and the mapping of an I/O failure to its stats label.
+"""Errors of the fs tier: an unusable root or ``O_DIRECT``, a block path that is not a regular file.
 
 A failed store or load of one block is counted under
-``store_failed_<cause>`` / ``load_failed_<cause>``; :func:`failure_cause`
-picks the cause from the exception.
+``store_failed_<cause>`` / ``load_failed_<cause>``; the cause is picked by
+:meth:`tiering.fs.medium.FsMedium.failure_cause`.
 """
 
 from __future__ import annotations
@@ -10,36 +10,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from tiering.core.format import BlockFormatError
 from tiering.core.toolkit.config import InvalidValueError
-
-STORE_CAUSES = ("no_space", "io_error", "permission", "internal")
-"""Causes of a failed block store, in stats order."""
-
-LOAD_CAUSES = (
-    "checksum",
-    "truncated",
-    "foreign",
-    "corrupt",
-    "missing",
-    "vanished",
-    "io_error",
-    "permission",
-    "internal",
-)
-"""Causes of a failed block load, in stats order."""
-
-DISK_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
-"""Errnos of a failed write meaning the filesystem (or the user's quota) holds no more bytes.
-
-A store that fails with one of them makes the tier lower its cap to what the
-filesystem holds, evict and try once more. ``EFBIG`` (one file over a size
-limit) is not among them: evicting would not help it.
-"""
-
-_NO_SPACE = DISK_FULL | {errno.EFBIG}
-_DENIED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-_SYMLINK = frozenset({errno.ELOOP, errno.ENOTDIR})
 
 
 class _KeyOSError(InvalidValueError, OSError):
@@ -89,30 +60,3 @@ class DirectIONotUsableError(_KeyOSError):
     """``o_direct: true`` was configured but ``O_DIRECT`` cannot be used; names the path and the reason."""
 
     key_name = "o_direct"
-
-
-def failure_cause(exc: BaseException, *, load: bool, in_index: bool = False) -> str:
-    """The stats label of one block's failure.
-
-    Args:
-        exc: what the store or load raised.
-        load: True for a load, False for a store.
-        in_index: for a missing file on load, whether the tier had it indexed
-            (``vanished``: removed behind its back) or not (``missing``).
-
-    Returns:
-        One of :data:`LOAD_CAUSES` (load) or :data:`STORE_CAUSES` (store).
-    """
-    if isinstance(exc, BlockFormatError):
-        return exc.reason if exc.reason in LOAD_CAUSES else "corrupt"
-    if isinstance(exc, FileNotFoundError):
-        return ("vanished" if in_index else "missing") if load else "io_error"
-    if load and (isinstance(exc, NotRegularFileError) or (isinstance(exc, OSError) and exc.errno in _SYMLINK)):
-        return "foreign"  # a symlink or a special file where a block file or shard directory should be
-    if isinstance(exc, OSError):
-        if exc.errno in _NO_SPACE:
-            return "io_error" if load else "no_space"
-        if exc.errno in _DENIED:
-            return "permission"
-        return "io_error"
-    return "internal"

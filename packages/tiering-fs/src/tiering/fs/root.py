@@ -1,7 +1,7 @@
 """Opening an fs tier root: the namespace directory, the writability probe, ``namespace.json``, ``O_DIRECT``.
 
-:func:`prepare_namespace_dir` runs once per tier instance (it creates what
-is missing); :func:`probe_root` answers "would this root work?" for
+:func:`prepare_namespace_dir` and :func:`write_namespace_file` run once per
+tier instance (they create what is missing); :func:`probe_root` answers "would this root work?" for
 ``tiering check --probe`` without creating anything that was not there
 (every probe file is a :mod:`tiering.fs.layout` temporary, removed at once
 and recognised as stale by a later scan if the process dies in between).
@@ -72,16 +72,13 @@ def _write_probe(backend: Backend, directory: str) -> None:
     backend.remove(final)
 
 
-def prepare_namespace_dir(
-    backend: Backend, root: str, namespace_dir: str, namespace: dict[str, Any], tier_type: str
-) -> None:
-    """Create ``namespace_dir``, prove it writable, publish ``namespace.json`` (when missing or different).
+def prepare_namespace_dir(backend: Backend, root: str, namespace_dir: str, tier_type: str) -> None:
+    """Create ``namespace_dir`` and prove it writable.
 
     Args:
         backend: the root's back end.
         root: the root as configured (for messages).
         namespace_dir: ``<root>/<digest>``.
-        namespace: every namespace field, plus ``digest`` (the JSON written).
         tier_type: the tier's name (for messages).
 
     Raises:
@@ -100,6 +97,23 @@ def prepare_namespace_dir(
     except OSError as exc:
         where = namespace_dir if backend.is_local else None
         raise _root_error(tier_type, root, exc, f"directory {namespace_dir!r} is not writable", where) from exc
+
+
+def write_namespace_file(
+    backend: Backend, root: str, namespace_dir: str, namespace: dict[str, Any], tier_type: str = "fs"
+) -> None:
+    """Publish ``namespace.json`` in ``namespace_dir`` when it is missing or different.
+
+    Args:
+        backend: the root's back end.
+        root: the root as configured (for messages).
+        namespace_dir: ``<root>/<digest>`` (created by :func:`prepare_namespace_dir`).
+        namespace: every namespace field, plus ``digest`` (the JSON written).
+        tier_type: the tier's name (for messages).
+
+    Raises:
+        RootNotUsableError: the file cannot be written (names ``root``, the path and the reason).
+    """
     ns_path = f"{namespace_dir}/{NAMESPACE_FILE}"
     try:
         current = backend.read_small(ns_path)

@@ -1,4 +1,4 @@
-"""The fs tier's view of its namespace directory: the start-up scan, periodic rescans, stale temporary gc.
+"""The fs tier's scan of its namespace directory (start-up scan and rescans), stale temporary gc.
 
 A scan lists the namespace directory once and sorts every entry:
 
@@ -14,44 +14,21 @@ A scan lists the namespace directory once and sorts every entry:
   else: never indexed, never removed (``tiering ls`` / ``verify`` report it
   as foreign).
 
-Keys indexed before that no longer have a file were removed by another
-process (``tiering gc``, another tier instance evicting, a user): the tier
-forgets them and reports them removed. Then the tier evicts down to its cap.
+The block store (:mod:`tiering.core.store.scans`) runs the scans and
+reconciles the index with what they found: keys indexed before that no longer
+have a file were removed by another process (``tiering gc``, another tier
+instance evicting, a user) and are forgotten; then it evicts down to its cap.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
+from tiering.core.store import ScanResult
 from tiering.fs.io import Backend
 from tiering.fs.layout import HOST, TempOwner, block_path, key_of_block_name, temp_namer, temp_owner
-
-logger = logging.getLogger(__name__)
-
-
-class ScanResult(NamedTuple):
-    """What one pass over the namespace directory found.
-
-    Attributes:
-        blocks: key -> (size in bytes, mtime in seconds since the epoch) of every valid block file.
-        temp_bytes: bytes of temporaries left in place (not ours, not provably stale).
-        temps_removed: stale temporaries removed.
-        bad_removed: block files of the wrong size removed.
-        foreign: symlinks and special files (FIFOs, sockets, device nodes) found (left alone, never opened).
-        complete: False when the scan stopped early (shutdown): nothing may be forgotten then.
-    """
-
-    blocks: dict[bytes, tuple[int, float]]
-    temp_bytes: int
-    temps_removed: int
-    bad_removed: int
-    foreign: int
-    complete: bool
 
 
 def _pid_alive(pid: int) -> bool:
@@ -96,7 +73,13 @@ def scan_namespace(
     stale_temp_s: float,
     stopping: Callable[[], bool],
 ) -> ScanResult:
-    """List ``namespace_dir`` once (see the module doc); removes stale temporaries and wrong-sized blocks."""
+    """List ``namespace_dir`` once (see the module doc); removes stale temporaries and wrong-sized blocks.
+
+    Returns:
+        Every valid block file (key -> (size, mtime)), the bytes of temporaries left in place (not ours,
+        not provably stale), the counters ``temps_removed`` and ``bad_blocks_removed`` (files of the wrong
+        size), and in the summary the symlinks and special files left alone (never opened).
+    """
     blocks: dict[bytes, tuple[int, float]] = {}
     temp_bytes = temps_removed = bad_removed = foreign = 0
     now = time.time()
@@ -127,49 +110,9 @@ def scan_namespace(
                 bad_removed += 1
             continue
         blocks[key] = (entry.size, entry.mtime)
-    return ScanResult(blocks, temp_bytes, temps_removed, bad_removed, foreign, complete)
-
-
-class Rescanner:
-    """The background thread that runs the start-up scan, then a rescan every ``interval_s``.
-
-    Args:
-        scan: one pass (``scan(first)``); its exceptions are logged, never fatal.
-        interval_s: seconds between rescans; 0 stops after the start-up scan.
-        name: the thread's name.
-    """
-
-    def __init__(self, scan: Callable[[bool], None], interval_s: float, name: str) -> None:
-        self._scan = scan
-        self.interval_s = interval_s
-        self.first_done = threading.Event()
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        first = True
-        while not self._stopping:
-            try:
-                self._scan(first)
-            except Exception:
-                logger.exception("fs tier: scan failed")
-            finally:
-                if first:
-                    self.first_done.set()
-                first = False
-            if self.interval_s <= 0:
-                return
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
-
-    def wake(self) -> None:
-        """Run the next rescan now."""
-        self._wake.set()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop after the pass in progress; wait up to ``timeout_s`` seconds for it."""
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout_s)
+    counters = {"temps_removed": temps_removed, "bad_blocks_removed": bad_removed}
+    summary = (
+        f"{temps_removed} stale temporaries and {bad_removed} bad files removed, "
+        f"{foreign} symlinks and special files ignored"
+    )
+    return ScanResult(blocks, temp_bytes, counters, complete, summary)

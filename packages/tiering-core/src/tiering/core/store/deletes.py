@@ -101,15 +101,16 @@ class Deletes:
         gone = [k for k, ok in outcomes if ok]
         if reason == "bad" and gone:
             self.counters.inc("bad_blocks_removed", len(gone))
-        failed = len(outcomes) - len(gone)
-        if failed:
+        failed = [k for k, ok in outcomes if not ok]
+        for key in failed:
             logger.warning(
-                "%s: cannot delete %d blocks (%s), e.g. %s; kept counted, retried later",
+                "%s: cannot delete %s (%s); kept counted, retried %s",
                 self.medium.label,
-                failed,
+                key.hex(),
                 reason,
-                next(k for k, ok in outcomes if not ok).hex(),
+                "later" if self._pool is not None else "at the next rescan",
             )
+        if failed:
             self._schedule_retry()
         if gone:
             self.on_gone(gone)

@@ -119,7 +119,8 @@ class Medium(ABC):
     Attributes:
         stored_block_bytes: bytes one stored block occupies on the medium (payload plus header or
             trailer); the unit of the cap. Set by the constructor.
-        label: the medium in log lines (``"fs tier /var/cache/x"``).
+        label: the tier kind in log lines (``"fs tier"``).
+        location: where the blocks are, in log lines (a directory, ``s3://bucket/prefix``, a server).
         store_causes, load_causes: every cause :meth:`failure_cause` answers (``store_failed_<cause>``,
             ``load_failed_<cause>`` counters, present in stats from the start).
         counters: names of the medium's own counters (``ScanResult.counters`` and :meth:`stats`
@@ -140,6 +141,7 @@ class Medium(ABC):
 
     stored_block_bytes: int
     label: str = "block store"
+    location: str = ""
     store_causes: tuple[str, ...] = STORE_CAUSES
     load_causes: tuple[str, ...] = LOAD_CAUSES
     counters: tuple[str, ...] = ()

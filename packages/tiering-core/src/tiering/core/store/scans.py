@@ -41,6 +41,7 @@ class Scans:
         pins: the store's pins (read again first: the eviction down to the cap keeps pinned blocks).
         stopping: True once the store is shutting down.
         forget: called with keys the scan found gone and the reason.
+        log: where the scan's summary goes (the tier's module logger, so a backend's lines stay under its name).
 
     Attributes:
         temp_bytes: other writers' temporaries counted against the cap now.
@@ -56,6 +57,7 @@ class Scans:
         pins: PinBook,
         stopping: Callable[[], bool],
         forget: Callable[[Sequence[OffloadKey], str], None],
+        log: logging.Logger = logger,
     ) -> None:
         self.medium = medium
         self.index = index
@@ -64,6 +66,7 @@ class Scans:
         self.pins = pins
         self._is_stopping = stopping
         self._forget = forget
+        self._log = log
         self.temp_bytes = 0
         self.last_scan_s = 0.0
 
@@ -89,10 +92,11 @@ class Scans:
         self.deletes.delete(self.index.evict_to_cap(), "eviction")
         self.counters.add({"scans": 1, **result.counters})
         self.last_scan_s = time.monotonic() - started
-        (logger.info if first else logger.debug)(
-            "%s: %s scan took %.3f s: %d blocks indexed, %d new, %d vanished%s",
+        (self._log.info if first else self._log.debug)(
+            "%s: %s scan of %s took %.3f s: %d blocks indexed, %d new, %d vanished%s",
             self.medium.label,
             "startup" if first else "periodic",
+            self.medium.location,
             self.last_scan_s,
             len(self.index),
             len(report.added),

@@ -102,14 +102,15 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.namespace = offloading_spec.namespace
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
-        self.settings = s = self.store_settings(self.config)
-        self.capacity_bytes = s.capacity_bytes
-        self._check_capacity(s.capacity_bytes)
+        values = _as_dict(self.config)
+        self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
-        if medium.stored_block_bytes != self.stored_block_bytes:
-            raise ValueError(f"{medium.label}: stores {medium.stored_block_bytes} bytes per block, expected "
-                             f"{self.stored_block_bytes}")  # fmt: skip
         try:
+            if medium.stored_block_bytes != self.stored_block_bytes:
+                raise ValueError(f"{medium.label}: stores {medium.stored_block_bytes} bytes per block, expected "
+                                 f"{self.stored_block_bytes}")  # fmt: skip
+            self.settings = s = self.store_settings(self.config)
+            self.capacity_bytes = s.capacity_bytes
             self._start(medium, s)
         except BaseException:
             self._stop()
@@ -121,7 +122,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
         self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.tenants)
-        self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, medium.label)
+        label = f"{medium.label} {medium.location}".rstrip()
+        self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, label)
         self.index.keep = self.pins.protects
         self.jobs = JobTracker()
         self.counters = Counters(self._counter_names(medium))
@@ -142,7 +144,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.loads = Loads(medium, self.index, self.deletes, self.counters, self.pool, self.block,
                            self._is_stopping, self.forget)  # fmt: skip
         self.stores.block_bytes = self.loads.block_bytes = self.block_bytes
-        self.scans = Scans(medium, self.index, self.deletes, self.counters, self.pins, self._is_stopping, self.forget)
+        log = logging.getLogger(type(self).__module__)
+        self.scans = Scans(medium, self.index, self.deletes, self.counters, self.pins, self._is_stopping, self.forget,
+                           log)  # fmt: skip
         self.lookup_cache = self.make_lookup_cache() if s.lookup_fallback == "async" else None
         interval = s.rescan_interval_s if s.capacity_bytes is not None or self.tenants else 0.0
         if s.startup_scan == "blocking":
@@ -164,13 +168,16 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         return self.config_schema.validate(config)
 
     def store_settings(self, config: Any) -> StoreSettings:
-        """The store's knobs from the checked config (default: the keys of :class:`StoreSettings`' names)."""
-        is_record = dataclasses.is_dataclass(config) and not isinstance(config, type)
-        values = dataclasses.asdict(config) if is_record else dict(config)
-        return StoreSettings.from_config(values)
+        """The store's knobs from the checked config (default: the keys of :class:`StoreSettings`' names).
+
+        Called after :meth:`open_medium`, so a knob may depend on the medium (``self.blocks``).
+        """
+        return StoreSettings.from_config(_as_dict(config))
 
     def open_medium(self, config: Any) -> Medium:
         """Open the backend's medium for this tier's namespace (``self.namespace``, ``self.block_bytes``).
+
+        Called after :meth:`check_config` and the ``capacity_bytes`` check, before :meth:`store_settings`.
 
         Raises:
             Exception: the medium cannot be used (a clear error naming the key and the reason).
@@ -368,3 +375,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         if (deletes := getattr(self, "deletes", None)) is not None:
             deletes.close()  # after the pool: the deletes its last shares queued are sent
         self.blocks.close()
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    """A checked config as a dict (a dataclass instance's fields, or the mapping itself)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config)
