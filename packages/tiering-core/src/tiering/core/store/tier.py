@@ -121,7 +121,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
-        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.tenants)
+        index_tenants = self.tenants.without_quotas() if self.tenants and medium.shared_quotas else self.tenants
+        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, index_tenants)
         label = f"{medium.label} {medium.location}".rstrip()
         self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, label)
         self.index.keep = self.pins.protects
@@ -329,6 +330,37 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         """Run the next rescan now (in the background)."""
         self._rescanner.wake()
 
+    def medium_changed(self, kept: bool) -> None:
+        """The medium now serves another copy of its blocks (a server restarted, or failed over to a replica).
+
+        Called by the medium, on the thread that noticed it. ``kept``: the new copy continues the old one
+        (a promoted replica), so the index is kept. Otherwise every known block is forgotten at once, so
+        lookups do not answer True and stores are not skipped for blocks that are gone (writes in flight
+        keep their state). Either way the KV events' consumers are told again what is known (they may
+        have missed some), and unless the start-up scan is off the medium is scanned again in the
+        background: what the new copy lacks is forgotten, what it holds adopted. :meth:`wait_for_scan`
+        waits for that scan.
+        """
+        rescan = self.settings.startup_scan != "off"
+        if rescan:
+            self._rescanner.first_done.clear()  # first: whoever sees the change's effects also waits for the scan
+        if not kept:
+            with self.index.reading() as ticket:
+                self.forget(self.index.reconcile({}, ticket).vanished, "vanished")
+        self.index.announce("reconnect")
+        if rescan:
+            self.pool.submit_call("read", self._scan_again)
+
+    def _scan_again(self) -> None:
+        """A scan after :meth:`medium_changed` (on an I/O thread); a failure is logged, lookups still ask the medium."""
+        try:
+            self.scans.scan(False)
+        except Exception as exc:
+            logger.warning("%s %s: the scan after a change of the medium failed: %s", self.blocks.label,
+                           self.blocks.location, exc)  # fmt: skip
+        finally:
+            self._rescanner.first_done.set()
+
     # -- the rest of the contract -----------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
         """Figures of this tier instance under the toolkit's stats vocabulary, plus the medium's own."""
@@ -338,10 +370,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         out.update(self.jobs.stats())
         out.update(self.pins.stats(self.index.__contains__))
         out.update(failure_totals(out))
-        if self.lookup_cache is not None:
-            cache = self.lookup_cache.stats()
-            out["lookup_probes"] = cache["lookup_probes"]
-            out["lookup_probes_skipped"] = cache["lookup_probes_skipped"]
+        if self.lookup_cache is not None:  # keys resolved, batches, errors, cached answers
+            out.update(self.lookup_cache.stats())
         temp = self.scans.temp_bytes
         out["reserved_bytes"] = int(out["reserved_bytes"]) - temp
         out["in_flight_stores"] = int(out["in_flight_stores"]) - (1 if temp else 0)
@@ -349,6 +379,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         out["configured_capacity_bytes"] = self.capacity_bytes or 0
         out["scan_done"] = int(self._rescanner.first_done.is_set())
         out["last_scan_s"] = self.scans.last_scan_s
+        if self.blocks.server_evicts:  # the medium evicts, this store only forgets: it never evicted anything
+            out.pop("evictions", None)
+            out.pop("evicted_bytes", None)
         out.update(self.blocks.stats())
         return out
 
