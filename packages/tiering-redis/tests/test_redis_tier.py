@@ -85,7 +85,7 @@ def test_capacity_below_one_block_is_a_config_error_naming_the_key(eviction):
     with pytest.raises(InvalidValueError) as info:
         make_tier({"url": "redis://127.0.0.1:1/0", "eviction": eviction, "capacity_bytes": BLOCK})
     assert info.value.key == "capacity_bytes"
-    assert f"got {BLOCK}" in str(info.value) and str(BLOCK + HEADER_SIZE) in str(info.value)
+    assert f"capacity_bytes {BLOCK} " in str(info.value) and f"({BLOCK + HEADER_SIZE} bytes" in str(info.value)
 
 
 def test_secret_value_never_in_config_error():
@@ -113,7 +113,7 @@ def test_wrong_password_is_a_credentials_error_and_password_is_never_shown(caplo
         tier, view = make_tier({"url": server.url, "password": "right-pass-123"})
         try:
             assert store(tier, view, [make_key(1, b"pw")])
-            texts = [repr(tier), str(tier.stats()), caplog.text, tier.location, str(tier.settings)]
+            texts = [repr(tier), str(tier.stats()), caplog.text, tier.blocks.location, str(tier.settings)]
         finally:
             tier.shutdown()
         texts.append(caplog.text + capsys.readouterr().out)
@@ -133,11 +133,11 @@ def test_keys_values_and_ttl(redis_server, prefix):
     try:
         assert store(tier, view, [key])
         client = redis_server.client()
-        name = f"{prefix}:{tier.digest}:{key.hex()}"
+        name = f"{prefix}:{tier.blocks.digest}:{key.hex()}"
         assert client.strlen(name) == 128 + BLOCK
         assert 0 < client.ttl(name) <= 600
         assert client.get(name)[128:] == block_payload(key, BLOCK)
-        assert b'"model": "redis/test"' in client.get(f"{prefix}:{tier.digest}:namespace")
+        assert b'"model": "redis/test"' in client.get(f"{prefix}:{tier.blocks.digest}:namespace")
         client.close()
     finally:
         tier.shutdown()
@@ -347,7 +347,7 @@ def test_server_killed_mid_run_gives_failed_jobs_then_recovers(prefix):
         stats = tier.stats()
         assert stats["server_restarts"] == 1 and stats["failovers"] == 0 and stats["load_failed_missing"] >= 1
         with server.client() as client:  # the empty server describes the namespace again
-            assert client.exists(tier.layout.namespace_key(tier.digest)) == 1
+            assert client.exists(tier.blocks.layout.namespace_key(tier.blocks.digest)) == 1
         assert store(tier, view, keys)
         ok, slots = load(tier, view, keys)
         assert ok and slots == [block_payload(k, BLOCK) for k in keys]
@@ -362,7 +362,7 @@ def test_block_corrupted_in_place_is_refused_by_the_checksum(redis_server, prefi
     try:
         assert store(tier, view, [key])
         client = redis_server.client()
-        name = tier.block_key(key)
+        name = tier.blocks.block_key(key)
         client.setrange(name, 128 + 1000, b"\xff\x00\xff")
         ok, _ = load(tier, view, [key])
         assert not ok

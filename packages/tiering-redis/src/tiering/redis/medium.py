@@ -48,6 +48,9 @@ from tiering.redis.wire import InSlot, get_many, set_nx_many
 
 logger = logging.getLogger(__name__)
 
+_OTHER_THREADS = 3
+"""Threads besides the ``max_connections`` I/O threads that use connections: the scan's and the delete pool's."""
+
 _RECHECK = ("connection", "timeout", "loading", "readonly")
 """Error classes a change of primary explains: the next round trip asks whether it changed."""
 
@@ -68,13 +71,13 @@ class RedisMedium(Medium):
     Attributes:
         server: what the start-up probe learnt (``maxmemory``, policy, primaries).
         fleet: the fleet's shared LRU (``eviction: "tier"``), else None.
-        pins: the store's pin book, set by the tier (blocks stored while pinned get their pin's expiry).
+        pins: the store's pin book (:meth:`attach`): blocks stored while pinned get their pin's expiry.
 
     Raises:
         RedisStartupError: the server is unreachable, refuses the credentials or the probe failed.
     """
 
-    delete_threads = 2  # a remote server: deletes never hold up the I/O threads that wait for their room
+    delete_threads = _OTHER_THREADS - 1  # deletes never hold up the I/O threads that wait for their room
     counters = ("forgotten_blocks", "fleet_evictions", "scanned_blocks", "fleet_repaired_blocks")
     store_causes = ERROR_CLASSES
     load_causes = ("checksum", "truncated", "foreign", "corrupt", "missing", *ERROR_CLASSES)
@@ -88,12 +91,13 @@ class RedisMedium(Medium):
         self.stored_block_bytes = HEADER_SIZE + block_bytes
         self.ttl_s: int | None = settings["ttl_s"]
         self.tenants = TenantPolicy.from_config(settings["tenants"])
-        self.location = settings.location()
+        self.label, self.location = "redis tier", settings.location()
         self.is_cluster = settings["mode"] == "cluster"
         self.own = Counters(("pipelines", "failovers", "server_restarts", *(f"errors_{c}" for c in ERROR_CLASSES)))
         self.pins: PinBook | None = None
         try:
-            self.client: Any = settings.make_client()
+            n = settings["max_connections"] + _OTHER_THREADS  # a connection per thread: none waits for another
+            self.client: Any = RedisSettings({**settings.values, "max_connections": n}).make_client()
         except Exception as exc:
             raise RedisStartupError(
                 f"redis tier: cannot connect to {self.location}: {settings.redact(str(exc))}", classify_error(exc)
@@ -118,17 +122,24 @@ class RedisMedium(Medium):
         self.fleet = FleetCap(self.client, lru_key, self.stored_block_bytes, fleet_cap, self.ttl_s, self.tenants) \
             if fleet_cap else None  # fmt: skip
         self.server_evicts = eviction != "process"  # the store forgets entries beyond known_limit_bytes instead
-        self.known_limit_bytes = fleet_cap or max(self.server.maxmemory, 0) if self.server_evicts else 0
+        self.known_limit_bytes = (fleet_cap or max(self.server.maxmemory, 0)) if self.server_evicts else 0
         self.shared_quotas = self.fleet is not None  # the tenants' quotas are kept fleet-wide, in the fleet's sets
         refuse = eviction == "server" and self.server.server_evicts  # the server's LRU cannot be told to keep a key
-        self.label = f"redis tier {self.location}" + (f" (the server evicts any key: {self.server.policy})"
-                                                      if refuse else "")  # fmt: skip
+        if refuse:  # said wherever the tier names its server: a refused pin's message says why
+            self.location += f" (the server evicts any key: {self.server.policy})"
         self._pins = None if refuse else RedisPins(self.client, self.layout.pins_key(self.digest),
                                                    lru_key if self.fleet else None,
                                                    self.block_key if self.ttl_s else None)  # fmt: skip
-        logger.info("%s ready (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by %s", self.label,
-                    self.server.version, self.server.primaries, self.server.maxmemory, self.server.policy,
+        server = self.server
+        logger.info("%s %s ready (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by %s",
+                    self.label, self.location, server.version, server.primaries, server.maxmemory, server.policy,
                     self.layout.base(self.digest), eviction)  # fmt: skip
+
+    def attach(self, pins: PinBook, tenants: TenantPolicy | None) -> None:
+        """The store's pin book and tenant policy (the tenants' names its requests noted) replace the medium's own."""
+        self.pins, self.tenants = pins, tenants
+        if self.fleet is not None and self.fleet.tenants is not None and tenants is not None:
+            self.fleet.tenants.policy = tenants
 
     def block_key(self, key: bytes) -> str:
         """The Redis key of block ``key``."""
@@ -240,10 +251,11 @@ class RedisMedium(Medium):
         try:
             names = [self.layout.parse(name) for name in self.client.scan_iter(**kwargs)]
             keys = [OffloadKey(p[2]) for p in names if p is not None and p[1] == "block" and p[2] is not None]
-            found = [k for i in range(0, len(keys), 4096) for k in self._existing(keys[i : i + 4096])]
+            batches = [keys[i : i + 4096] for i in range(0, len(keys), 4096)]
+            found = [k for batch in batches for k, there in zip(batch, self._exists(batch), strict=True) if there]
             counters = {"scanned_blocks": len(found)}
             if self.fleet is not None:
-                added, removed = self.fleet.reconcile(found, self._existing)
+                added, removed = self.fleet.reconcile(found, self._exists)
                 victims = set(self.fleet.evict_surplus())
                 self.remove_many(list(victims))
                 found = [k for k in found if k not in victims]
@@ -254,9 +266,9 @@ class RedisMedium(Medium):
         now = time.time()
         return ScanResult({k: (self.stored_block_bytes, now) for k in found}, counters=counters)
 
-    def _existing(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+    def _exists(self, keys: Sequence[OffloadKey]) -> list[bool]:
         self._round_trip()
-        return [key for key, there in zip(keys, self._presence(keys, touch=False), strict=True) if there]
+        return self._presence(keys, touch=False)
 
     # -- namespace, pins, the fleet's cap --------------------------------------------------------------
     def write_namespace_record(self, record: Mapping[str, Any]) -> None:
@@ -317,7 +329,7 @@ class RedisMedium(Medium):
         return classify_error(exc)
 
     def stats(self) -> dict[str, int | float]:
-        """``pipelines``, ``failovers``, ``server_restarts``, ``errors_<class>``, the server's and the fleet's figures."""
+        """``pipelines``, ``failovers``, ``server_restarts``, ``errors_<class>``; the server's and fleet's figures."""
         out: dict[str, int | float] = dict(self.own.snapshot())
         out |= {"server_maxmemory_bytes": self.server.maxmemory, "server_evicts": int(self.server.server_evicts)}
         if self.fleet is not None:
@@ -333,7 +345,8 @@ class RedisMedium(Medium):
             self.watch.suspect()
         self.own.inc(f"errors_{cause}")
         text = self.settings.redact(f"{type(exc).__name__}: {exc}")
-        (logger.error if cause == "other" else logger.warning)("%s: %s failed (%s): %s", self.label, what, cause, text)
+        log = logger.error if cause == "other" else logger.warning
+        log("%s %s: %s failed (%s): %s", self.label, self.location, what, cause, text)
         return cause
 
     def pipeline(self) -> Any:
@@ -350,11 +363,11 @@ class RedisMedium(Medium):
         self._on_change(kept)
         self.own.inc("failovers" if kept else "server_restarts")  # after the store's reaction: whoever sees it waits
         if kept:
-            logger.warning("%s failed over (new run_id) to a replica of the old primary; keeping the known blocks",
-                           self.label)  # fmt: skip
+            logger.warning("redis tier: %s failed over (new run_id) to a replica of the old primary; keeping the "
+                           "known blocks", self.location)  # fmt: skip
         else:
-            logger.warning("%s restarted (new run_id, a new data set); forgot the blocks it may no longer hold",
-                           self.label)  # fmt: skip
+            logger.warning("redis tier: %s restarted (new run_id, a new data set); forgot the blocks it may no "
+                           "longer hold", self.location)  # fmt: skip
             self.write_namespace_record({})
 
     def close(self) -> None:
