@@ -130,7 +130,9 @@ def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_pri
                 k: v for k, v in tier.stats().items() if v and ("fail" in k or "error" in k)
             }
             with new_primary.client() as client:
-                assert client.exists(*(tier.blocks.block_key(k) for k in after)) == len(after)  # written to the new primary
+                assert client.exists(*(tier.blocks.block_key(k) for k in after)) == len(
+                    after
+                )  # written to the new primary
                 assert client.info("replication")["role"] == "master"
             ok, slots = load(tier, view, before[8:])  # replicated before the failover: still there, same bytes
             assert ok and slots == [block_payload(k, BLOCK) for k in before[8:]]

@@ -230,7 +230,9 @@ def test_with_ttl_expired_blocks_stop_counting_against_the_cap(redis_server, pre
         store_blocks(tier, view, keys[:2])
         time.sleep(1.3)  # both expired on the server
         store_blocks(tier, view, [keys[2]])
-        assert {m for m, _ in client.zscan_iter(tier.blocks.layout.lru_key(tier.blocks.digest))} == {keys[2].hex().encode()}
+        assert {m for m, _ in client.zscan_iter(tier.blocks.layout.lru_key(tier.blocks.digest))} == {
+            keys[2].hex().encode()
+        }
         assert tier.stats()["fleet_evictions"] == 0 and tier.stats()["fleet_used_bytes"] == OBJECT
     finally:
         tier.shutdown()

@@ -31,28 +31,24 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, encode_header, verify_block
+from tiering.core.format import HEADER_SIZE, BlockFormatError, encode_header
 from tiering.core.spec import Namespace
 from tiering.core.store import PRESENT, Medium, NotStartedError, ScanResult, WriteOutcome
-from tiering.core.toolkit import Counters
 from tiering.core.toolkit.pins import PinBook
 from tiering.core.toolkit.tenancy import TenantPolicy
 from tiering.redis.config import RedisSettings
-from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
+from tiering.redis.connection import ServerConnection
+from tiering.redis.errors import ERROR_CLASSES, classify_error
 from tiering.redis.fleet import FleetCap
 from tiering.redis.layout import KeyLayout
 from tiering.redis.pins import RedisPins
 from tiering.redis.presence import PresenceQuery
-from tiering.redis.probe import PrimaryWatch, probe
-from tiering.redis.wire import InSlot, get_many, set_nx_many
+from tiering.redis.wire import get_many, set_nx_many, verify_into
 
 logger = logging.getLogger(__name__)
 
-_OTHER_THREADS = 3
-"""Threads besides the ``max_connections`` I/O threads that use connections: the scan's and the delete pool's."""
-
-_RECHECK = ("connection", "timeout", "loading", "readonly")
-"""Error classes a change of primary explains: the next round trip asks whether it changed."""
+_DELETE_THREADS = 2
+"""Threads of the store's delete pool: deletes never hold up the I/O threads that wait for their room."""
 
 
 class BlockMissingError(FileNotFoundError):
@@ -77,7 +73,8 @@ class RedisMedium(Medium):
         RedisStartupError: the server is unreachable, refuses the credentials or the probe failed.
     """
 
-    delete_threads = _OTHER_THREADS - 1  # deletes never hold up the I/O threads that wait for their room
+    label = "redis tier"
+    delete_threads = _DELETE_THREADS
     counters = ("forgotten_blocks", "fleet_evictions", "scanned_blocks", "fleet_repaired_blocks")
     store_causes = ERROR_CLASSES
     load_causes = ("checksum", "truncated", "foreign", "corrupt", "missing", *ERROR_CLASSES)
@@ -85,31 +82,16 @@ class RedisMedium(Medium):
     def __init__(
         self, settings: RedisSettings, namespace: Namespace, block_bytes: int, on_change: Callable[[bool], None]
     ) -> None:
-        self.settings = settings
         self.layout = KeyLayout(settings["prefix"])
         self.digest, self._digest_bytes = namespace.digest, namespace.digest_bytes
         self.stored_block_bytes = HEADER_SIZE + block_bytes
         self.ttl_s: int | None = settings["ttl_s"]
         self.tenants = TenantPolicy.from_config(settings["tenants"])
-        self.label, self.location = "redis tier", settings.location()
         self.is_cluster = settings["mode"] == "cluster"
-        self.own = Counters(("pipelines", "failovers", "server_restarts", *(f"errors_{c}" for c in ERROR_CLASSES)))
         self.pins: PinBook | None = None
-        try:
-            n = settings["max_connections"] + _OTHER_THREADS  # a connection per thread: none waits for another
-            self.client: Any = RedisSettings({**settings.values, "max_connections": n}).make_client()
-        except Exception as exc:
-            raise RedisStartupError(
-                f"redis tier: cannot connect to {self.location}: {settings.redact(str(exc))}", classify_error(exc)
-            ) from None
-        self._record = json.dumps({**namespace.to_dict(), "digest": self.digest}, indent=1, sort_keys=True).encode()
-        try:
-            self.server = probe(self.client, self.layout, self.digest, self._record, self.location, settings.redact)
-        except BaseException:
-            self.client.close()
-            raise
-        self._on_change = on_change
-        self.watch = PrimaryWatch(self.client, self.server.identity, self._changed)
+        record = json.dumps({**namespace.to_dict(), "digest": self.digest}, indent=1, sort_keys=True).encode()
+        self.conn = ServerConnection(settings, self.layout, self.digest, record, _DELETE_THREADS + 1, on_change)
+        self.client, self.server, self.location = self.conn.client, self.conn.info, self.conn.location
         self._presence = PresenceQuery(self.client, self.layout.base(self.digest) + ":", self.stored_block_bytes,
                                        self.is_cluster)  # fmt: skip
         self._open_eviction(settings["eviction"], settings["capacity_bytes"])
@@ -130,9 +112,9 @@ class RedisMedium(Medium):
         self._pins = None if refuse else RedisPins(self.client, self.layout.pins_key(self.digest),
                                                    lru_key if self.fleet else None,
                                                    self.block_key if self.ttl_s else None)  # fmt: skip
-        server = self.server
-        logger.info("%s %s ready (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by %s",
-                    self.label, self.location, server.version, server.primaries, server.maxmemory, server.policy,
+        info = self.server
+        logger.info("redis tier %s ready (redis %s, %d primaries, maxmemory %d, policy %s), keys %s:*, eviction by "
+                    "%s", self.location, info.version, info.primaries, info.maxmemory, info.policy,
                     self.layout.base(self.digest), eviction)  # fmt: skip
 
     def attach(self, pins: PinBook, tenants: TenantPolicy | None) -> None:
@@ -160,18 +142,16 @@ class RedisMedium(Medium):
         headers = [encode_header(self._digest_bytes, key, view) for key, view in zip(keys, views, strict=True)]
         ttls = [self.ttl_s if self.tenants is None else self.tenants.ttl_seconds(k, self.ttl_s) for k in keys]
         try:
-            self._round_trip()
+            self.conn.round_trip()
             names = [self.block_key(key).encode() for key in keys]
             replies = set_nx_many(self.client, self.is_cluster, names, headers, views, ttls)
         except Exception as exc:
-            self.count_error(exc, f"store of {len(keys)} blocks")
+            self.conn.count_error(exc, f"store of {len(keys)} blocks")
             return [exc for _ in keys]
-        out: list[WriteOutcome] = []
         for key, reply in zip(keys, replies, strict=True):
             if isinstance(reply, Exception):
-                self.count_error(reply, f"SET of block {key.hex()[:16]}")
-            out.append(reply if isinstance(reply, Exception) else None if reply else PRESENT)
-        return out
+                self.conn.count_error(reply, f"SET of block {key.hex()[:16]}")
+        return [r if isinstance(r, Exception) else None if r else PRESENT for r in replies]
 
     def read_many(
         self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
@@ -179,36 +159,17 @@ class RedisMedium(Medium):
         """``GET`` of every block in one pipeline, each value verified (read into its slot, or moved there)."""
         views = [slot(b) for b in block_ids]
         try:
-            self._round_trip()
-            replies = get_many(self.client, self.is_cluster, [self.block_key(k).encode() for k in keys], views,
-                               HEADER_SIZE)  # fmt: skip
+            self.conn.round_trip()
+            names = [self.block_key(k).encode() for k in keys]
+            replies = get_many(self.client, self.is_cluster, names, views, HEADER_SIZE)
         except Exception as exc:
-            self.count_error(exc, f"load of {len(keys)} blocks")
+            self.conn.count_error(exc, f"load of {len(keys)} blocks")
             return [exc for _ in keys]
-        out: list[BaseException | None] = []
-        for key, view, reply in zip(keys, views, replies, strict=True):
-            if reply is None:
-                out.append(BlockMissingError(self.block_key(key)))
-            else:
-                out.append(reply if isinstance(reply, Exception) else self._verify_into(key, reply, view))
-        return out
-
-    def _verify_into(self, key: OffloadKey, reply: bytes | InSlot, view: memoryview) -> BlockFormatError | None:
-        """Verify a ``GET`` reply whose payload is in ``view`` already (or is moved there once verified)."""
-        try:
-            if isinstance(reply, InSlot):
-                header, payload, stored = memoryview(reply.header), view, self.stored_block_bytes
-            else:
-                value = memoryview(reply)
-                if value.nbytes != self.stored_block_bytes:
-                    raise TruncatedBlockError(f"value is {value.nbytes} bytes, expected {self.stored_block_bytes}")
-                header, payload, stored = value[:HEADER_SIZE], value[HEADER_SIZE:], value.nbytes
-            verify_block(header, payload, self._digest_bytes, key, stored_size=stored)
-        except BlockFormatError as exc:
-            return exc
-        if not isinstance(reply, InSlot):
-            view[:] = payload
-        return None
+        return [
+            BlockMissingError(name.decode()) if reply is None else reply if isinstance(reply, Exception)
+            else verify_into(reply, view, self._digest_bytes, key, self.stored_block_bytes)
+            for key, name, view, reply in zip(keys, names, views, replies, strict=True)
+        ]  # fmt: skip
 
     def size(self, key: OffloadKey) -> int | None:
         """The value's size (``STRLEN``; an access for the server's LRU); None when absent."""
@@ -217,10 +178,10 @@ class RedisMedium(Medium):
     def sizes(self, keys: Sequence[OffloadKey]) -> list[int | None]:
         """:meth:`size` of each key, one packed request per node (:class:`~tiering.redis.presence.PresenceQuery`)."""
         try:
-            self._round_trip()
+            self.conn.round_trip()
             replies = self._presence.ask(keys, b"STRLEN")
         except Exception as exc:
-            self.count_error(exc, f"lookup of {len(keys)} keys")
+            self.conn.count_error(exc, f"lookup of {len(keys)} keys")
             raise
         return [r if isinstance(r, int) and r > 0 else None for r in replies]  # an error reply reads as absent
 
@@ -230,15 +191,11 @@ class RedisMedium(Medium):
 
     def remove_many(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """``UNLINK`` of every key in one pipeline; True per key answered (a key already gone counts)."""
-        try:
-            pipe = self.pipeline()
-            for key in keys:
-                pipe.unlink(self.block_key(key))
-            replies = pipe.execute(raise_on_error=False)
-        except Exception as exc:
-            self.count_error(exc, f"UNLINK of {len(keys)} blocks")
-            return [False for _ in keys]
-        return [not isinstance(r, Exception) for r in replies]
+        pipe = self.conn.pipeline()
+        for key in keys:
+            pipe.unlink(self.block_key(key))
+        replies = self.conn.guarded(f"UNLINK of {len(keys)} blocks", lambda: pipe.execute(raise_on_error=False))
+        return [False for _ in keys] if replies is None else [not isinstance(r, Exception) for r in replies]
 
     def scan(self, stopping: Callable[[], bool]) -> ScanResult:
         """The namespace's blocks (``SCAN`` + ``EXISTS``: no access); with the fleet's LRU, repaired and trimmed.
@@ -261,22 +218,19 @@ class RedisMedium(Medium):
                 found = [k for k in found if k not in victims]
                 counters |= {"fleet_repaired_blocks": added + removed, "fleet_evictions": len(victims)}
         except Exception as exc:
-            self.count_error(exc, "the scan")
+            self.conn.count_error(exc, "the scan")
             raise
         now = time.time()
         return ScanResult({k: (self.stored_block_bytes, now) for k in found}, counters=counters)
 
     def _exists(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        self._round_trip()
+        self.conn.round_trip()
         return self._presence(keys, touch=False)
 
     # -- namespace, pins, the fleet's cap --------------------------------------------------------------
     def write_namespace_record(self, record: Mapping[str, Any]) -> None:
-        """``SET NX`` of the namespace record (also after a restart emptied the server); a failure is counted."""
-        try:
-            self.client.set(self.layout.namespace_key(self.digest), self._record, nx=True)
-        except Exception as exc:
-            self.count_error(exc, "writing the namespace record")
+        """``SET NX`` of the namespace record (the start-up probe wrote it already; a failure is counted)."""
+        self.conn.write_record()
 
     def pin_records(self) -> RedisPins | None:
         """The namespace's pin set; None when the server evicts any key (it cannot be told to keep one)."""
@@ -289,15 +243,11 @@ class RedisMedium(Medium):
             The victims the fleet's cap handed this process (taken atomically: no other process deletes them).
         """
         pinned = {k: e for k in keys if self.pins is not None and (e := self.pins.expiry(k)) is not None}
-        victims: Sequence[OffloadKey] = ()
-        try:
-            if self.fleet is not None:
-                victims = self.fleet.added(keys)
-            if pinned and self._pins is not None:
-                self._pins.keep_alive(pinned)  # (a failure: the next refresh of the pins asserts them again)
-        except Exception as exc:
-            self.count_error(exc, f"counting {len(keys)} stored blocks in the fleet's LRU or pins")
-        return victims
+        if pinned and (records := self._pins) is not None:  # a failure: the next refresh of the pins asserts them
+            self.conn.guarded(f"keeping {len(pinned)} pinned blocks", lambda: records.keep_alive(pinned))
+        if (fleet := self.fleet) is None:
+            return ()
+        return self.conn.guarded(f"counting {len(keys)} blocks in the fleet's LRU", lambda: fleet.added(keys)) or ()
 
     def touched(self, keys: Sequence[OffloadKey]) -> bool:
         """With the fleet's LRU: queue ``keys`` to be re-scored as used (sent by :meth:`flush`)."""
@@ -305,19 +255,13 @@ class RedisMedium(Medium):
 
     def flush(self) -> None:
         """Send the touches queued by :meth:`touched` to the fleet's LRU (on an I/O thread)."""
-        try:
-            if self.fleet is not None:
-                self.fleet.flush_touches()
-        except Exception as exc:
-            self.count_error(exc, "touching blocks in the fleet's LRU")
+        if (fleet := self.fleet) is not None:
+            self.conn.guarded("touching blocks in the fleet's LRU", fleet.flush_touches)
 
     def gone(self, keys: Sequence[OffloadKey]) -> None:
         """Blocks known gone (missing, bad, deleted): no longer counted by the fleet's LRU."""
-        try:
-            if self.fleet is not None and keys:
-                self.fleet.removed(keys)
-        except Exception as exc:
-            self.count_error(exc, f"removing {len(keys)} gone blocks from the fleet's LRU")
+        if (fleet := self.fleet) is not None and keys:
+            self.conn.guarded(f"removing {len(keys)} gone blocks from the fleet's LRU", lambda: fleet.removed(keys))
 
     # -- reporting, errors, shutdown ---------------------------------------------------------------------
     def failure_cause(self, exc: BaseException, *, load: bool, in_index: bool = False) -> str:
@@ -330,7 +274,7 @@ class RedisMedium(Medium):
 
     def stats(self) -> dict[str, int | float]:
         """``pipelines``, ``failovers``, ``server_restarts``, ``errors_<class>``; the server's and fleet's figures."""
-        out: dict[str, int | float] = dict(self.own.snapshot())
+        out: dict[str, int | float] = dict(self.conn.counters.snapshot())
         out |= {"server_maxmemory_bytes": self.server.maxmemory, "server_evicts": int(self.server.server_evicts)}
         if self.fleet is not None:
             out |= {"fleet_capacity_bytes": self.fleet.capacity_bytes, "fleet_used_bytes": self.fleet.used_bytes}
@@ -338,38 +282,6 @@ class RedisMedium(Medium):
                 out |= self.fleet.tenants.stats()
         return out
 
-    def count_error(self, exc: BaseException, what: str) -> str:
-        """Count and log a failed request (no credential in the log); returns its class."""
-        cause = classify_error(exc)
-        if cause in _RECHECK:
-            self.watch.suspect()
-        self.own.inc(f"errors_{cause}")
-        text = self.settings.redact(f"{type(exc).__name__}: {exc}")
-        log = logger.error if cause == "other" else logger.warning
-        log("%s %s: %s failed (%s): %s", self.label, self.location, what, cause, text)
-        return cause
-
-    def pipeline(self) -> Any:
-        """A pipeline of the client (``transaction=False``), counted, the primary checked first."""
-        self._round_trip()
-        return self.client.pipeline(transaction=False)
-
-    def _round_trip(self) -> None:
-        self.own.inc("pipelines")
-        self.watch.check()
-
-    def _changed(self, kept: bool) -> None:
-        """The primary changed: the store forgets (a restart) or keeps what it knew (a failover), then rescans."""
-        self._on_change(kept)
-        self.own.inc("failovers" if kept else "server_restarts")  # after the store's reaction: whoever sees it waits
-        if kept:
-            logger.warning("redis tier: %s failed over (new run_id) to a replica of the old primary; keeping the "
-                           "known blocks", self.location)  # fmt: skip
-        else:
-            logger.warning("redis tier: %s restarted (new run_id, a new data set); forgot the blocks it may no "
-                           "longer hold", self.location)  # fmt: skip
-            self.write_namespace_record({})
-
     def close(self) -> None:
         """Close the client's connections."""
-        self.client.close()
+        self.conn.close()

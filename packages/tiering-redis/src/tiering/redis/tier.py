@@ -1,27 +1,14 @@
 """A Redis secondary tier on redis-py: one key per block, shared by every engine replica that uses the server.
 
-Keys (see :mod:`tiering.redis.layout`): ``<prefix>:<namespace digest>:<key hex>``
-holds :func:`tiering.core.format.encode_header` + the block's bytes, verified
-with :func:`tiering.core.format.verify_block` on every load; a block that does
-not verify is a miss, is deleted and counted by cause.
-
-The tier is an indexed block store (:class:`~tiering.core.store.IndexedTier`:
-the index of blocks this process knows, jobs, reservations, deletes, scans,
-stats, shutdown) around a :class:`~tiering.redis.medium.RedisMedium` (the
-server's primitives). This module maps the config keys
-(:data:`tiering.redis.config.SCHEMA`) onto the store's knobs: lookups are
-resolved in batches in the background (one packed ``STRLEN`` request per node
-and batch; None while in flight), a job's blocks go out as pipelines of
-``pipeline_blocks`` blocks on ``max_connections`` I/O threads, and a store is
-reserved on the scheduler's thread (victims known at once).
-
-Nothing on the scheduler's thread touches the network: ``lookup``,
-``submit_*``, ``get_finished`` and ``touch`` only update memory. Connection
-errors, timeouts, ``READONLY``, ``OOM``, ``LOADING`` and cluster redirections
-that redis-py's own retries (:class:`redis.retry.Retry`) do not absorb become
-failed blocks (a failed job, a miss) within the bounded time set by
-``socket_timeout_s``, ``socket_connect_timeout_s``, ``retries`` and the
-backoff; the client reconnects by itself when the server is back.
+An indexed block store (:class:`~tiering.core.store.IndexedTier`: the index of
+the blocks this process knows, jobs, reservations, deletes, scans, stats)
+around a :class:`~tiering.redis.medium.RedisMedium` (the server's primitives;
+key layout in :mod:`tiering.redis.layout`). This module maps the config keys
+(:data:`tiering.redis.config.SCHEMA`) onto the store's knobs: lookups resolved
+in background batches, ``max_connections`` I/O threads sending pipelines of
+``pipeline_blocks`` blocks, stores reserved on the scheduler's thread. Nothing
+on the scheduler's thread touches the network; a failed request (after
+redis-py's retries, bounded by the timeouts) fails its blocks.
 """
 
 from __future__ import annotations
@@ -54,9 +41,6 @@ class RedisSecondaryTierManager(IndexedTier):
         primary_kv_view: the primary tier's ``(num_blocks, block_bytes)`` host buffer.
         tier_type: the registered name (injected by the factory).
         **config: the entry's keys (see :data:`~tiering.redis.config.SCHEMA`).
-
-    Attributes:
-        blocks: the :class:`~tiering.redis.medium.RedisMedium` (client, key layout, server figures, fleet's LRU).
 
     Raises:
         tiering.core.toolkit.TierConfigError: a wrong, missing or unknown key (names it), among them

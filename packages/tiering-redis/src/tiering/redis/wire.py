@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, verify_block
 
 try:
     import hiredis
@@ -330,3 +331,34 @@ def get_many(
     for name in names:
         pipe.get(name)
     return list(pipe.execute(raise_on_error=False))
+
+
+def verify_into(
+    reply: bytes | InSlot, view: memoryview, digest: bytes, key: bytes, stored_bytes: int
+) -> BlockFormatError | None:
+    """Verify a ``GET`` reply of :func:`get_many` whose payload is in ``view`` already, or is moved there once verified.
+
+    Args:
+        reply: an :class:`InSlot` (header read, payload in ``view``) or the whole value.
+        view: the block's primary slot.
+        digest: the namespace digest (raw bytes) the header must carry.
+        key: the block's key, which the header must carry.
+        stored_bytes: the size of a stored block (header + payload).
+
+    Returns:
+        None (verified; the payload is in ``view``) or why not (the slot's bytes are not to be used).
+    """
+    try:
+        if isinstance(reply, InSlot):
+            header, payload, stored = memoryview(reply.header), view, stored_bytes
+        else:
+            value = memoryview(reply)
+            if value.nbytes != stored_bytes:
+                raise TruncatedBlockError(f"value is {value.nbytes} bytes, expected {stored_bytes}")
+            header, payload, stored = value[:HEADER_SIZE], value[HEADER_SIZE:], value.nbytes
+        verify_block(header, payload, digest, key, stored_size=stored)
+    except BlockFormatError as exc:
+        return exc
+    if not isinstance(reply, InSlot):
+        view[:] = payload
+    return None
