@@ -70,7 +70,12 @@ class Deletes:
         self._retry_round = 0
         self._retry_timer: threading.Timer | None = None  # at most one retry round waits
         n = medium.delete_threads
-        self._pool = IOPool(n, 0, name="tiering-delete") if n > 0 else None
+        self._pool = IOPool(n, 0, name="tiering-delete", max_batch=max(1, medium.delete_batch)) if n > 0 else None
+
+    @property
+    def pooled(self) -> bool:
+        """Whether deletes run on a pool of their own (else on the calling thread)."""
+        return self._pool is not None
 
     def delete(self, victims: Iterable[Victim], reason: str) -> None:
         """Delete ``victims`` (``reason``: ``"eviction"``, ``"expired"`` or ``"bad"``); outcomes go to the index."""
@@ -80,10 +85,8 @@ class Deletes:
         if self._pool is None:
             self._run(keys, reason)
             return
-        step = max(1, self.medium.delete_batch)
-        for start in range(0, len(keys), step):
-            batch = keys[start : start + step]
-            self._pool.submit("read", functools.partial(self._run, reason=reason), batch, self._never_ran)
+        # The pool spreads the keys over its idle threads; each thread sends its part in medium batches.
+        self._pool.submit("read", functools.partial(self._run, reason=reason), keys, self._never_ran)
 
     def _run(self, keys: Sequence[OffloadKey], reason: str) -> None:
         """Delete one batch; a failed delete keeps its bytes counted (retried later)."""

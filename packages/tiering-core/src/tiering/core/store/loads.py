@@ -70,6 +70,7 @@ class Loads:
         self._forget = forget
         self.stored_block_bytes = medium.stored_block_bytes
         self.block_bytes = 0  # set by the store (payload bytes per block, for bytes_loaded)
+        self._tells_use = type(medium).touched is not Medium.touched  # no per-block work for a medium that ignores it
 
     def queue(self, state: JobState) -> None:
         """Queue every block of a load job on the read queue (scheduler thread)."""
@@ -108,7 +109,7 @@ class Loads:
             self.index.adopt_many(found, ticket)
         if found:
             self.counters.add({"blocks_loaded": len(found), "bytes_loaded": len(found) * self.block_bytes})
-            if self.medium.touched([key for key, _ in found]):
+            if self._tells_use and self.medium.touched([key for key, _ in found]):
                 self.pool.submit_call("write", self.medium.flush)
         record_tasks(outcomes)
 

@@ -133,12 +133,6 @@ class Medium(ABC):
         server_evicts: the medium drops blocks on its own (a server's LRU): the store does not cap
             it; it forgets index entries beyond :attr:`known_limit_bytes` instead of deleting them.
         known_limit_bytes: with ``server_evicts``, the most bytes the medium can hold (0: unknown).
-        shared_quotas: the medium keeps the tenants' quotas itself, for every process at once (a
-            fleet-wide cap): the store's index keeps only the tenants' TTLs.
-        reserve_on_scheduler: the store reserves a job's blocks on the scheduler thread in
-            ``submit_store`` (victims known at once) instead of on the I/O thread that writes them
-            (the scheduler then touches no index lock). The store's class attribute of the same
-            name wins when the tier sets it.
     """
 
     stored_block_bytes: int
@@ -151,8 +145,6 @@ class Medium(ABC):
     delete_batch: int = 1000
     server_evicts: bool = False
     known_limit_bytes: int = 0
-    shared_quotas: bool = False
-    reserve_on_scheduler: bool | None = None
 
     # -- block I/O ---------------------------------------------------------------------------------
     @abstractmethod

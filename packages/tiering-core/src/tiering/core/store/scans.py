@@ -120,13 +120,14 @@ class Scans:
 
 
 class Rescanner:
-    """The background thread that runs the start-up scan, then a rescan every ``interval_s``.
+    """The background thread that runs the start-up scan, then a rescan every ``interval_s`` (and on :meth:`wake`).
 
     Args:
         scan: one pass (``scan(first)``); its exceptions are logged, never fatal.
-        interval_s: seconds between rescans; 0 stops after the start-up scan.
-        name: the thread's name.
-        first: run a scan at once (False: the first one already ran; only rescans follow).
+        interval_s: seconds between rescans; 0: none on a timer (the thread ends after the start-up scan
+            and :meth:`wake` starts one pass on a thread of its own).
+        name: the threads' name.
+        first: run the start-up scan (False: it already ran, or there is none).
 
     Attributes:
         first_done: set once the start-up scan finished (also when it failed).
@@ -135,20 +136,24 @@ class Rescanner:
     def __init__(self, scan: Callable[[bool], object], interval_s: float, name: str, first: bool = True) -> None:
         self._scan = scan
         self.interval_s = interval_s
+        self.name = name
         self.first_done = threading.Event()
         self._wake = threading.Event()
+        self._lock = threading.Lock()
         self._stopping = False
         self._thread: threading.Thread | None = None
         if not first:
             self.first_done.set()
-            if interval_s <= 0:
-                return
-        self._thread = threading.Thread(target=self._main, args=(first,), name=name, daemon=True)
+        if first or interval_s > 0:
+            self._start(first, run_now=first)
+
+    def _start(self, first: bool, run_now: bool) -> None:
+        self._thread = threading.Thread(target=self._main, args=(first, run_now), name=self.name, daemon=True)
         self._thread.start()
 
-    def _main(self, first: bool) -> None:
+    def _main(self, first: bool, run_now: bool) -> None:
         while not self._stopping:
-            if not first:
+            if not run_now:
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
                 if self._stopping:
@@ -156,21 +161,29 @@ class Rescanner:
             try:
                 self._scan(first)
             except Exception:
-                logger.exception("%s: scan failed", self._thread.name if self._thread else "scan")
+                logger.exception("%s: scan failed", self.name)
             finally:
                 if first:
                     self.first_done.set()
-            first = False
+            first = run_now = False
             if self.interval_s <= 0:
                 return
 
     def wake(self) -> None:
-        """Run the next rescan now."""
+        """Run the next rescan now (on the scan thread, or on a new one where none runs)."""
+        with self._lock:
+            if self._stopping:
+                return
+            if self._thread is None or not self._thread.is_alive():
+                self._start(first=False, run_now=True)
+                return
         self._wake.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop after the pass in progress; wait up to ``timeout_s`` seconds for it."""
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if thread is not None:
+            thread.join(timeout_s)

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["LOOKUP_FALLBACKS", "StoreSettings"]
+__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "config_values"]
 
 LOOKUP_FALLBACKS = ("stat", "async", "off")
 """How a lookup of a key missing from the index asks the medium (see :class:`StoreSettings`)."""
@@ -63,3 +63,10 @@ class StoreSettings:
         values = {k: v for k, v in config.items() if k in names}
         values.update(overrides)
         return cls(**values)
+
+
+def config_values(config: Any) -> dict[str, Any]:
+    """A checked config as a dict: a dataclass instance's fields, or the mapping itself (copied)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config)

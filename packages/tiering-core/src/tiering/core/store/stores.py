@@ -112,7 +112,12 @@ class Stores:
         """Reserve every block of a store job now (scheduler thread), settle what needs no write, queue the rest."""
         keys = state.meta.keys
         reservations = self.index.reserve_many(keys, self.stored_block_bytes)
-        self.deletes.delete([v for res in reservations for v in res.victims], "eviction")
+        if victims := [v for res in reservations for v in res.victims]:
+            # Deletes run on the delete pool, else on an I/O thread: never medium I/O on the scheduler thread.
+            if self.deletes.pooled:
+                self.deletes.delete(victims, "eviction")
+            else:
+                self.pool.submit_call("write", lambda: self.deletes.delete(victims, "eviction"))
         now: list[tuple[int, bool, str]] = []
         items: list[tuple[JobState, int, Reservation]] = []
         for i, res in enumerate(reservations):

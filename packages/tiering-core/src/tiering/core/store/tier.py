@@ -22,7 +22,6 @@ the rest.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -34,7 +33,7 @@ from tiering.core.store.deletes import Deletes
 from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings
+from tiering.core.store.settings import StoreSettings, config_values
 from tiering.core.store.stores import Stores
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
@@ -88,7 +87,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     """Bytes a stored block occupies beyond its payload (header, trailer); the cap counts them."""
 
     reserve_on_scheduler: ClassVar[bool] = False
-    """Reserve a store's blocks in ``submit_store`` (scheduler thread) rather than on the I/O thread."""
+    """Reserve a store's blocks in ``submit_store`` on the scheduler thread (victims known at once, a block
+    without room fails there) rather than on the I/O thread that writes them (the default: the scheduler
+    thread then touches no index lock)."""
 
     locality: ClassVar[str] = "local"
     """KV events' locality: ``"local"`` (this host), ``"remote"`` or ``"fleet"`` (shared by every engine)."""
@@ -102,7 +103,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.namespace = offloading_spec.namespace
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
-        values = _as_dict(self.config)
+        values = config_values(self.config)
         self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
         try:
@@ -121,8 +122,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
-        index_tenants = self.tenants.without_quotas() if self.tenants and medium.shared_quotas else self.tenants
-        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, index_tenants)
+        self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.index_tenants())
         label = f"{medium.label} {medium.location}".rstrip()
         self.pins = PinBook(medium.pin_records(), s.max_pinned_bytes, self.stored_block_bytes, label)
         self.index.keep = self.pins.protects
@@ -173,7 +173,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
 
         Called after :meth:`open_medium`, so a knob may depend on the medium (``self.blocks``).
         """
-        return StoreSettings.from_config(_as_dict(config))
+        return StoreSettings.from_config(config_values(config))
 
     def open_medium(self, config: Any) -> Medium:
         """Open the backend's medium for this tier's namespace (``self.namespace``, ``self.block_bytes``).
@@ -184,6 +184,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
             Exception: the medium cannot be used (a clear error naming the key and the reason).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement open_medium")
+
+    def index_tenants(self) -> TenantPolicy | None:
+        """The tenant policy the index enforces (default: the tier's; one without quotas where a fleet keeps them)."""
+        return self.tenants
 
     def make_lookup_cache(self) -> LookupCache:
         """The lookup cache of ``lookup_fallback: "async"`` (default: resolved on the read threads, 1 s negatives)."""
@@ -260,10 +264,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     def submit_store(self, job: JobMetadata) -> None:
         """Reserve and queue ``job``'s blocks for writing; returns at once (see the base class)."""
         note_tenant(self.tenants, job.req_context.tenant)  # its keys carry only its tag: its name for stats
-        on_scheduler = self.blocks.reserve_on_scheduler
-        if on_scheduler is None:
-            on_scheduler = self.reserve_on_scheduler
-        self._begin(job, self.stores.reserve_and_queue if on_scheduler else self.stores.queue)
+        self._begin(job, self.stores.reserve_and_queue if self.reserve_on_scheduler else self.stores.queue)
         self.pins.refresh_soon(self.pool.submit_call)  # other processes' pins, read again now and then
 
     def submit_load(self, job: JobMetadata) -> None:
@@ -327,39 +328,24 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         return self._rescanner.first_done.wait(timeout_s)
 
     def rescan(self) -> None:
-        """Run the next rescan now (in the background)."""
+        """Run a rescan now, in the background (it also retries failed deletes and evicts to the cap)."""
         self._rescanner.wake()
 
-    def medium_changed(self, kept: bool) -> None:
-        """The medium now serves another copy of its blocks (a server restarted, or failed over to a replica).
+    def reset(self, keep: bool) -> None:
+        """The medium changed under the store (a server restarted or failed over); callable from any thread.
 
-        Called by the medium, on the thread that noticed it. ``kept``: the new copy continues the old one
-        (a promoted replica), so the index is kept. Otherwise every known block is forgotten at once, so
-        lookups do not answer True and stores are not skipped for blocks that are gone (writes in flight
-        keep their state). Either way the KV events' consumers are told again what is known (they may
-        have missed some), and unless the start-up scan is off the medium is scanned again in the
-        background: what the new copy lacks is forgotten, what it holds adopted. :meth:`wait_for_scan`
-        waits for that scan.
+        Args:
+            keep: True when the medium kept its blocks (a failover to a replica); False forgets every block
+                the index knows at once (a new, possibly empty, data set), so no lookup answers True and no
+                store is skipped for a block that is gone. Either way the KV events re-announce what is
+                known and a rescan runs now.
         """
-        rescan = self.settings.startup_scan != "off"
-        if rescan:
-            self._rescanner.first_done.clear()  # first: whoever sees the change's effects also waits for the scan
-        if not kept:
+        if not keep:
             with self.index.reading() as ticket:
-                self.forget(self.index.reconcile({}, ticket).vanished, "vanished")
+                vanished = self.index.reconcile({}, ticket).vanished
+            self.forget(vanished, "vanished")
         self.index.announce("reconnect")
-        if rescan:
-            self.pool.submit_call("read", self._scan_again)
-
-    def _scan_again(self) -> None:
-        """A scan after :meth:`medium_changed` (on an I/O thread); a failure is logged, lookups still ask the medium."""
-        try:
-            self.scans.scan(False)
-        except Exception as exc:
-            logger.warning("%s %s: the scan after a change of the medium failed: %s", self.blocks.label,
-                           self.blocks.location, exc)  # fmt: skip
-        finally:
-            self._rescanner.first_done.set()
+        self._rescanner.wake()
 
     # -- the rest of the contract -----------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
@@ -370,8 +356,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         out.update(self.jobs.stats())
         out.update(self.pins.stats(self.index.__contains__))
         out.update(failure_totals(out))
-        if self.lookup_cache is not None:  # keys resolved, batches, errors, cached answers
-            out.update(self.lookup_cache.stats())
+        if self.lookup_cache is not None:
+            cache = self.lookup_cache.stats()
+            out["lookup_probes"] = cache["lookup_probes"]
+            out["lookup_probes_skipped"] = cache["lookup_probes_skipped"]
         temp = self.scans.temp_bytes
         out["reserved_bytes"] = int(out["reserved_bytes"]) - temp
         out["in_flight_stores"] = int(out["in_flight_stores"]) - (1 if temp else 0)
@@ -379,9 +367,6 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         out["configured_capacity_bytes"] = self.capacity_bytes or 0
         out["scan_done"] = int(self._rescanner.first_done.is_set())
         out["last_scan_s"] = self.scans.last_scan_s
-        if self.blocks.server_evicts:  # the medium evicts, this store only forgets: it never evicted anything
-            out.pop("evictions", None)
-            out.pop("evicted_bytes", None)
         out.update(self.blocks.stats())
         return out
 
@@ -408,10 +393,3 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         if (deletes := getattr(self, "deletes", None)) is not None:
             deletes.close()  # after the pool: the deletes its last shares queued are sent
         self.blocks.close()
-
-
-def _as_dict(config: Any) -> dict[str, Any]:
-    """A checked config as a dict (a dataclass instance's fields, or the mapping itself)."""
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    return dict(config)
