@@ -15,7 +15,7 @@ Its hooks are what a shared server adds:
   deleting; the fleet hands each process its victims after its stores;
 - a change of primary (:class:`~tiering.redis.probe.PrimaryWatch`, asked
   before round trips): a restart loses the data set, a failover keeps it;
-  the store is told (:meth:`~tiering.core.store.IndexedTier.medium_changed`).
+  the store is told (:meth:`~tiering.core.store.IndexedTier.reset`).
 
 Errors are redis-py's, after its own retries: each is counted as
 ``errors_<class>`` and becomes the block's failure cause
@@ -105,7 +105,6 @@ class RedisMedium(Medium):
             if fleet_cap else None  # fmt: skip
         self.server_evicts = eviction != "process"  # the store forgets entries beyond known_limit_bytes instead
         self.known_limit_bytes = (fleet_cap or max(self.server.maxmemory, 0)) if self.server_evicts else 0
-        self.shared_quotas = self.fleet is not None  # the tenants' quotas are kept fleet-wide, in the fleet's sets
         refuse = eviction == "server" and self.server.server_evicts  # the server's LRU cannot be told to keep a key
         if refuse:  # said wherever the tier names its server: a refused pin's message says why
             self.location += f" (the server evicts any key: {self.server.policy})"

@@ -22,6 +22,7 @@ from tiering.core.spec import OffloadingSpec
 from tiering.core.store import IndexedTier, StoreSettings
 from tiering.core.toolkit import LookupCache
 from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.tenancy import TenantPolicy
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.medium import RedisMedium
 
@@ -61,23 +62,20 @@ class RedisSecondaryTierManager(IndexedTier):
 
     def open_medium(self, config: Mapping[str, Any]) -> RedisMedium:
         """Connect and probe the server (see :class:`~tiering.redis.medium.RedisMedium`)."""
-        return RedisMedium(RedisSettings(config), self.namespace, self.block_bytes, self.medium_changed)
+        return RedisMedium(RedisSettings(config), self.namespace, self.block_bytes, self.reset)
 
     def store_settings(self, config: Mapping[str, Any]) -> StoreSettings:
         """The store's knobs: threads = connections, shares = pipelines, lookups in the background, no rescans."""
         self.locality = "fleet" if config["eviction"] == "tier" else "remote"  # type: ignore[misc]
-        return StoreSettings(
-            capacity_bytes=config["capacity_bytes"],
-            max_pinned_bytes=config["max_pinned_bytes"],
-            tenants=config["tenants"],
-            n_read_threads=config["max_connections"],
-            n_write_threads=0,
-            lookup_fallback="async",
-            startup_scan="background" if config["startup_scan"] else "off",
-            startup_scan_wait_s=0.0,
-            rescan_interval_s=0.0,
-            max_batch=config["pipeline_blocks"],
-        )
+        return StoreSettings.from_config(  # capacity_bytes, max_pinned_bytes and tenants keep their names
+            config, n_read_threads=config["max_connections"], n_write_threads=0, lookup_fallback="async",
+            startup_scan="background" if config["startup_scan"] else "off", startup_scan_wait_s=0.0,
+            rescan_interval_s=0.0, max_batch=config["pipeline_blocks"],
+        )  # fmt: skip
+
+    def index_tenants(self) -> TenantPolicy | None:
+        """With eviction ``"tier"`` the fleet keeps the tenants' quotas (on the server); the index their TTLs."""
+        return self.tenants.without_quotas() if self.tenants and self.blocks.fleet else self.tenants
 
     def make_lookup_cache(self) -> LookupCache:
         """Lookups the index cannot answer, asked of the server in batches (one packed ``STRLEN`` per node)."""
