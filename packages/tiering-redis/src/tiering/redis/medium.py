@@ -127,13 +127,8 @@ class RedisMedium(Medium):
         return self.layout.block_key(self.digest, key)
 
     # -- block I/O ----------------------------------------------------------------------------
-    def write_many(
-        self,
-        keys: Sequence[OffloadKey],
-        block_ids: Sequence[int],
-        slot: Callable[[int], memoryview],
-        stopping: Callable[[], bool],
-    ) -> list[WriteOutcome]:
+    def write_many(self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview],
+                   stopping: Callable[[], bool]) -> list[WriteOutcome]:  # fmt: skip
         """``SET NX`` (``EX``: the block's tenant's TTL, at most ``ttl_s``) of every block, in one pipeline."""
         if stopping():
             return [NotStartedError() for _ in keys]
