@@ -137,7 +137,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
             name=f"tiering-{self.tier_type}",
             max_batch=s.max_batch,
             min_batch=s.min_batch,
-            reader_help_batch=s.min_batch,
+            reader_help_batch=s.help_batch or s.min_batch,
         )
         self.deletes = Deletes(medium, self.index, self.counters, self._gone)
         self.stores = Stores(medium, self.index, self.deletes, self.counters, self.pool, self.block,
