@@ -126,6 +126,16 @@ def test_warns_when_neither_server_nor_tier_bounds_the_blocks(redis_server, pref
     assert "has no maxmemory and the tier no capacity_bytes" in caplog.text
 
 
+def test_a_job_goes_out_in_pipelines_of_pipeline_blocks(redis_server, prefix):
+    config = {"url": redis_server.url, "prefix": prefix, "max_connections": 2, "pipeline_blocks": 8}
+    tier, view = make_tier({**config, "startup_scan": False})
+    try:
+        assert store(tier, view, [make_key(i, b"pipes") for i in range(32)])
+        assert tier.stats()["pipelines"] <= 8  # shares of up to 8 blocks, not one round trip per block
+    finally:
+        tier.shutdown()
+
+
 # -- the key layout and values ----------------------------------------------------------
 def test_keys_values_and_ttl(redis_server, prefix):
     tier, view = make_tier({"url": redis_server.url, "prefix": prefix, "ttl_s": 600})

@@ -70,7 +70,7 @@ class RedisSecondaryTierManager(IndexedTier):
         return StoreSettings.from_config(  # capacity_bytes, max_pinned_bytes and tenants keep their names
             config, n_read_threads=config["max_connections"], n_write_threads=0, lookup_fallback="async",
             startup_scan="background" if config["startup_scan"] else "off", startup_scan_wait_s=0.0,
-            rescan_interval_s=0.0, max_batch=config["pipeline_blocks"],
+            rescan_interval_s=0.0, max_batch=config["pipeline_blocks"], help_batch=config["pipeline_blocks"],
         )  # fmt: skip
 
     def index_tenants(self) -> TenantPolicy | None:
