@@ -11,6 +11,9 @@ Run by the tier's constructor (so ``tiering check --probe`` runs it too):
 
 Any failure raises :class:`~tiering.redis.errors.RedisStartupError` whose
 message names the server (never a credential) and what to check.
+
+Later, :class:`PrimaryWatch` asks ``INFO`` again now and then to notice a
+new primary (a restart or a failover) that raised no error.
 """
 
 from __future__ import annotations
@@ -266,9 +269,10 @@ class PrimaryWatch:
         self._recheck = True
 
     def check(self) -> None:
-        """Ask ``INFO`` when due (every :data:`RUN_ID_CHECK_S`, or at once after :meth:`suspect`); never raises.
+        """Ask ``INFO`` when due: every :data:`RUN_ID_CHECK_S`, or at once after :meth:`suspect`.
 
-        One thread checks at a time (the others go on with their requests), so a change is reported once.
+        A failed ``INFO`` is not raised (the request that follows fails and counts on its own). One thread
+        checks at a time (the others go on with their requests), so a change is reported once.
         """
         if not self._known.run_ids or not (self._recheck or time.monotonic() >= self._next):
             return
