@@ -34,8 +34,10 @@ class StoreSettings:
         startup_scan_wait_s: seconds the constructor waits for a background start-up scan.
         rescan_interval_s: seconds between rescans (only with a cap or tenants; 0: none).
         min_batch: blocks an I/O thread takes at least per share when it can (the medium's batch is
-            cheaper per block), and readers help writers with as many.
+            cheaper per block), and readers help writers with as many unless ``help_batch`` says otherwise.
         max_batch: blocks at most per share.
+        help_batch: write items a reader takes at once when it helps with stores (None: ``min_batch``); with
+            no writer threads every store share is at most this many blocks.
     """
 
     capacity_bytes: int | None = None
@@ -49,6 +51,7 @@ class StoreSettings:
     rescan_interval_s: float = 30.0
     min_batch: int = 1
     max_batch: int = 16
+    help_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.lookup_fallback not in LOOKUP_FALLBACKS:
