@@ -1,7 +1,7 @@
 """The three paths of ``bench_vs_vllm_native.py`` and how one phase is driven and measured.
 
 - :class:`VllmNative`: vLLM's ``FileSystemTierManager`` (``vllm.fs_io_C`` path), driven directly;
-- :class:`Ours`: tiering's fs tier from :func:`tiering.core.tier_factory.create_secondary_tier`;
+- :class:`Ours`: tiering's fs tier from :func:`tiering.core.factory.create_secondary_tier`;
 - :class:`Raw`: one file per block, ``O_DIRECT``, one task per block on 2 x ``threads`` threads.
 
 Each path has ``submit(load, job_id, keys, slots)``, ``poll() -> [(job_id, ok)]``,
@@ -31,7 +31,7 @@ from typing import Any
 from bench_fs import drop_caches
 
 from tiering.core import JobMetadata, OffloadingSpec, ReqContext
-from tiering.core.tier_factory import create_secondary_tier
+from tiering.core.factory import create_secondary_tier
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _STEP_SLEEP_S = 0.0005

@@ -35,7 +35,7 @@ from tiering.core.base import block_view
 from tiering.core.harness import make_key, wait_for_jobs
 from tiering.core.primary import allocate_host_buffer
 from tiering.redis import RedisSecondaryTierManager
-from tiering.redis.servers import LocalRedis
+from tiering.redis.testing import LocalRedis
 
 CTX = ReqContext("bench")
 

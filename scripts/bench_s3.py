@@ -2,9 +2,10 @@
 """Benchmark the S3 tier against a raw boto3 loop, same server, same concurrency, same run.
 
 Starts moto's server in a separate process on 127.0.0.1 (so its CPU does not
-share this process's GIL), or uses --endpoint. For each block size it PUTs
-then GETs N blocks through ``S3SecondaryTierManager`` (one job per block, all
-submitted at once, ``max_concurrency`` = --concurrency) and through a plain
+share this process's GIL; ``tiering.s3.testing.moto_server``), or uses
+--endpoint. For each block size it PUTs then GETs N blocks through
+``S3SecondaryTierManager`` (one job per block, all submitted at once,
+``max_concurrency`` = --concurrency) and through a plain
 ``ThreadPoolExecutor`` of ``put_object`` / ``get_object().read()`` calls with
 the same object size and botocore settings. One untimed raw pass warms the
 server up; rounds alternate which path runs first; the median MB/s of each
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 import boto3
 from botocore.config import Config
@@ -34,31 +33,10 @@ from tiering.core.format import HEADER_SIZE
 from tiering.core.harness import make_key, wait_for_jobs
 from tiering.core.primary import allocate_host_buffer
 from tiering.s3 import S3SecondaryTierManager
+from tiering.s3.testing import moto_server
 
 BUCKET = "bench"
 CREDS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).read()
-            return proc, endpoint
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.2)
 
 
 def raw_client(endpoint: str, concurrency: int):  # type: ignore[no-untyped-def]
@@ -143,13 +121,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    proc = None
-    endpoint = args.endpoint
-    if endpoint is None:
-        proc, endpoint = start_moto()
-    try:
-        if proc is not None:
-            raw_client(endpoint, 1).create_bucket(Bucket=BUCKET)
+    with contextlib.ExitStack() as stack:
+        server = None if args.endpoint else stack.enter_context(moto_server(BUCKET, process=True))
+        endpoint = server.endpoint_url if server else args.endpoint
         print(f"endpoint {endpoint}, concurrency {args.concurrency}, {args.rounds} rounds (median)")
         print(f"{'size':>8} {'blocks':>6} {'op':>4} {'tier MB/s':>10} {'raw MB/s':>9} {'ratio':>6}")
         for size, n in ((256 * 1024, args.blocks_256k), (2 * 1024 * 1024, args.blocks_2m)):
@@ -170,18 +144,12 @@ def main() -> int:
                         put_s, get_s = bench_raw(endpoint, view, n, args.concurrency, salt)
                     rates[f"{path}-put"].append(mb / put_s)
                     rates[f"{path}-get"].append(mb / get_s)
-                if proc is not None:  # free the server's memory between rounds
-                    req = urllib.request.Request(endpoint + "/moto-api/reset", data=b"", method="POST")
-                    urllib.request.urlopen(req).read()
-                    raw_client(endpoint, 1).create_bucket(Bucket=BUCKET)
+                if server is not None:  # free the server's memory between rounds
+                    server.reset()
             for op in ("put", "get"):
                 tier, raw = statistics.median(rates[f"tier-{op}"]), statistics.median(rates[f"raw-{op}"])
                 label = f"{size // 1024} KiB" if size < 2**20 else f"{size // 2**20} MiB"
                 print(f"{label:>8} {n:>6} {op:>4} {tier:>10.1f} {raw:>9.1f} {tier / raw:>6.2f}", flush=True)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
     return 0
 
 

@@ -13,7 +13,7 @@ Three paths move the same blocks out of and back into one primary buffer
 
 - ``vllm``: vLLM's ``FileSystemTierManager``, driven directly (``submit_store``,
   ``submit_load``, ``get_finished_jobs``, ``lookup``, ``on_schedule_end``);
-- ``ours``: tiering's fs tier built by :func:`tiering.core.tier_factory.create_secondary_tier`
+- ``ours``: tiering's fs tier built by :func:`tiering.core.factory.create_secondary_tier`
   (``submit_store``, ``submit_load``, ``get_finished``, ``lookup``), every
   loaded block's checksum verified;
 - ``raw``: a plain loop, one file per block (``open`` / ``pwritev`` or ``preadv`` /

@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     hatch run release:compat                 # every backend
-    python scripts/compat.py fs s3 --pytest-args="-q -m 'not slow'"
+    python scripts/compat.py fs s3 --pytest-args="-q -x"
 
 For each backend the oldest admitted core is the lowest version among the
 released cores (git tags ``tiering-core-v<version>``) and the current tree's core

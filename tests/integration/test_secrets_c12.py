@@ -27,22 +27,10 @@ BUCKET = "tiering-c12"
 
 @pytest.fixture(scope="module")
 def endpoint():
-    import boto3
-    from moto.server import ThreadedMotoServer
+    from tiering.s3.testing import moto_server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id=ACCESS_KEY_ID,
-        aws_secret_access_key=SECRET,
-    ).create_bucket(Bucket=BUCKET)
-    yield url
-    server.stop()
+    with moto_server(BUCKET) as server:
+        yield server.endpoint_url
 
 
 def s3_entry(endpoint, **extra):

@@ -148,7 +148,7 @@ def test_bad_value_error_names_the_entry_index(oot_module, small_spec, small_vie
 
 
 def test_out_of_tree_warning_logged_once(oot_module, small_spec, small_view, monkeypatch, caplog):
-    monkeypatch.setattr(registry_mod, "_warned_out_of_tree", False)
+    monkeypatch.setattr(registry_mod, "_warned", set())
     with caplog.at_level(logging.INFO, logger="tiering.core.registry"):
         for _ in range(3):
             create_secondary_tier({"type": "MyTier", "module_path": oot_module}, small_view, small_spec)
@@ -523,3 +523,69 @@ def test_schema_secret_keys_are_redacted_from_errors_and_reports(schema_module, 
     assert out["secondary_tiers"][1] == {"type": "not-installed", "password": "***", "shared_key_material": "visible"}
     assert out["cpu_bytes_to_use"] == 1 << 20
     assert config["secondary_tiers"][0]["shared_key_material"] == material
+
+
+def _registry(group: str = "tiering.test-none") -> Registry:
+    return Registry("thing", SecondaryTierManager, group=group, name_key="type", path_key="module_path")
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_module_path_ignored_for_a_registered_name_is_warned_once(oot_module, monkeypatch, caplog):
+    monkeypatch.setattr(registry_mod, "_warned", set())
+    registry = _registry()
+    registry.register("MyTier", oot_module, "Strict")
+    with caplog.at_level(logging.WARNING, logger="tiering.core.registry"):
+        for _ in range(3):
+            assert registry.get_class("MyTier", "elsewhere").__name__ == "Strict"
+    assert _warnings(caplog) == [
+        f"thing 'MyTier' resolves to module {oot_module!r}; module_path 'elsewhere' is not imported "
+        "(give the out-of-tree class another name)"
+    ]
+
+
+def test_two_distributions_with_one_name_are_warned_once_and_the_first_wins(oot_module, monkeypatch, caplog):
+    from importlib.metadata import EntryPoint
+
+    found = [
+        EntryPoint("dup", f"{oot_module}:MyTier", "tiering.test-dup"),
+        EntryPoint("dup", f"{oot_module}:Strict", "tiering.test-dup"),
+        EntryPoint("dup", f"{oot_module}:MyTier", "tiering.test-dup"),  # the same one seen twice: no warning
+    ]
+    monkeypatch.setattr(registry_mod, "entry_points", lambda group: found if group == "tiering.test-dup" else [])
+    monkeypatch.setattr(registry_mod, "_warned", set())
+    registry = _registry("tiering.test-dup")
+    with caplog.at_level(logging.WARNING, logger="tiering.core.registry"):
+        assert registry.get_class("dup").__name__ == "MyTier"
+        assert registry.known_names() == ["dup"]
+    assert _warnings(caplog) == [
+        f"thing 'dup' is provided by two installed distributions: an unknown distribution ('{oot_module}:MyTier', "
+        f"used) and an unknown distribution ('{oot_module}:Strict', ignored)"
+    ]
+
+
+def test_entry_point_shadowed_by_a_registered_name_is_warned_once(oot_module, monkeypatch, caplog):
+    from importlib.metadata import EntryPoint
+
+    found = [EntryPoint("mine", f"{oot_module}:MyTier", "tiering.test-shadow")]
+    monkeypatch.setattr(registry_mod, "entry_points", lambda group: found if group == "tiering.test-shadow" else [])
+    monkeypatch.setattr(registry_mod, "_warned", set())
+    registry = _registry("tiering.test-shadow")
+    registry.register("mine", oot_module, "Strict")
+    with caplog.at_level(logging.WARNING, logger="tiering.core.registry"):
+        assert registry.get_class("mine").__name__ == "Strict"
+        assert registry.get_class("mine").__name__ == "Strict"
+    assert _warnings(caplog) == [
+        f"thing 'mine' is registered in-process as {oot_module}:Strict; the installed entry point "
+        f"'{oot_module}:MyTier' of an unknown distribution is not used"
+    ]
+
+
+def test_base_given_by_import_path_is_imported_on_first_resolution(oot_module):
+    registry = Registry("thing", "tiering.core.base:SecondaryTierManager", "tiering.test-none", "type", "module_path")
+    assert registry.get_class("MyTier", oot_module).__name__ == "MyTier"
+    assert registry.base is SecondaryTierManager
+    with pytest.raises(TypeError, match=r"not a subclass of tiering\.core\.base\.SecondaryTierManager"):
+        registry.get_class("NotATier", oot_module)

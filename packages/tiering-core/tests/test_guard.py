@@ -130,3 +130,14 @@ def test_fail_unreported_fails_what_the_tier_forgot_and_drops_late_reports(caplo
     assert sorted((d.job.job_id, d.success) for d in finished) == [(1, False), (2, True)]
     tier.results = [JobResult(1, True)]
     assert guard.get_finished() == [] and "unknown job 1" in caplog.text
+
+
+def test_a_refused_job_never_reaches_the_tier_and_is_reported_failed_once_by_the_next_poll():
+    tier = ScriptedTier()
+    guard = GuardedTier(tier, "t")
+    guard.refuse(load_job(7))
+    assert tier.submitted == [] and guard.in_flight() == 1 and guard.unreported() == 0 and guard.errors == 0
+    [done] = guard.get_finished()
+    assert (done.job.job_id, done.success, done.loaded) == (7, False, [])
+    assert guard.get_finished() == [] and guard.in_flight() == 0
+    assert set(guard.failed_keys("r")) == set(KEYS)  # as for a load the tier failed: misses for the request

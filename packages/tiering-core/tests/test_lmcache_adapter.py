@@ -59,25 +59,18 @@ def payloads(count: int, seed: int = 0) -> list[bytes]:
 def s3_endpoint() -> Iterator[dict[str, Any]]:
     if not HAS_S3:
         pytest.skip("tiering-s3 or moto is not installed")
-    import boto3
-    from moto.server import ThreadedMotoServer
+    from tiering.s3.testing import moto_server
 
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    creds = {"aws_access_key_id": "testing-key-id", "aws_secret_access_key": "testing-secret"}
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds).create_bucket(Bucket="tiering-kv")
-    yield {"endpoint_url": endpoint, "region_name": "us-east-1", **creds}
-    server.stop()
+    with moto_server("tiering-kv") as server:
+        yield server.connection()
 
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     if not HAS_REDIS:
         pytest.skip("tiering-redis is not installed")
-    from tiering.redis.servers import LocalRedis, have_redis_server
+    from tiering.redis.testing import LocalRedis, have_redis_server
 
     if not have_redis_server():
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
@@ -92,7 +85,6 @@ def tier_entry(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> dict
     if kind == "s3":
         return {
             "type": "s3",
-            "bucket": "tiering-kv",
             "prefix": f"lmc/{tmp_path.name}",
             **request.getfixturevalue("s3_endpoint"),
         }

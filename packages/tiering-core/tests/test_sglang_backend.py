@@ -3,7 +3,7 @@
 SGLang's ``StorageBackendFactory`` loads the backend by ``module_path`` from
 the extra config; pages of host pools whose page methods are SGLang's own
 (compiled from its source, see ``support/sglang_pools.py``) round-trip
-through fs, s3 (moto server) and redis (``tiering.redis.servers``).
+through fs, s3 (moto server) and redis (``tiering.redis.testing``).
 """
 
 from __future__ import annotations
@@ -80,23 +80,15 @@ def fs_tier(tmp_path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def moto() -> Any:
-    moto_server = pytest.importorskip("moto.server")
-    import boto3
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
-    ).create_bucket(Bucket="sglang")
-    yield endpoint
-    server.stop()
+    pytest.importorskip("moto.server")
+    s3_testing = pytest.importorskip("tiering.s3.testing")
+    with s3_testing.moto_server("sglang") as server:
+        yield server.connection()
 
 
 @pytest.fixture(scope="module")
 def redis_url() -> Any:
-    servers = pytest.importorskip("tiering.redis.servers")
+    servers = pytest.importorskip("tiering.redis.testing")
     if not servers.have_redis_server():
         pytest.skip("redis-server is not installed")
     with servers.LocalRedis() as server:
@@ -107,18 +99,7 @@ def tier_entries(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> l
     if kind == "fs":
         return [{"type": "fs", "root": str(tmp_path / "kv")}]
     if kind == "s3":
-        endpoint = request.getfixturevalue("moto")
-        return [
-            {
-                "type": "s3",
-                "bucket": "sglang",
-                "prefix": uuid.uuid4().hex[:8],
-                "endpoint_url": endpoint,
-                "region_name": "us-east-1",
-                "aws_access_key_id": "k",
-                "aws_secret_access_key": "s",
-            }
-        ]
+        return [{"type": "s3", "prefix": uuid.uuid4().hex[:8], **request.getfixturevalue("moto")}]
     return [{"type": "redis", "url": request.getfixturevalue("redis_url"), "prefix": uuid.uuid4().hex[:8]}]
 
 

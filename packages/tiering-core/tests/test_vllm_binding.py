@@ -102,20 +102,11 @@ def test_supported_versions_parse_and_others_are_refused() -> None:
 def s3_endpoint() -> Iterator[dict[str, Any]]:
     if not HAS_S3:
         pytest.skip("tiering-s3 or moto is not installed")
-    import boto3
-    from moto.server import ThreadedMotoServer
+    from tiering.s3.testing import moto_server
 
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    creds = {"aws_access_key_id": "testing-key-id", "aws_secret_access_key": "testing-secret"}
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds).create_bucket(Bucket="tiering-kv")
-    try:
-        yield {"bucket": "tiering-kv", "endpoint_url": endpoint, "region_name": "us-east-1", **creds}
-    finally:
-        server.stop()
+    with moto_server("tiering-kv") as server:
+        yield server.connection()
 
 
 def tier_entry(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failo
     tmp_path: Path, router: Router
 ) -> None:
     from tiering.core.testing import make_key
-    from tiering.redis.servers import LocalSentinel, have_redis_server
+    from tiering.redis.testing import LocalSentinel, have_redis_server
 
     if not have_redis_server():
         pytest.skip("redis-server is not installed")
@@ -279,7 +279,7 @@ def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failo
             lost = held[-2:]
             with sentinel.replicas[0].client() as client:
                 client.config_set("replica-read-only", "no")
-                assert client.delete(*(redis_tier.block_key(k) for k in lost)) == len(lost)
+                assert client.delete(*(redis_tier.blocks.block_key(k) for k in lost)) == len(lost)
             sentinel.kill_primary(timeout_s=90)
             deadline = time.monotonic() + 60
             while redis_tier.stats().get("failovers", 0) + redis_tier.stats()["server_restarts"] == 0:

@@ -80,3 +80,10 @@ def spec_view():
 
     spec = OffloadingSpec({"cpu_bytes_to_use": 4 * 4096, "block_bytes": 4096})
     return spec, allocate_host_buffer(4, 4096)
+
+
+def test_config_declared_once_names_and_defaults():
+    from tiering.core.toolkit.declared import declaration_drift
+
+    assert declaration_drift(ExampleSecondaryTierManager.config_schema, ExampleSecondaryTierManager) == []
+    assert ExampleSecondaryTierManager.config_schema.defaults() == {"custom_param": 0}

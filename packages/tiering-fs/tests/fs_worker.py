@@ -10,6 +10,7 @@ it waits to be killed.
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -18,6 +19,11 @@ from tiering.core.base import block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager
+
+
+def run_worker(cfg, **popen):
+    """Start this script in a child process with ``cfg``; its stdout is a text pipe."""
+    return subprocess.Popen([sys.executable, __file__, json.dumps(cfg)], stdout=subprocess.PIPE, text=True, **popen)
 
 
 def main() -> None:

@@ -6,7 +6,13 @@ import time
 
 import fsspec
 import pytest
-from fs_test_helpers import (
+from fs_worker import run_worker
+
+from tiering.core import JobMetadata
+from tiering.core.base import block_view
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import (
     BB,
     CTX,
     block_files,
@@ -14,15 +20,9 @@ from fs_test_helpers import (
     hold_every_thread,
     loads_exact,
     make_spec,
-    run_worker,
     store,
     store_many,
 )
-
-from tiering.core import JobMetadata
-from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.fs.layout import TRAILER_BYTES
 
 # -- restart, capacity -------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ import json
 import os
 
 import pytest
-from fs_test_helpers import BB, CTX, block_files, load, make_spec, store, temp_files
 
 from tiering.core import (
     SecondaryTierFactory,
@@ -20,11 +19,13 @@ from tiering.core.toolkit.config import (
     MissingKeyError,
     TierConfigError,
 )
+from tiering.core.toolkit.declared import declaration_drift
 from tiering.fs import FsspecSecondaryTierManager
-from tiering.fs.config import FsConfig
+from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import RootNotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, CTX, block_files, load, make_spec, store, temp_files
 
 # -- config and construction ----------------------------------------------------------
 
@@ -73,16 +74,16 @@ def test_bad_config_values_are_named(tmp_path, config, exc, match):
         assert info.value.with_entry("secondary_tiers[0]").args[0].startswith(f"secondary_tiers[0].{info.value.key}:")
 
 
-def test_schema_declares_every_config_key():
-    import dataclasses
-
-    # The constructor takes the config keys as **config; the schema and FsConfig declare them, defaults included.
-    fields = {f.name: f.default for f in dataclasses.fields(FsConfig)}
-    assert set(FsspecSecondaryTierManager.config_schema.keys) == set(fields)
-    assert FsspecSecondaryTierManager.config_schema.defaults() == {k: v for k, v in fields.items() if k != "root"}
-    assert FsspecSecondaryTierManager.config_schema.secret_keys == {"storage_options"}
+def test_config_declared_once_names_and_defaults():
+    # The schema is the one declaration: the constructor's keywords and FsConfig's fields have its names and defaults.
+    schema = FsspecSecondaryTierManager.config_schema
+    assert schema is FS_SCHEMA
+    assert declaration_drift(schema, FsspecSecondaryTierManager) == []
+    assert declaration_drift(schema, FsConfig) == []
+    assert FsConfig.check("fs", BB, {"root": "/kv"}) == FsConfig(**{**schema.defaults(), "root": "/kv"})
+    assert schema.secret_keys == {"storage_options"}
     with pytest.raises(MissingKeyError, match=r"secondary_tiers\[0\]\.root: required"):
-        FsspecSecondaryTierManager.config_schema.validate({"type": "fs"}, entry="secondary_tiers[0]")
+        schema.validate({"type": "fs"}, entry="secondary_tiers[0]")
 
 
 def test_root_that_cannot_be_created_names_path_and_reason(tmp_path):

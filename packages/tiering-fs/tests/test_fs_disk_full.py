@@ -12,12 +12,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fs_test_helpers import BB, loads_exact, make_spec, store
 
 from tiering.core.testing import make_key
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, loads_exact, make_spec, store
 
 STORED = BB + TRAILER_BYTES
 MIB = 1 << 20

@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from fs_test_helpers import BB, CTX, _ids, block_files, load, loads_exact, make_spec, store, temp_files
 
 import tiering.fs.blocks as fs_blocks
 from tiering.core import (
@@ -14,8 +13,10 @@ from tiering.core import (
     TieringManager,
 )
 from tiering.core.base import block_view
+from tiering.core.harness import next_job_id
 from tiering.core.testing import block_payload, make_key
 from tiering.fs import FsspecSecondaryTierManager
+from tiering.fs.testing import BB, CTX, block_files, load, loads_exact, make_spec, store, temp_files
 
 pytestmark = pytest.mark.usefixtures("python_io")
 
@@ -123,10 +124,10 @@ def test_loads_are_served_while_stores_queue(tmp_path, open_tier, monkeypatch):
     monkeypatch.setattr(os, "pwritev", slow)
     stores = []
     for i in range(15):
-        job = JobMetadata(next(_ids), [make_key(i + 1, b"prefer")], [i], False, CTX)
+        job = JobMetadata(next_job_id(), [make_key(i + 1, b"prefer")], [i], False, CTX)
         tier.submit_store(job)
         stores.append(job.job_id)
-    load_job = JobMetadata(next(_ids), [ready], [15], True, CTX)
+    load_job = JobMetadata(next_job_id(), [ready], [15], True, CTX)
     tier.submit_load(load_job)
     order = []
     deadline = time.monotonic() + 30
@@ -148,7 +149,7 @@ def test_a_worker_takes_a_share_of_a_long_queue_and_shutdown_skips_the_rest(tmp_
 
     monkeypatch.setattr(os, "pwritev", slow)
     keys = [make_key(i, b"share") for i in range(64)]
-    job = JobMetadata(next(_ids), keys, list(range(64)), False, CTX)
+    job = JobMetadata(next_job_id(), keys, list(range(64)), False, CTX)
     tier.submit_store(job)
     deadline = time.monotonic() + 10
     while not written and time.monotonic() < deadline:  # the writer has taken its tasks once one is written

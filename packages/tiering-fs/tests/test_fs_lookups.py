@@ -4,12 +4,12 @@ import threading
 import time
 
 import pytest
-from fs_test_helpers import BB, CTX, hold_every_thread, load, store
 
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.fs.io.local import LocalBackend
+from tiering.fs.testing import BB, CTX, hold_every_thread, load, store
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

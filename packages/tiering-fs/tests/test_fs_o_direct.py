@@ -6,7 +6,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fs_test_helpers import BB, load, loads_exact, make_spec, store, store_many
 
 from tiering.core.base import block_view
 from tiering.core.format import BlockFormatError
@@ -15,6 +14,7 @@ from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.errors import DirectIONotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, load, loads_exact, make_spec, store, store_many
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

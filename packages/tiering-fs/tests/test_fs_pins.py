@@ -6,7 +6,7 @@ import signal
 import time
 
 import pytest
-from fs_test_helpers import BB, CTX, block_files, run_worker, store
+from fs_worker import run_worker
 
 from tiering.core.cli import main
 from tiering.core.keys import block_keys, trace_block_key
@@ -15,6 +15,7 @@ from tiering.core.testing import make_key
 from tiering.core.toolkit import InvalidValueError
 from tiering.core.toolkit.pins import parse_marker
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, CTX, block_files, store
 
 STORED = BB + TRAILER_BYTES
 

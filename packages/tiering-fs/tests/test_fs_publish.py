@@ -7,14 +7,16 @@ import time
 from pathlib import Path
 
 import pytest
-from fs_test_helpers import BB, CTX, _ids, block_files, load, loads_exact, make_spec, run_worker, temp_files
+from fs_worker import run_worker
 
 from tiering.core import (
     JobMetadata,
 )
 from tiering.core.base import block_view
+from tiering.core.harness import next_job_id
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.layout import HOST, TRAILER_BYTES
+from tiering.fs.testing import BB, CTX, block_files, load, loads_exact, make_spec, temp_files
 
 pytestmark = pytest.mark.usefixtures("io_path")
 
@@ -37,7 +39,7 @@ def test_C02_throttled_write_is_never_served_partially(tmp_path, open_tier, monk
     block_view(view, 0)[:] = block_payload(key, bb)
     sentinel = b"\xab" * bb
     block_view(view, 1)[:] = sentinel
-    job = JobMetadata(next(_ids), [key], [0], False, CTX)
+    job = JobMetadata(next_job_id(), [key], [0], False, CTX)
     tier.submit_store(job)
     verdicts, partial_seen, load_result = set(), False, None
     results = {}
@@ -51,7 +53,7 @@ def test_C02_throttled_write_is_never_served_partially(tmp_path, open_tier, monk
         if temps and not os.path.exists(final):
             partial_seen = partial_seen or any(0 < p.stat().st_size < bb + TRAILER_BYTES for p in temps)
         if load_result is None and partial_seen:
-            load_job = JobMetadata(next(_ids), [key], [1], True, CTX)
+            load_job = JobMetadata(next_job_id(), [key], [1], True, CTX)
             tier.submit_load(load_job)
             load_result = load_job.job_id
         time.sleep(0.01)
@@ -158,7 +160,7 @@ def _open_dirs(under: Path) -> int:
 def test_shard_directory_removed_under_the_tier_is_recreated_and_descriptors_are_closed(tmp_path, open_tier):
     import shutil
 
-    from fs_test_helpers import store
+    from tiering.fs.testing import store
 
     root = tmp_path / "kv"
     tier, view = open_tier(root)

@@ -14,14 +14,15 @@ import threading
 from pathlib import Path
 
 import pytest
-from fs_test_helpers import BB, CTX, _ids, store
 
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
 from tiering.core.cli import main
+from tiering.core.harness import next_job_id
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.inspection import FsInspector
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, CTX, store
 
 pytestmark = pytest.mark.usefixtures("io_path")
 
@@ -73,7 +74,7 @@ def _load_jobs(tier, keys, slots):
     """Submit one load job per key; returns their ids."""
     ids = []
     for key, slot in zip(keys, slots, strict=True):
-        job = JobMetadata(next(_ids), [key], [slot], True, CTX)
+        job = JobMetadata(next_job_id(), [key], [slot], True, CTX)
         tier.submit_load(job)
         ids.append(job.job_id)
     return ids

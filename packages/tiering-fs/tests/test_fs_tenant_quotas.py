@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from fs_test_helpers import BB, block_files, make_spec
 
 from tiering.core import JobMetadata, TieringOffloadingSpec
 from tiering.core.base import ReqContext, block_view
@@ -15,6 +14,7 @@ from tiering.core.tenants import scope_key, scope_keys
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.core.toolkit.tenancy import MARK, tenant_tag
 from tiering.fs.layout import TRAILER_BYTES
+from tiering.fs.testing import BB, block_files, make_spec
 
 STORED = BB + TRAILER_BYTES
 A, B = ReqContext("a", tenant="a"), ReqContext("b", tenant="b")

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-from fs_test_helpers import BB, CTX, count_calls, hold_every_thread, load, make_spec, store
 
 from tiering.core import (
     ReqContext,
@@ -18,6 +17,7 @@ from tiering.core.base import JobMetadata, block_view
 from tiering.core.cli import main
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.fs.testing import BB, CTX, count_calls, hold_every_thread, load, make_spec, store
 
 pytestmark = pytest.mark.usefixtures("io_path")
 _ids = itertools.count(10_000)

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from tiering.redis.servers import LocalCluster, LocalRedis, LocalSentinel, have_redis_server
+from tiering.redis.testing import LocalCluster, LocalRedis, LocalSentinel, have_redis_server
 
 needs_server = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
 

@@ -31,13 +31,13 @@ def stocked(redis_server, prefix, tmp_path):
     assert wait_for_jobs(tier, [1]) == {1: True}
     tier.shutdown()
     client = redis_server.client()
-    client.setrange(tier.block_key(keys[0]), 128 + 5, b"\x00\xff")
+    client.setrange(tier.blocks.block_key(keys[0]), 128 + 5, b"\x00\xff")
     client.set(f"{prefix}:not-ours", b"x")
     client.close()
     config = {"cpu_bytes_to_use": 32 * BLOCK, "block_bytes": BLOCK, "model": "redis/test", "secondary_tiers": [entry]}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    return path, entry, tier.digest
+    return path, entry, tier.blocks.digest
 
 
 def test_check_probe(stocked, capsys):

@@ -11,7 +11,7 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
-from tiering.redis.servers import LocalSentinel, have_redis_server
+from tiering.redis.testing import LocalSentinel, have_redis_server
 
 pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
 
@@ -130,7 +130,9 @@ def test_sentinel_failover_fails_or_serves_jobs_in_bounded_time_then_the_new_pri
                 k: v for k, v in tier.stats().items() if v and ("fail" in k or "error" in k)
             }
             with new_primary.client() as client:
-                assert client.exists(*(tier.block_key(k) for k in after)) == len(after)  # written to the new primary
+                assert client.exists(*(tier.blocks.block_key(k) for k in after)) == len(
+                    after
+                )  # written to the new primary
                 assert client.info("replication")["role"] == "master"
             ok, slots = load(tier, view, before[8:])  # replicated before the failover: still there, same bytes
             assert ok and slots == [block_payload(k, BLOCK) for k in before[8:]]
@@ -159,7 +161,7 @@ def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_th
             kept, lost = before[:-8], before[-8:]
             with sentinel.replicas[0].client() as client:
                 client.config_set("replica-read-only", "no")
-                assert client.delete(*(tier.block_key(k) for k in lost)) == len(lost)
+                assert client.delete(*(tier.blocks.block_key(k) for k in lost)) == len(lost)
             traffic_keys = before[:4]  # loaded during the failover; the others are not touched by the traffic
 
             durations, wrong, outcomes = [], [], []
@@ -215,7 +217,7 @@ def test_c23_killed_primary_the_promoted_replica_keeps_the_blocks_as_hits_and_th
             after = [make_key(i, b"c23-after") for i in range(8)]
             assert store(tier, view, after)
             with new_primary.client() as client:
-                assert client.exists(*(tier.block_key(k) for k in after)) == len(after)
+                assert client.exists(*(tier.blocks.block_key(k) for k in after)) == len(after)
             stats = tier.stats()
             assert stats["verify_failures"] == 0 and stats["failovers"] == 1 and stats["server_restarts"] == 0
         finally:

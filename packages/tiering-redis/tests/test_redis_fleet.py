@@ -136,15 +136,15 @@ def test_start_up_scan_repairs_the_fleet_lru(redis_server, prefix):
     assert tier.wait_for_scan(30)
     keys = [make_key(i, b"repair") for i in range(3)]
     store_blocks(tier, view, keys)
-    lru = tier.layout.lru_key(tier.digest)
+    lru = tier.blocks.layout.lru_key(tier.blocks.digest)
     client = redis_server.client()
     try:
         assert client.zcard(lru) == 3 and tier.stats()["fleet_used_bytes"] == 3 * OBJECT
         # A process died between SET NX and ZADD (block uncounted), and one block vanished behind the tier's back.
         orphan = make_key(9, b"repair")
-        body = client.get(tier.block_key(keys[0]))
-        client.set(tier.block_key(orphan), body)  # right size: a block the LRU does not count
-        client.delete(tier.block_key(keys[1]))
+        body = client.get(tier.blocks.block_key(keys[0]))
+        client.set(tier.blocks.block_key(orphan), body)  # right size: a block the LRU does not count
+        client.delete(tier.blocks.block_key(keys[1]))
         tier.shutdown()
         fresh = create_secondary_tier(config, view, spec())
         assert fresh.wait_for_scan(30)
@@ -183,7 +183,7 @@ def test_gc_removals_leave_the_fleet_lru_and_removing_the_namespace_removes_it(r
     tier = create_secondary_tier(config, view, spec())
     keys = [make_key(i, b"gc") for i in range(3)]
     store_blocks(tier, view, keys)
-    digest, lru = tier.digest, tier.layout.lru_key(tier.digest)
+    digest, lru = tier.blocks.digest, tier.blocks.layout.lru_key(tier.blocks.digest)
     tier.shutdown()
     client = redis_server.client()
     inspector = RedisSecondaryTierManager.inspector(config)
@@ -230,7 +230,9 @@ def test_with_ttl_expired_blocks_stop_counting_against_the_cap(redis_server, pre
         store_blocks(tier, view, keys[:2])
         time.sleep(1.3)  # both expired on the server
         store_blocks(tier, view, [keys[2]])
-        assert {m for m, _ in client.zscan_iter(tier.layout.lru_key(tier.digest))} == {keys[2].hex().encode()}
+        assert {m for m, _ in client.zscan_iter(tier.blocks.layout.lru_key(tier.blocks.digest))} == {
+            keys[2].hex().encode()
+        }
         assert tier.stats()["fleet_evictions"] == 0 and tier.stats()["fleet_used_bytes"] == OBJECT
     finally:
         tier.shutdown()

@@ -50,7 +50,7 @@ def config(redis_server, prefix):
 
 def test_process_eviction_keeps_pinned_blocks_and_a_restart_reads_the_pins_back(config):
     tier, view = build(config(eviction="process", capacity_bytes="120KiB", max_pinned_bytes="40KiB"))
-    obj = tier.object_bytes
+    obj = tier.stored_block_bytes
     pinned = [make_key(i, b"prompt") for i in range(2)]
     store(tier, view, pinned)
     assert tier.pin(pinned, 3600)
@@ -78,9 +78,9 @@ def test_fleet_lru_scores_pinned_blocks_at_their_expiry_so_the_trim_passes_them(
         store(tier, view, [*pinned, later])
         assert tier.pin(pinned, 3600)
         fill(tier, view, b"flood", 60)
-        lru = tier.fleet.lru_key
+        lru = tier.blocks.fleet.lru_key
         for key in [*pinned, later]:
-            assert client.exists(tier.block_key(key)) == 1
+            assert client.exists(tier.blocks.block_key(key)) == 1
             assert client.zscore(lru, key.hex()) > time.time() + 3000  # scored at the pin's expiry
         assert tier.stats()["fleet_evictions"] > 50
     finally:
@@ -96,8 +96,8 @@ def test_ttl_of_a_pinned_block_is_pushed_out_to_the_pin(config, redis_server):
         assert tier.pin([first, later], 600)
         store(tier, view, [later])
         for key in (first, later):
-            assert client.pttl(tier.block_key(key)) > 500_000
-        assert 0 < client.ttl(tier.layout.pins_key(tier.digest)) <= 601  # the set ends with its last pin
+            assert client.pttl(tier.blocks.block_key(key)) > 500_000
+        assert 0 < client.ttl(tier.blocks.layout.pins_key(tier.blocks.digest)) <= 601  # the set ends with its last pin
     finally:
         tier.shutdown()
 
@@ -117,7 +117,7 @@ def test_an_abandoned_pin_ends_by_itself_and_the_bound_refuses(config, caplog):
         fill(other, view2, b"flood", 8)
         assert wait_for_lookup(other, keys[0], CTX, 10) is False
         other.pins.refresh()
-        assert other.pin_records.list_pins() == []
+        assert other.blocks.pin_records().list_pins() == []
     finally:
         other.shutdown()
         crashed.shutdown()
@@ -149,8 +149,8 @@ def test_the_pins_set_is_ours_and_goes_with_its_namespace(config, redis_server):
     inspector = RedisInspector.from_config(cfg)
     try:
         assert list(inspector.foreign()) == []
-        inspector.remove_namespace(tier.digest)
-        assert redis_server.client().exists(tier.layout.pins_key(tier.digest)) == 0
+        inspector.remove_namespace(tier.blocks.digest)
+        assert redis_server.client().exists(tier.blocks.layout.pins_key(tier.blocks.digest)) == 0
     finally:
         inspector.close()
 
@@ -165,7 +165,7 @@ def test_pins_in_a_cluster_keep_blocks_spread_over_every_primary(redis_cluster, 
         assert tier.pin(pinned, 600)
         fill(tier, view, b"flood", 30)
         assert [tier.lookup(k, CTX) for k in pinned] == [True, True]
-        assert all(tier._client.pttl(tier.block_key(k)) > 500_000 for k in pinned)
-        assert sorted(tier.pin_records.list_pins()) == sorted((k, tier.pins.expiry(k)) for k in pinned)
+        assert all(tier.blocks.client.pttl(tier.blocks.block_key(k)) > 500_000 for k in pinned)
+        assert sorted(tier.blocks.pin_records().list_pins()) == sorted((k, tier.pins.expiry(k)) for k in pinned)
     finally:
         tier.shutdown()

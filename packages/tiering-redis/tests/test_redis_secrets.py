@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.redis.servers import LocalRedis
+from tiering.redis.testing import LocalRedis
 
 EXE = Path(sys.executable).parent / "tiering"
 PASSWORD = "c12-RedisPass-7Qz9"

@@ -13,12 +13,13 @@ import pytest
 
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.core.toolkit import InvalidValueError, UnknownKeyError
 from tiering.redis import RedisStartupError
-from tiering.redis.servers import LocalRedis
+from tiering.redis.testing import LocalRedis
 
 BLOCK = 64 * 1024
 SLOTS = 32
@@ -78,6 +79,15 @@ def test_bad_config_names_the_key(config, error, match):
         make_tier(config)
 
 
+@pytest.mark.parametrize("eviction", ["process", "tier"])
+def test_capacity_below_one_block_is_a_config_error_naming_the_key(eviction):
+    # Checked before any connection: no server needed (the port is one nothing listens on).
+    with pytest.raises(InvalidValueError) as info:
+        make_tier({"url": "redis://127.0.0.1:1/0", "eviction": eviction, "capacity_bytes": BLOCK})
+    assert info.value.key == "capacity_bytes"
+    assert f"capacity_bytes {BLOCK} " in str(info.value) and f"({BLOCK + HEADER_SIZE} bytes" in str(info.value)
+
+
 def test_secret_value_never_in_config_error():
     with pytest.raises(Exception) as info:
         make_tier({"password": 12345678})
@@ -103,7 +113,7 @@ def test_wrong_password_is_a_credentials_error_and_password_is_never_shown(caplo
         tier, view = make_tier({"url": server.url, "password": "right-pass-123"})
         try:
             assert store(tier, view, [make_key(1, b"pw")])
-            texts = [repr(tier), str(tier.stats()), caplog.text, tier.location, str(tier.settings)]
+            texts = [repr(tier), str(tier.stats()), caplog.text, tier.blocks.location, str(tier.settings)]
         finally:
             tier.shutdown()
         texts.append(caplog.text + capsys.readouterr().out)
@@ -116,6 +126,16 @@ def test_warns_when_neither_server_nor_tier_bounds_the_blocks(redis_server, pref
     assert "has no maxmemory and the tier no capacity_bytes" in caplog.text
 
 
+def test_a_job_goes_out_in_pipelines_of_pipeline_blocks(redis_server, prefix):
+    config = {"url": redis_server.url, "prefix": prefix, "max_connections": 2, "pipeline_blocks": 8}
+    tier, view = make_tier({**config, "startup_scan": False})
+    try:
+        assert store(tier, view, [make_key(i, b"pipes") for i in range(32)])
+        assert tier.stats()["pipelines"] <= 8  # shares of up to 8 blocks, not one round trip per block
+    finally:
+        tier.shutdown()
+
+
 # -- the key layout and values ----------------------------------------------------------
 def test_keys_values_and_ttl(redis_server, prefix):
     tier, view = make_tier({"url": redis_server.url, "prefix": prefix, "ttl_s": 600})
@@ -123,11 +143,11 @@ def test_keys_values_and_ttl(redis_server, prefix):
     try:
         assert store(tier, view, [key])
         client = redis_server.client()
-        name = f"{prefix}:{tier.digest}:{key.hex()}"
+        name = f"{prefix}:{tier.blocks.digest}:{key.hex()}"
         assert client.strlen(name) == 128 + BLOCK
         assert 0 < client.ttl(name) <= 600
         assert client.get(name)[128:] == block_payload(key, BLOCK)
-        assert b'"model": "redis/test"' in client.get(f"{prefix}:{tier.digest}:namespace")
+        assert b'"model": "redis/test"' in client.get(f"{prefix}:{tier.blocks.digest}:namespace")
         client.close()
     finally:
         tier.shutdown()
@@ -138,6 +158,7 @@ CHILD = """
 import json, sys
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import make_key, wait_for_jobs
@@ -336,7 +357,7 @@ def test_server_killed_mid_run_gives_failed_jobs_then_recovers(prefix):
         stats = tier.stats()
         assert stats["server_restarts"] == 1 and stats["failovers"] == 0 and stats["load_failed_missing"] >= 1
         with server.client() as client:  # the empty server describes the namespace again
-            assert client.exists(tier.layout.namespace_key(tier.digest)) == 1
+            assert client.exists(tier.blocks.layout.namespace_key(tier.blocks.digest)) == 1
         assert store(tier, view, keys)
         ok, slots = load(tier, view, keys)
         assert ok and slots == [block_payload(k, BLOCK) for k in keys]
@@ -351,7 +372,7 @@ def test_block_corrupted_in_place_is_refused_by_the_checksum(redis_server, prefi
     try:
         assert store(tier, view, [key])
         client = redis_server.client()
-        name = tier.block_key(key)
+        name = tier.blocks.block_key(key)
         client.setrange(name, 128 + 1000, b"\xff\x00\xff")
         ok, _ = load(tier, view, [key])
         assert not ok

@@ -1,11 +1,12 @@
 """Fixtures of the tiering-s3 tests: a real S3 server on loopback, proxies, a test CA.
 
-By default one moto server (``moto.server.ThreadedMotoServer``) runs on
-127.0.0.1 for the whole session and is reset (``POST /moto-api/reset``)
-before every test. With ``TIERING_S3_SERVER=nanio`` a second S3
-implementation, nanio (``pip install nanio``), is started instead, in a
-subprocess on 127.0.0.1 with a temporary data folder; it is used like an
-external endpoint (a random prefix per test; the moto-only tests skip). With ``TIERING_S3_ENDPOINT`` set (plus
+The servers are started by :mod:`tiering.s3.testing`. By default one moto
+server (``moto.server.ThreadedMotoServer``) runs on 127.0.0.1 for the whole
+session and is reset (``POST /moto-api/reset``) before every test. With
+``TIERING_S3_SERVER=nanio`` (or ``localbucket``) a second S3 implementation
+is started instead, in a subprocess on 127.0.0.1 with a temporary data
+folder; it is used like an external endpoint (a random prefix per test; the
+moto-only tests skip). With ``TIERING_S3_ENDPOINT`` set (plus
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, optionally
 ``TIERING_S3_BUCKET`` and ``TIERING_S3_REGION``) the suite runs against that
 endpoint instead; each test then works under its own random prefix and the
@@ -39,37 +40,14 @@ from botocore.config import Config
 
 from tiering.core import OffloadingSpec
 from tiering.core.primary import allocate_host_buffer
+from tiering.s3.testing import S3Server, localbucket_script, localbucket_server, moto_server, nanio_server
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 sys.path.insert(0, os.path.dirname(__file__))  # s3_helpers, shared by the test modules
 
 
-@dataclasses.dataclass
-class S3Server:
-    endpoint_url: str
-    access_key: str
-    secret_key: str
-    region: str
-    default_bucket: str
-    external: bool
-    batch_delete: bool | None = None  # whether the server takes DeleteObjects, as the tier's probe found it
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        parsed = urllib.parse.urlsplit(self.endpoint_url)
-        return parsed.hostname or "127.0.0.1", parsed.port or (443 if parsed.scheme == "https" else 80)
-
-    def moto_api(self, path: str, data: bytes = b"") -> None:
-        assert not self.external
-        req = urllib.request.Request(
-            self.endpoint_url + path, data=data, method="POST", headers={"Content-Type": "text/plain"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            resp.read()
-
-
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def s3_server() -> Iterator[S3Server]:
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost,.s3.test")
     os.environ.setdefault("no_proxy", os.environ["NO_PROXY"])
     endpoint = os.environ.get("TIERING_S3_ENDPOINT")
@@ -83,72 +61,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             external=True,
         )
         return
-    server_name = os.environ.get("TIERING_S3_SERVER", "moto")
-    if server_name == "nanio":
-        yield from _nanio_server(tmp_path_factory.mktemp("nanio"))
-        return
-    if server_name == "localbucket":
-        yield from _localbucket_server(tmp_path_factory.mktemp("localbucket"))
-        return
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    assert host == "127.0.0.1"
-    try:
-        yield S3Server(f"http://{host}:{port}", "testing-key-id", "testing-secret", "us-east-1", "tiering-test", False)
-    finally:
-        server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _nanio_server(data_dir: Any) -> Iterator[S3Server]:
-    """Start ``nanio serve`` on a free loopback port; stop it afterwards."""
-    port = _free_port()
-    env = {**os.environ, "NANIO_ACCESS_KEY": "nanio-test-key", "NANIO_SECRET_KEY": "nanio-test-secret-0123456789"}
-    argv = [
-        *(sys.executable, "-m", "nanio", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir"),
-        *(str(data_dir), "--no-access-log", "--log-level", "warning"),
-    ]
-    endpoint = f"http://127.0.0.1:{port}"
-    server = S3Server(endpoint, env["NANIO_ACCESS_KEY"], env["NANIO_SECRET_KEY"], "us-east-1", "tiering-test", True)
-    yield from _subprocess_server("nanio", argv, env, server)
-
-
-def _localbucket_server(data_dir: Any) -> Iterator[S3Server]:
-    """Start ``localbucket`` (no batch delete: DeleteObjects answers NotImplemented) on a free loopback port."""
-    port = _free_port()
-    script = os.path.join(os.path.dirname(sys.executable), "localbucket")
-    argv = [script, "--host", "127.0.0.1", "--port", str(port), str(data_dir)]
-    server = S3Server(f"http://127.0.0.1:{port}", "lb-key", "lb-secret", "us-east-1", "tiering-test", True)
-    yield from _subprocess_server("localbucket", argv, dict(os.environ), server)
-
-
-def _subprocess_server(name: str, argv: list[str], env: dict[str, str], server: S3Server) -> Iterator[S3Server]:
-    """Run an S3 server process for the session: wait for its port, create the bucket, stop it afterwards."""
-    import subprocess
-
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(server.host_port, timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, f"{name} did not start"
-                time.sleep(0.1)
-        S3Env(server).client.create_bucket(Bucket=server.default_bucket)
+    start = {"nanio": nanio_server, "localbucket": localbucket_server}.get(
+        os.environ.get("TIERING_S3_SERVER", "moto"), moto_server
+    )
+    with start() as server:
         yield server
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 class S3Env:
@@ -240,18 +157,16 @@ class S3Env:
 @pytest.fixture
 def s3(s3_server: S3Server) -> Iterator[S3Env]:
     if not s3_server.external:
-        s3_server.moto_api("/moto-api/reset")
         host = urllib.parse.urlsplit(s3_server.endpoint_url).hostname
         assert host in LOOPBACK, f"tests must stay on loopback, got {host}"
+        s3_server.reset()
     env = S3Env(s3_server)
-    if not s3_server.external:
-        env.client.create_bucket(Bucket=env.bucket)
     yield env
     env.cleanup()
 
 
 @pytest.fixture(scope="session")
-def localbucket_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def localbucket_session(s3_server: S3Server) -> Iterator[S3Server]:
     """A localbucket server (no batch delete): the session's own one, else one started for these tests.
 
     Skips where localbucket is not installed (``pip install localbucket==1.2.1``; the ``s3-localbucket``
@@ -260,15 +175,16 @@ def localbucket_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFac
     if os.environ.get("TIERING_S3_SERVER") == "localbucket":
         yield s3_server
         return
-    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "localbucket")):
+    if not os.path.exists(localbucket_script()):
         pytest.skip("localbucket is not installed (pip install localbucket==1.2.1)")
-    yield from _localbucket_server(tmp_path_factory.mktemp("localbucket"))
+    with localbucket_server() as server:
+        yield server
 
 
 @pytest.fixture
-def localbucket(localbucket_server: S3Server) -> Iterator[S3Env]:
+def localbucket(localbucket_session: S3Server) -> Iterator[S3Env]:
     """One test's view of a localbucket server (a random prefix, removed afterwards)."""
-    env = S3Env(localbucket_server)
+    env = S3Env(localbucket_session)
     yield env
     env.cleanup()
 

@@ -213,3 +213,15 @@ def test_reset_forgets_every_block_unless_the_medium_kept_them(open_store, keep)
     wait_until(lambda: tier.stats()["scans"] == 2)
     assert tier.stats()["resident_blocks"] == (3 if keep else 0)
     assert any(type(e).__name__ == "TierCleared" for e in tier.take_events())  # re-announced for routers
+
+
+def test_wait_for_scan_after_a_reset_waits_for_its_rescan(open_store):
+    tier, _ = open_store()
+    assert tier.wait_for_scan(10)
+    gate = threading.Event()
+    scan = tier.blocks.scan
+    tier.blocks.scan = lambda stopping: gate.wait(10) and scan(stopping)  # the rescan waits for the gate
+    tier.reset(False)
+    assert not tier.wait_for_scan(0.05) and tier.stats()["scan_done"] == 0  # the rescan has not run yet
+    gate.set()
+    assert tier.wait_for_scan(10) and tier.stats()["scans"] == 2

@@ -26,11 +26,17 @@ from tiering.core.bench.command import add_bench_parser
 from tiering.core.cli_options import check_tier_options, split_tier_options
 from tiering.core.commands import add_commands, option_pairs
 from tiering.core.configfile import install_hint, load_config, redact_text
-from tiering.core.factory import CachePolicyFactory, create_spec, resolve_tier
+from tiering.core.factory import (
+    CachePolicyFactory,
+    check_tier_constructor,
+    create_secondary_tier,
+    create_spec,
+    resolve_tier,
+    tier_error,
+)
 from tiering.core.pin_command import add_pin_parser
 from tiering.core.primary.memory import check_primary_fits
 from tiering.core.terminal import echo
-from tiering.core.tier_factory import check_tier_constructor
 from tiering.core.units import format_bytes
 
 logger = logging.getLogger("tiering.core.cli")
@@ -153,7 +159,6 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
         TierOpenError: the tier raised any other exception; the message names the entry and the exception's type.
     """
     from tiering.core.primary import allocate_host_buffer
-    from tiering.core.tier_factory import tier_error
 
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
@@ -175,7 +180,6 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
 
 def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> None:
     """Probe or open entry ``secondary_tiers[index]`` and print what was found; errors unlabelled."""
-    from tiering.core.factory import create_secondary_tier
     from tiering.core.inspection import inspector_for
     from tiering.core.primary.memory import format_bytes
 

@@ -126,6 +126,15 @@ class GuardedTier:
             self._error("refused job %d; reported failed", job.job_id)
             self._ready.append(JobResult(job.job_id, False))
 
+    def refuse(self, job: JobMetadata) -> None:
+        """Report ``job`` failed by the next :meth:`get_finished` without handing it to the tier.
+
+        For a job its caller will not run (the vLLM binding's request with an
+        unusable tenant): it is in flight and reported exactly like a job the tier refused.
+        """
+        self._in_flight[job.job_id] = job
+        self._ready.append(JobResult(job.job_id, False))
+
     def poll(self) -> None:
         """Take the tier's finished results (kept for :meth:`get_finished`)."""
         try:

@@ -151,8 +151,7 @@ def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspect
             errors for an unreachable root or bucket, labelled
             ``secondary_tiers[<index>]`` (and ``.<key>`` where it can be told).
     """
-    from tiering.core.factory import resolve_tier
-    from tiering.core.tier_factory import tier_error
+    from tiering.core.factory import resolve_tier, tier_error
 
     cls, _, kwargs = resolve_tier(tier_config, index)
     factory = getattr(cls, "inspector", None)

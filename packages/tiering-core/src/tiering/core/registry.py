@@ -1,12 +1,29 @@
-"""The name -> class registry behind every factory: in-process registrations, entry points, ``module_path``.
+"""Name -> class resolution, in one place: the registries of tiers, cache policies and specs.
 
-One :class:`Registry` mechanism serves three users (:mod:`tiering.core.factory`),
-as in vLLM's ``kv_offload`` factories and fsspec's ``registry``: secondary
-tiers, primary-tier cache policies and offloading specs.
+Every class a config names is resolved here (as in vLLM's ``kv_offload``
+factories and fsspec's ``registry``), by one :class:`Registry` mechanism with
+three users:
+
+- :data:`SecondaryTierFactory`: secondary tiers (``type`` / ``module_path``),
+  entry-point group ``tiering.tiers``;
+- :data:`CachePolicyFactory`: primary-tier eviction policies
+  (``eviction_policy`` / ``cache_policy_module_path``), group ``tiering.cache_policies``;
+- :data:`OffloadingSpecFactory`: specs (``spec_name`` / ``spec_module_path``),
+  group ``tiering.specs``.
 
 Resolution order: names registered in-process (:meth:`Registry.register`,
 imported lazily on first use) -> installed entry points -> ``module_path``
 from the config (import the module, take the attribute named by the name).
+The resolved object must be a subclass of the registry's base class (a
+``TypeError`` otherwise). What is surprising is logged once: loading code
+by ``module_path`` at all, a name two installed distributions provide, an
+entry point hidden by a registered name, and a ``module_path`` ignored
+because the name resolves without it.
+
+This module imports none of the classes it resolves, not even the base
+classes: each is named by import path and imported on first resolution, so
+any module (the spec included) can use the registries without an import
+cycle. Building an instance from its config entry is :mod:`tiering.core.factory`'s job.
 
 Loading code named by a config file is a trust boundary: whoever writes the
 config runs code in the engine process.
@@ -19,9 +36,14 @@ import importlib
 import logging
 import re
 import threading
-from collections.abc import Iterable
-from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Hashable, Iterable
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+if TYPE_CHECKING:
+    from tiering.core.base import SecondaryTierManager
+    from tiering.core.primary.policy import CachePolicy
+    from tiering.core.spec import OffloadingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +53,17 @@ OUT_OF_TREE_WARNING = (
     "Loading classes by module_path from the config is an experimental API: "
     "the loaded code runs inside this process with its full privileges."
 )
-_warned_out_of_tree = False
+_warned: set[Hashable] = set()
 _warn_lock = threading.Lock()
 
 
-def _warn_out_of_tree(kind: str, name: str, module_path: str) -> None:
-    global _warned_out_of_tree
+def warn_once(key: Hashable, message: str, *args: Any) -> None:
+    """Log ``message % args`` as a warning the first time ``key`` is seen in this process, never again."""
     with _warn_lock:
-        if not _warned_out_of_tree:
-            _warned_out_of_tree = True
-            logger.warning(OUT_OF_TREE_WARNING)
-    logger.info("loading %s %r from module_path %r", kind, name, module_path)
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message, *args)
 
 
 def closest_name(word: str, choices: Iterable[str]) -> str | None:
@@ -86,12 +108,17 @@ def import_module_path(module_path: str, kind: str, key: str = "module_path") ->
 _DISTRIBUTION_SUFFIX = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
+def _provider(ep: EntryPoint) -> str:
+    return f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an unknown distribution"
+
+
 class Registry(Generic[T]):
     """A name -> class registry with lazy imports, entry points and ``module_path``.
 
     Args:
         kind: what is registered, for messages (``"secondary tier"``).
-        base: the class every resolved class must subclass.
+        base: the class every resolved class must subclass, or its import
+            path ``"module:Class"`` (imported on the first resolution).
         group: the entry-point group of installed providers.
         name_key: the config key holding the name (for messages).
         path_key: the config key holding the out-of-tree module path.
@@ -104,14 +131,14 @@ class Registry(Generic[T]):
     def __init__(
         self,
         kind: str,
-        base: type[Any],
+        base: type[Any] | str,
         group: str,
         name_key: str,
         path_key: str,
         distribution: str | None = None,
     ) -> None:
         self.kind = kind
-        self.base = base
+        self._base = base
         self.group = group
         self.name_key = name_key
         self.path_key = path_key
@@ -119,6 +146,14 @@ class Registry(Generic[T]):
         self._lazy: dict[str, tuple[str, str]] = {}
         self._loaded: dict[str, type[T]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def base(self) -> type[Any]:
+        """The base class (imported now when it was given by import path)."""
+        if isinstance(self._base, str):
+            module, _, attr = self._base.partition(":")
+            self._base = cast("type[Any]", getattr(importlib.import_module(module), attr))
+        return self._base
 
     def register(self, name: str, module_path: str, class_name: str) -> None:
         """Register ``module_path.class_name`` under ``name``; nothing is imported now.
@@ -131,11 +166,26 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {name!r} is already registered ({self._lazy[name][0]})")
             self._lazy[name] = (module_path, class_name)
 
-    def entry_points(self) -> dict[str, Any]:
-        """Installed entry points of :attr:`group`, by name (first distribution wins)."""
-        found: dict[str, Any] = {}
+    def entry_points(self) -> dict[str, EntryPoint]:
+        """Installed entry points of :attr:`group`, by name.
+
+        When two distributions provide one name, the first found is used and
+        a warning (once) names both.
+        """
+        found: dict[str, EntryPoint] = {}
         for ep in entry_points(group=self.group):
-            found.setdefault(ep.name, ep)
+            first = found.setdefault(ep.name, ep)
+            if first is not ep and first.value != ep.value:
+                warn_once(
+                    (self.group, ep.name, "duplicate"),
+                    "%s %r is provided by two installed distributions: %s (%r, used) and %s (%r, ignored)",
+                    self.kind,
+                    ep.name,
+                    _provider(first),
+                    first.value,
+                    _provider(ep),
+                    ep.value,
+                )
         return found
 
     def known_names(self) -> list[str]:
@@ -147,19 +197,53 @@ class Registry(Generic[T]):
         ep = self.entry_points().get(name)
         if ep is None or ep.dist is None:
             return None
-        return f"{ep.dist.name} {ep.dist.version}"
+        return _provider(ep)
 
     def _check(self, obj: Any, name: str, origin: str) -> type[T]:
         # A real TypeError: an assert would vanish under ``python -O``.
-        if not (isinstance(obj, type) and issubclass(obj, self.base)):
+        base = self.base
+        if not (isinstance(obj, type) and issubclass(obj, base)):
             raise TypeError(
                 f"{self.kind} {name!r} from {origin} is {obj!r}, "
-                f"which is not a subclass of {self.base.__module__}.{self.base.__qualname__}"
+                f"which is not a subclass of {base.__module__}.{base.__qualname__}"
             )
         return cast("type[T]", obj)
 
+    def _load(self, name: str) -> type[T] | None:
+        """The class registered or installed under ``name`` (cached), None when neither knows it."""
+        if name in self._loaded:
+            return self._loaded[name]
+        ep = self.entry_points().get(name)
+        if name in self._lazy:
+            mod, attr = self._lazy[name]
+            if ep is not None and ep.value != f"{mod}:{attr}":
+                warn_once(
+                    (self.group, name, "shadowed"),
+                    "%s %r is registered in-process as %s:%s; the installed entry point %r of %s is not used",
+                    self.kind,
+                    name,
+                    mod,
+                    attr,
+                    ep.value,
+                    _provider(ep),
+                )
+            cls = self._check(getattr(import_module_path(mod, self.kind, "registered module"), attr), name, mod)
+        elif ep is not None:
+            try:
+                obj = ep.load()
+            except ImportError as exc:
+                raise ImportError(f"cannot load {self.kind} {name!r} from entry point {ep.value!r}: {exc}") from exc
+            cls = self._check(obj, name, f"entry point {ep.value!r}")
+        else:
+            return None
+        self._loaded[name] = cls
+        return cls
+
     def get_class(self, name: str, module_path: str | None = None) -> type[T]:
-        """Resolve ``name`` to a class.
+        """Resolve ``name`` to a class (see the module doc for the order).
+
+        A ``module_path`` given with a name that is registered or installed
+        is not imported; a warning (once) says so.
 
         Raises:
             ValueError: ``name`` is unknown and no ``module_path`` is given;
@@ -169,30 +253,30 @@ class Registry(Generic[T]):
             AttributeError: ``module_path`` has no attribute ``name``.
             TypeError: the resolved object is not a subclass of :attr:`base`.
         """
-        if name in self._loaded:
-            return self._loaded[name]
-        if name in self._lazy:
-            mod, attr = self._lazy[name]
-            cls = self._check(getattr(import_module_path(mod, self.kind, "registered module"), attr), name, mod)
-        elif (ep := self.entry_points().get(name)) is not None:
-            try:
-                obj = ep.load()
-            except ImportError as exc:
-                raise ImportError(f"cannot load {self.kind} {name!r} from entry point {ep.value!r}: {exc}") from exc
-            cls = self._check(obj, name, f"entry point {ep.value!r}")
-        elif module_path is not None:
-            _warn_out_of_tree(self.kind, name, module_path)
-            module = import_module_path(module_path, self.kind, self.path_key)
-            if not hasattr(module, name):
-                raise AttributeError(
-                    f"{self.kind} module_path {module_path!r} has no attribute {name!r} "
-                    f"(the {self.name_key!r} value names the class)"
+        cls = self._load(name)
+        if cls is not None:
+            if module_path is not None:
+                warn_once(
+                    (self.group, name, module_path),
+                    "%s %r resolves to %s; %s %r is not imported (give the out-of-tree class another name)",
+                    self.kind,
+                    name,
+                    self.source(name),
+                    self.path_key,
+                    module_path,
                 )
-            return self._check(getattr(module, name), name, module_path)
-        else:
+            return cls
+        if module_path is None:
             raise ValueError(self._unknown_message(name))
-        self._loaded[name] = cls
-        return cls
+        warn_once("module_path", OUT_OF_TREE_WARNING)
+        logger.info("loading %s %r from module_path %r", self.kind, name, module_path)
+        module = import_module_path(module_path, self.kind, self.path_key)
+        if not hasattr(module, name):
+            raise AttributeError(
+                f"{self.kind} module_path {module_path!r} has no attribute {name!r} "
+                f"(the {self.name_key!r} value names the class)"
+            )
+        return self._check(getattr(module, name), name, module_path)
 
     def source(self, name: str, module_path: str | None = None) -> str:
         """Where ``name`` resolves from, for messages: ``"spec_module_path 'my_specs'"``, an entry point, a module.
@@ -232,4 +316,60 @@ class Registry(Generic[T]):
         )
 
 
-__all__ = ["OUT_OF_TREE_WARNING", "Registry", "closest_name", "import_module_path"]
+SecondaryTierFactory: Registry[SecondaryTierManager] = Registry(
+    "secondary tier",
+    "tiering.core.base:SecondaryTierManager",
+    group="tiering.tiers",
+    name_key="type",
+    path_key="module_path",
+    distribution="tiering-{name}",
+)
+"""Secondary tiers: ``type`` / ``module_path``, entry-point group ``tiering.tiers``."""
+
+CachePolicyFactory: Registry[CachePolicy] = Registry(
+    "cache policy",
+    "tiering.core.primary.policy:CachePolicy",
+    group="tiering.cache_policies",
+    name_key="eviction_policy",
+    path_key="cache_policy_module_path",
+)
+"""Primary-tier eviction policies: ``eviction_policy`` / ``cache_policy_module_path``."""
+CachePolicyFactory.register("lru", "tiering.core.primary.policy", "LRUCachePolicy")
+CachePolicyFactory.register("arc", "tiering.core.primary.policy", "ARCCachePolicy")
+
+OffloadingSpecFactory: Registry[OffloadingSpec] = Registry(
+    "offloading spec",
+    "tiering.core.spec:OffloadingSpec",
+    group="tiering.specs",
+    name_key="spec_name",
+    path_key="spec_module_path",
+)
+"""Offloading specs: ``spec_name`` / ``spec_module_path``, entry-point group ``tiering.specs``."""
+OffloadingSpecFactory.register("TieringOffloadingSpec", "tiering.core.spec", "TieringOffloadingSpec")
+OffloadingSpecFactory.register("OffloadingSpec", "tiering.core.spec", "OffloadingSpec")
+
+FIRST_PARTY_SPECS = frozenset({"TieringOffloadingSpec", "OffloadingSpec"})
+"""The specs tiering-core registers (their errors name their keys already)."""
+
+
+def register_tier(name: str, module_path: str, class_name: str) -> None:
+    """Register a secondary tier class by import path, imported on first use.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+    SecondaryTierFactory.register(name, module_path, class_name)
+
+
+__all__ = [
+    "FIRST_PARTY_SPECS",
+    "OUT_OF_TREE_WARNING",
+    "CachePolicyFactory",
+    "OffloadingSpecFactory",
+    "Registry",
+    "SecondaryTierFactory",
+    "closest_name",
+    "import_module_path",
+    "register_tier",
+    "warn_once",
+]

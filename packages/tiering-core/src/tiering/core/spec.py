@@ -2,32 +2,32 @@
 
 The shape follows vLLM's ``OffloadingSpec`` / ``TieringOffloadingSpec``
 (``vllm/v1/kv_offload``): one object built from the JSON a user writes in
-``kv_connector_extra_config``, handed to every tier, and able to build the
-scheduler-side manager (:meth:`TieringOffloadingSpec.get_manager`).
+``kv_connector_extra_config``, handed to every tier. This module holds
+configuration only: the spec's ``get_manager`` (and the other ``create_*``
+methods of vLLM's shape) call :mod:`tiering.core.stack`, which builds the
+stack through the factories (:mod:`tiering.core.factory`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tiering.core import stack
 from tiering.core.admission import AdmissionConfig, admission_config
 from tiering.core.costmodel import COST_KEYS, LoadCostConfig
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
-from tiering.core.manager import TieringManager
-from tiering.core.primary import CPUPrimaryTier
-from tiering.core.primary.memory import allocation_error, check_primary_fits
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
-from tiering.core.tier_factory import create_cache_policy, create_secondary_tier
 from tiering.core.units import SIZE_EXAMPLES, parse_size
 
 if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
+    from tiering.core.manager import TieringManager
+    from tiering.core.primary import CPUPrimaryTier
 
 SPEC_KEYS = frozenset(
     {
@@ -255,57 +255,20 @@ class TieringOffloadingSpec(OffloadingSpec):
         self.load_cost = LoadCostConfig.from_config(extra_config)
 
     def create_primary(self, buffer: memoryview | None = None) -> CPUPrimaryTier:
-        """Build the CPU primary tier with the configured policy.
-
-        Args:
-            buffer: a flat writable host buffer of ``num_primary_blocks *
-                block_bytes`` bytes (e.g. the pinned
-                :attr:`tiering.core.transfer.HostBuffer.view`); when None an
-                ordinary pre-faulted buffer is allocated.
-
-        Raises:
-            ValueError: (no buffer given) the primary tier is larger than this
-                machine's memory (:func:`~tiering.core.primary.memory.check_primary_fits`),
-                refused before allocating (pre-faulting it could get the process killed).
-            OSError: (``ENOMEM``) the buffer cannot be allocated; the message
-                names ``cpu_bytes_to_use``, its value and the machine's memory.
-        """
-        policy = create_cache_policy(self.eviction_policy, self.cache_policy_module_path, self.num_primary_blocks)
-        if buffer is None:
-            check_primary_fits(self.num_primary_blocks * self.block_bytes)
-        try:
-            return CPUPrimaryTier(self.num_primary_blocks, self.block_bytes, policy, buffer=buffer)
-        except (MemoryError, OSError) as exc:
-            if buffer is not None or (isinstance(exc, OSError) and exc.errno != errno.ENOMEM):
-                raise
-            raise allocation_error(exc, self.num_primary_blocks * self.block_bytes) from exc
+        """Build the CPU primary tier with the configured policy (:func:`tiering.core.stack.build_primary`)."""
+        return stack.build_primary(self, buffer)
 
     def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
-        """Build every entry of ``secondary_tiers`` over ``primary_kv_view``, in order.
-
-        On an error, tiers already built are shut down before it propagates.
-        """
-        tiers: list[SecondaryTierManager] = []
-        try:
-            for index, tier_config in enumerate(self.secondary_tiers):
-                tiers.append(create_secondary_tier(tier_config, primary_kv_view, self, index=index))
-        except BaseException:
-            for tier in tiers:
-                tier.shutdown()
-            raise
-        return tiers
+        """Build every entry of ``secondary_tiers`` (:func:`tiering.core.stack.build_secondary_tiers`)."""
+        return stack.build_secondary_tiers(self, primary_kv_view)
 
     def get_manager(self, buffer: memoryview | None = None) -> TieringManager:
-        """Build the scheduler-side :class:`~tiering.core.manager.TieringManager`.
+        """Build the scheduler-side manager (:func:`tiering.core.stack.build_manager`).
 
         Args:
-            buffer: the primary tier's host buffer, see :meth:`create_primary`.
+            buffer: the primary tier's host buffer, see :func:`~tiering.core.stack.build_primary`.
         """
-        primary = self.create_primary(buffer)
-        tiers = self.create_secondary_tiers(primary.kv_view)
-        return TieringManager(
-            primary, tiers, load_cost=self.load_cost, block_tokens=self.block_size, admission=self.admission()
-        )
+        return stack.build_manager(self, buffer)
 
     def admission(self) -> list[AdmissionConfig]:
         """Each entry's admission settings (:mod:`tiering.core.admission`), in ``secondary_tiers`` order.
@@ -316,11 +279,5 @@ class TieringOffloadingSpec(OffloadingSpec):
         return [admission_config(entry, i) for i, entry in enumerate(self.secondary_tiers)]
 
     def create_handlers(self, kv_caches: Any, manager: TieringManager) -> Any:
-        """Worker-side transfer handlers between the engine's KV caches and the primary tier.
-
-        Requires the ``torch`` extra (``pip install 'tiering-core[torch]'``);
-        see :mod:`tiering.core.transfer`.
-        """
-        from tiering.core.transfer import TransferHandler
-
-        return TransferHandler(kv_caches, manager.primary)
+        """Worker-side transfer handlers (:func:`tiering.core.stack.build_handlers`; needs the ``torch`` extra)."""
+        return stack.build_handlers(kv_caches, manager)

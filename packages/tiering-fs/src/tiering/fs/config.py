@@ -4,12 +4,14 @@ A ``secondary_tiers`` entry of type ``fs``::
 
     {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
 
-Every key is declared once, in :data:`FS_SCHEMA` (the toolkit's
-:class:`~tiering.core.toolkit.config.ConfigSchema`: ``tiering check`` checks
-an entry against it without side effects, and it marks ``storage_options``
-secret); each is also a keyword argument of
-:class:`~tiering.fs.tier.FsspecSecondaryTierManager`. :class:`FsConfig`
-holds the checked values.
+Every key is declared once, with its default, in :data:`FS_SCHEMA` (the
+toolkit's :class:`~tiering.core.toolkit.config.ConfigSchema`: ``tiering
+check`` checks an entry against it without side effects, and it marks
+``storage_options`` secret). :class:`FsConfig` holds the checked values; its
+fields take their defaults from the schema
+(:func:`~tiering.core.toolkit.declared.schema_defaults`). Each key is also a
+keyword argument of :class:`~tiering.fs.tier.FsspecSecondaryTierManager`,
+whose defaults the tests compare with the schema's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tiering.core.toolkit.config import (
     InvalidValueError,
     pins_below_capacity,
 )
+from tiering.core.toolkit.declared import schema_defaults
 from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.fs.layout import TRAILER_BYTES
 
@@ -32,7 +35,40 @@ LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
 """Values of ``lookup_fallback``."""
 
 
+def _seconds(name: str, default: float, doc: str) -> ConfigKey:
+    return ConfigKey(name, (float,), default=default, minimum=0, doc=doc)
+
+
+FS_SCHEMA = ConfigSchema(
+    "fs",
+    [
+        ConfigKey("root", (str,), required=True, non_empty=True, doc="local directory or fsspec URL"),
+        ConfigKey(
+            "storage_options",
+            (dict,),
+            nullable=True,
+            secret=True,
+            doc="fsspec filesystem options (may hold credentials: redacted)",
+        ),
+        ConfigKey("n_read_threads", (int,), default=8, minimum=1, doc="threads serving loads and probes"),
+        ConfigKey("n_write_threads", (int,), default=4, minimum=1, doc="threads serving stores"),
+        ConfigKey("fsync", (bool,), default=False, doc="fsync each block file and its directory at publish"),
+        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on the namespace's bytes"),
+        _seconds("stale_temp_s", 600.0, "age after which any temporary is removed"),
+        _seconds("rescan_interval_s", 30.0, "seconds between rescans (with capacity_bytes; 0: none)"),
+        ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),
+        ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
+        _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
+        MAX_PINNED_BYTES,
+        TENANTS_KEY,
+    ],
+    [pins_below_capacity],
+)
+"""Every key of an ``fs`` entry (:attr:`FsspecSecondaryTierManager.config_schema`)."""
+
+
 @dataclasses.dataclass(frozen=True)
+@schema_defaults(FS_SCHEMA)
 class FsConfig:
     """The checked configuration of one fs tier.
 
@@ -95,18 +131,18 @@ class FsConfig:
     """
 
     root: str
-    storage_options: dict[str, Any] | None = None
-    n_read_threads: int = 8
-    n_write_threads: int = 4
-    fsync: bool = False
-    capacity_bytes: int | None = None
-    stale_temp_s: float = 600.0
-    rescan_interval_s: float = 30.0
-    lookup_fallback: str = "auto"
-    o_direct: bool | str = "auto"
-    startup_scan_wait_s: float = 2.0
-    max_pinned_bytes: int = 0
-    tenants: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None
+    n_read_threads: int
+    n_write_threads: int
+    fsync: bool
+    capacity_bytes: int | None
+    stale_temp_s: float
+    rescan_interval_s: float
+    lookup_fallback: str
+    o_direct: bool | str
+    startup_scan_wait_s: float
+    max_pinned_bytes: int
+    tenants: dict[str, Any] | None
 
     @classmethod
     def check(cls, tier_type: str, stored_block_bytes: int, values: Mapping[str, Any]) -> FsConfig:
@@ -140,35 +176,3 @@ class FsConfig:
                 f"{stored_block_bytes - TRAILER_BYTES} block + {TRAILER_BYTES} trailer)",
             )
         return cfg
-
-
-def _seconds(name: str, default: float, doc: str) -> ConfigKey:
-    return ConfigKey(name, (float,), default=default, minimum=0, doc=doc)
-
-
-FS_SCHEMA = ConfigSchema(
-    "fs",
-    [
-        ConfigKey("root", (str,), required=True, non_empty=True, doc="local directory or fsspec URL"),
-        ConfigKey(
-            "storage_options",
-            (dict,),
-            nullable=True,
-            secret=True,
-            doc="fsspec filesystem options (may hold credentials: redacted)",
-        ),
-        ConfigKey("n_read_threads", (int,), default=8, minimum=1, doc="threads serving loads and probes"),
-        ConfigKey("n_write_threads", (int,), default=4, minimum=1, doc="threads serving stores"),
-        ConfigKey("fsync", (bool,), default=False, doc="fsync each block file and its directory at publish"),
-        ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on the namespace's bytes"),
-        _seconds("stale_temp_s", 600.0, "age after which any temporary is removed"),
-        _seconds("rescan_interval_s", 30.0, "seconds between rescans (with capacity_bytes; 0: none)"),
-        ConfigKey("lookup_fallback", (str,), default="auto", choices=LOOKUP_FALLBACKS, doc="lookup of unindexed keys"),
-        ConfigKey("o_direct", (bool, str), default="auto", choices=(True, False, "auto"), doc="use O_DIRECT"),
-        _seconds("startup_scan_wait_s", 2.0, "seconds the constructor waits for the start-up scan"),
-        MAX_PINNED_BYTES,
-        TENANTS_KEY,
-    ],
-    [pins_below_capacity],
-)
-"""Every key of an ``fs`` entry (:attr:`FsspecSecondaryTierManager.config_schema`)."""

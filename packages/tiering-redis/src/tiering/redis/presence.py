@@ -66,6 +66,17 @@ class PresenceQuery:
         Raises:
             redis.exceptions.RedisError: a node could not be asked (connection, timeout, ...).
         """
+        expected = self._object_bytes if touch else 1
+        return [reply == expected for reply in self.ask(keys, b"STRLEN" if touch else b"EXISTS")]
+
+    def ask(self, keys: Sequence[bytes], verb: bytes) -> list[Any]:
+        """The reply of ``verb <block key>`` (``STRLEN``: its size, 0 when absent) for each of ``keys``, in order.
+
+        A per-key error reply is returned as its :class:`redis.exceptions.ResponseError`, not raised.
+
+        Raises:
+            redis.exceptions.RedisError: a node could not be asked (connection, timeout, ...).
+        """
         if not keys:
             return []
         base = self._base
@@ -76,8 +87,7 @@ class PresenceQuery:
                 groups.setdefault(self._client.get_node_from_key(name).redis_connection.connection_pool, []).append(i)
         else:
             groups[self._client.connection_pool] = list(range(len(names)))
-        verb = b"STRLEN" if touch else b"EXISTS"
-        sizes: list[Any] = [None] * len(names)
+        replies: list[Any] = [None] * len(names)
         taken: list[tuple[Any, Any, list[int]]] = []
         try:
             for pool, idx in groups.items():
@@ -86,7 +96,7 @@ class PresenceQuery:
                 conn.send_packed_command([_request(verb, [names[i] for i in idx])])
             for _pool, conn, idx in taken:
                 for i, reply in zip(idx, read_replies(conn, len(idx)), strict=True):
-                    sizes[i] = reply
+                    replies[i] = reply
         except BaseException:
             for _pool, conn, _idx in taken:
                 conn.disconnect()  # replies may be left unread: the connection cannot be reused
@@ -94,8 +104,7 @@ class PresenceQuery:
         finally:
             for pool, conn, _idx in taken:
                 pool.release(conn)
-        expected = self._object_bytes if touch else 1
-        return [size == expected for size in sizes]
+        return replies
 
 
 def _request(verb: bytes, names: list[bytes]) -> bytes:

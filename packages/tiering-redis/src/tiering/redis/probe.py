@@ -11,12 +11,17 @@ Run by the tier's constructor (so ``tiering check --probe`` runs it too):
 
 Any failure raises :class:`~tiering.redis.errors.RedisStartupError` whose
 message names the server (never a credential) and what to check.
+
+Later, :class:`PrimaryWatch` asks ``INFO`` again now and then to notice a
+new primary (a restart or a failover) that raised no error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +34,14 @@ logger = logging.getLogger(__name__)
 
 EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 """``maxmemory-policy`` values under which the server evicts blocks without a TTL."""
+
+RUN_ID_CHECK_S = 1.0
+"""Seconds between checks of the primary's ``run_id`` (one ``INFO``) while the tier sends pipelines, errors or not.
+
+redis-py re-makes a pooled connection that the server closed without raising,
+so a failover (the sentinel names the new primary) or a quick restart may
+show no error at all.
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,3 +243,52 @@ def probe(
             f"redis tier: the probe key read back from {location} differs from what was written", "probe"
         )
     return info
+
+
+class PrimaryWatch:
+    """Notices a change of primary (a restart or a failover) by the primaries' ``run_id``, before round trips.
+
+    Args:
+        client: the tier's redis-py client.
+        known: the primaries the start-up probe found (empty when ``INFO`` is not permitted: never checked).
+        on_change: called once per change, on the thread that noticed it: ``on_change(kept)``, ``kept``
+            True when the new primaries continue the old data set (:meth:`Primaries.continues`: a promoted
+            replica), False for a new data set (a restart).
+    """
+
+    def __init__(self, client: Any, known: Primaries, on_change: Callable[[bool], None]) -> None:
+        self._client = client
+        self._known = known
+        self._on_change = on_change
+        self._recheck = False  # set after connection trouble: was the server restarted meanwhile?
+        self._lock = threading.Lock()
+        self._next = 0.0  # monotonic time of the next check
+
+    def suspect(self) -> None:
+        """A request failed in a way a change of primary explains: the next :meth:`check` asks at once."""
+        self._recheck = True
+
+    def check(self) -> None:
+        """Ask ``INFO`` when due: every :data:`RUN_ID_CHECK_S`, or at once after :meth:`suspect`.
+
+        A failed ``INFO`` is not raised (the request that follows fails and counts on its own). One thread
+        checks at a time (the others go on with their requests), so a change is reported once.
+        """
+        if not self._known.run_ids or not (self._recheck or time.monotonic() >= self._next):
+            return
+        if not self._lock.acquire(blocking=False):
+            return  # another thread is checking
+        try:
+            self._next = time.monotonic() + RUN_ID_CHECK_S
+            try:
+                now = primaries(self._client)
+            except Exception:
+                return  # still down (or no primary yet): the request fails, and the next one asks again
+            self._recheck = False
+            if not now.run_ids or now.run_ids == self._known.run_ids:
+                return
+            kept = now.continues(self._known)
+            self._known = now
+            self._on_change(kept)
+        finally:
+            self._lock.release()

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, verify_block
 
 try:
     import hiredis
@@ -287,3 +288,77 @@ def get_into(client: Any, names: Sequence[bytes], slots: Sequence[memoryview], h
         raise
     finally:
         pool.release(conn)
+
+
+def set_nx_many(
+    client: Any,
+    is_cluster: bool,
+    names: Sequence[bytes],
+    headers: Sequence[bytes],
+    payloads: Sequence[memoryview],
+    ttls: Sequence[int | None],
+) -> list[Any]:
+    """``SET name header+payload NX [EX ttl]`` of every block in one round trip; one reply (or error) per block.
+
+    A single server or Sentinel primary: packed by hand (:func:`set_nx_parts`, the payload not copied); a
+    cluster: redis-py's cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
+
+    Raises:
+        redis.exceptions.RedisError: the whole request failed (every attempt of the client's ``Retry``).
+    """
+    if is_cluster:
+        pipe = client.pipeline(transaction=False)
+        for name, header, payload, ttl in zip(names, headers, payloads, ttls, strict=True):
+            pipe.set(name, b"".join((header, payload)), nx=True, ex=ttl)
+        return list(pipe.execute(raise_on_error=False))
+    parts: list[Chunk] = []
+    for name, header, payload, ttl in zip(names, headers, payloads, ttls, strict=True):
+        parts += set_nx_parts(name, header, payload, ttl)
+    return run_on_connection(client, parts, len(names))
+
+
+def get_many(
+    client: Any, is_cluster: bool, names: Sequence[bytes], slots: Sequence[memoryview], header_size: int
+) -> list[Any]:
+    """``GET`` of every key in one round trip: :func:`get_into` (a single server / Sentinel), or a cluster pipeline.
+
+    Returns:
+        As :func:`get_into`; a cluster's replies are ``bytes`` (or None, or an error), never :class:`InSlot`.
+    """
+    if not is_cluster:
+        return get_into(client, names, slots, header_size)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+    return list(pipe.execute(raise_on_error=False))
+
+
+def verify_into(
+    reply: bytes | InSlot, view: memoryview, digest: bytes, key: bytes, stored_bytes: int
+) -> BlockFormatError | None:
+    """Verify a ``GET`` reply of :func:`get_many` whose payload is in ``view`` already, or is moved there once verified.
+
+    Args:
+        reply: an :class:`InSlot` (header read, payload in ``view``) or the whole value.
+        view: the block's primary slot.
+        digest: the namespace digest (raw bytes) the header must carry.
+        key: the block's key, which the header must carry.
+        stored_bytes: the size of a stored block (header + payload).
+
+    Returns:
+        None (verified; the payload is in ``view``) or why not (the slot's bytes are not to be used).
+    """
+    try:
+        if isinstance(reply, InSlot):
+            header, payload, stored = memoryview(reply.header), view, stored_bytes
+        else:
+            value = memoryview(reply)
+            if value.nbytes != stored_bytes:
+                raise TruncatedBlockError(f"value is {value.nbytes} bytes, expected {stored_bytes}")
+            header, payload, stored = value[:HEADER_SIZE], value[HEADER_SIZE:], value.nbytes
+        verify_block(header, payload, digest, key, stored_size=stored)
+    except BlockFormatError as exc:
+        return exc
+    if not isinstance(reply, InSlot):
+        view[:] = payload
+    return None

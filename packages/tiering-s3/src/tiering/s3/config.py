@@ -16,6 +16,7 @@ from typing import Any
 from tiering.core.redact import Redactor
 from tiering.core.toolkit import ConfigKey, ConfigSchema, MissingKeyError
 from tiering.core.toolkit.config import MAX_PINNED_BYTES, pins_below_capacity
+from tiering.core.toolkit.declared import schema_defaults
 from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.s3.layout import normalize_prefix
 
@@ -86,33 +87,35 @@ SCHEMA = ConfigSchema(
 
 
 @dataclasses.dataclass(frozen=True)
+@schema_defaults(SCHEMA, subset=True)
 class ConnectionSettings:
     """The keys of an ``s3`` tier entry that say where the bucket is and how to talk to it.
 
     Shared by the tier and its offline inspector (:mod:`tiering.s3.inspection`), so both
     validate the same keys alike, build the same client and classify startup failures the
     same way. The credentials are kept out of ``repr``. Fields: the keys of :data:`SCHEMA`
-    of the same names, with the same defaults.
+    of the same names, their defaults taken from it
+    (:func:`~tiering.core.toolkit.declared.schema_defaults`; None for the required ``bucket``).
     """
 
-    bucket: str | None = None
-    prefix: str = ""
-    endpoint_url: str | None = None
-    region_name: str | None = None
-    addressing_style: str = "auto"
-    aws_access_key_id: str | None = dataclasses.field(default=None, repr=False)
-    aws_secret_access_key: str | None = dataclasses.field(default=None, repr=False)
-    aws_session_token: str | None = dataclasses.field(default=None, repr=False)
-    profile_name: str | None = None
-    ca_bundle: str | None = None
-    verify: bool = True
-    max_concurrency: int = 16
-    retry_mode: str = "standard"
-    max_attempts: int = 3
-    connect_timeout: float = 5.0
-    read_timeout: float = 30.0
-    request_checksum_calculation: str | None = None
-    response_checksum_validation: str | None = None
+    bucket: str | None
+    prefix: str
+    endpoint_url: str | None
+    region_name: str | None
+    addressing_style: str
+    aws_access_key_id: str | None = dataclasses.field(repr=False)
+    aws_secret_access_key: str | None = dataclasses.field(repr=False)
+    aws_session_token: str | None = dataclasses.field(repr=False)
+    profile_name: str | None
+    ca_bundle: str | None
+    verify: bool
+    max_concurrency: int
+    retry_mode: str
+    max_attempts: int
+    connect_timeout: float
+    read_timeout: float
+    request_checksum_calculation: str | None
+    response_checksum_validation: str | None
 
     @property
     def redact(self) -> Redactor:

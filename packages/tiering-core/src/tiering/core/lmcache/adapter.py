@@ -44,12 +44,12 @@ from lmcache.v1.platform import create_event_notifier
 
 from tiering.core.base import OffloadKey, ReqContext
 from tiering.core.base import SecondaryTierManager as TieringTier
+from tiering.core.factory import create_secondary_tier
 from tiering.core.lmcache.keys import encode_key, namespace_config
 from tiering.core.lmcache.params import AdapterParams, parse_params
 from tiering.core.lmcache.usage import SaltUsage, scan_keys
 from tiering.core.lmcache.worker import Task, TierWorker
 from tiering.core.spec import TieringOffloadingSpec
-from tiering.core.tier_factory import create_secondary_tier
 
 logger = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from typing import Any
 
 from tiering.core.admission import refuse_admission
 from tiering.core.configfile import load_config
+from tiering.core.factory import resolve_tier
 from tiering.core.fields import structured
 from tiering.core.registry import closest_name
 from tiering.core.spec import VLLM_KEYS
-from tiering.core.tier_factory import resolve_tier
 
 logger = logging.getLogger(__name__)
 

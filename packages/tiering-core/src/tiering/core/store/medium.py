@@ -111,10 +111,13 @@ class ScanResult:
 class Medium(ABC):
     """Where an indexed block store keeps its blocks: the primitives a backend implements.
 
-    Required: :attr:`stored_block_bytes`, :meth:`write_many`, :meth:`read_many`,
-    :meth:`size`, :meth:`remove` and :meth:`scan`. Every other method has a
-    default that suits a simple medium; override it where the medium does
-    better (one round trip for many keys) or differs (see the hook attributes).
+    Required: :attr:`stored_block_bytes`, :meth:`size`, :meth:`remove`, :meth:`scan`,
+    and block I/O: :meth:`write_many` or :meth:`write_one`, :meth:`read_many` or
+    :meth:`read_one` (the ``_many`` defaults call the ``_one`` methods block by
+    block; a medium with neither pair member raises ``TypeError`` when created).
+    Every other method has a default that suits a simple medium; override it
+    where the medium does better (one round trip for many keys) or differs
+    (see the hook attributes).
 
     Attributes:
         stored_block_bytes: bytes one stored block occupies on the medium (payload plus header or
@@ -146,8 +149,15 @@ class Medium(ABC):
     server_evicts: bool = False
     known_limit_bytes: int = 0
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Medium:
+        # Without either member of a pair every block would fail at run time: refuse the medium when
+        # created, as an abstract method would be refused.
+        for many, one in (("write_many", "write_one"), ("read_many", "read_one")):
+            if getattr(cls, many) is getattr(Medium, many) and getattr(cls, one) is getattr(Medium, one):
+                raise TypeError(f"{cls.__name__} must implement Medium.{many} or Medium.{one}")
+        return super().__new__(cls)
+
     # -- block I/O ---------------------------------------------------------------------------------
-    @abstractmethod
     def write_many(
         self,
         keys: Sequence[OffloadKey],
@@ -156,6 +166,8 @@ class Medium(ABC):
         stopping: Callable[[], bool],
     ) -> list[WriteOutcome]:
         """Store ``keys[i]`` from primary slot ``block_ids[i]``, block format applied; each appears whole or not at all.
+
+        The default calls :meth:`write_one` for each block in turn (override to send many at once).
 
         Args:
             keys: the blocks' keys (reserved in the index by the caller).
@@ -168,20 +180,58 @@ class Medium(ABC):
             Per key: None (stored), :data:`PRESENT` (another writer stored it first) or the exception.
             An ``OSError`` for which :meth:`is_full` holds lowers the cap to what the medium holds.
         """
+        out: list[WriteOutcome] = []
+        for key, block_id in zip(keys, block_ids, strict=True):
+            if stopping():
+                out.append(NotStartedError(key.hex()))
+                continue
+            try:
+                out.append(self.write_one(key, slot(block_id)))
+            except Exception as exc:  # this block's failure, reported as its outcome; the others still go
+                out.append(exc)
+        return out
 
-    @abstractmethod
+    def write_one(self, key: OffloadKey, payload: memoryview) -> Present | None:
+        """Store one block: ``payload`` (``block_bytes``, format ``"B"``) with the block format; whole or not at all.
+
+        Returns:
+            None (stored) or :data:`PRESENT` (another writer stored it first).
+
+        Raises:
+            Exception: the block was not stored (``OSError`` as in :meth:`write_many`).
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements neither write_many nor write_one")
+
     def read_many(
         self, keys: Sequence[OffloadKey], block_ids: Sequence[int], slot: Callable[[int], memoryview]
     ) -> list[BaseException | None]:
         """Read and verify ``keys[i]`` into primary slot ``block_ids[i]``; every block is attempted.
 
         A slot whose block did not verify holds no valid bytes (the job fails; they are never served).
+        The default calls :meth:`read_one` for each block in turn (override to fetch many at once).
 
         Returns:
             Per key: None (read and verified) or the exception: ``FileNotFoundError`` (no such block),
             :class:`~tiering.core.format.BlockFormatError` (bad bytes: the store deletes the block),
             :class:`BlockNotReadyError` (shorter than a block: a miss, never deleted), another error.
         """
+        out: list[BaseException | None] = []
+        for key, block_id in zip(keys, block_ids, strict=True):
+            try:
+                self.read_one(key, slot(block_id))
+                out.append(None)
+            except Exception as exc:  # this block's failure, reported as its outcome; the others still go
+                out.append(exc)
+        return out
+
+    def read_one(self, key: OffloadKey, target: memoryview) -> None:
+        """Read one block into ``target`` (``block_bytes``, format ``"B"``) and verify it.
+
+        Raises:
+            Exception: as the outcomes of :meth:`read_many` (``FileNotFoundError``, ``BlockFormatError``,
+                :class:`BlockNotReadyError`, another error); ``target`` then holds no valid bytes.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements neither read_many nor read_one")
 
     @abstractmethod
     def size(self, key: OffloadKey) -> int | None:

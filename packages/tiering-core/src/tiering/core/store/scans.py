@@ -130,7 +130,8 @@ class Rescanner:
         first: run the start-up scan (False: it already ran, or there is none).
 
     Attributes:
-        first_done: set once the start-up scan finished (also when it failed).
+        first_done: set once the start-up scan finished (also when it failed); cleared by a reset of the
+            store until the next pass is done.
     """
 
     def __init__(self, scan: Callable[[bool], object], interval_s: float, name: str, first: bool = True) -> None:
@@ -163,8 +164,7 @@ class Rescanner:
             except Exception:
                 logger.exception("%s: scan failed", self.name)
             finally:
-                if first:
-                    self.first_done.set()
+                self.first_done.set()  # after the start-up scan, and after a rescan a reset waits for
             first = run_now = False
             if self.interval_s <= 0:
                 return

@@ -34,10 +34,12 @@ class StoreSettings:
         startup_scan_wait_s: seconds the constructor waits for a background start-up scan.
         rescan_interval_s: seconds between rescans (only with a cap or tenants; 0: none).
         min_batch: blocks an I/O thread takes at least per share when it can (the medium's batch is
-            cheaper per block), and readers help writers with as many.
+            cheaper per block), and readers help writers with as many unless ``help_batch`` says otherwise.
         max_batch: blocks at most per share.
         room_wait_s: seconds a store waits for the deletes of the blocks evicted for it to free its room
             before it fails as ``no_space`` (a remote medium's deletes take longer than unlinks).
+        help_batch: write items a reader takes at once when it helps with stores (None: ``min_batch``); with
+            no writer threads every store share is at most this many blocks.
     """
 
     capacity_bytes: int | None = None
@@ -52,6 +54,7 @@ class StoreSettings:
     min_batch: int = 1
     max_batch: int = 16
     room_wait_s: float = 1.0
+    help_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.lookup_fallback not in LOOKUP_FALLBACKS:

@@ -137,7 +137,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
             name=f"tiering-{self.tier_type}",
             max_batch=s.max_batch,
             min_batch=s.min_batch,
-            reader_help_batch=s.min_batch,
+            reader_help_batch=s.help_batch or s.min_batch,
         )
         self.deletes = Deletes(medium, self.index, self.counters, self._gone)
         self.stores = Stores(medium, self.index, self.deletes, self.counters, self.pool, self.block,
@@ -325,7 +325,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         return self._stopping
 
     def wait_for_scan(self, timeout_s: float | None = None) -> bool:
-        """Block until the start-up scan has indexed the medium (False when ``timeout_s`` passes)."""
+        """Block until the start-up scan (or the rescan after :meth:`reset`) is done; False after ``timeout_s``."""
         return self._rescanner.first_done.wait(timeout_s)
 
     def rescan(self) -> None:
@@ -339,8 +339,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
             keep: True when the medium kept its blocks (a failover to a replica); False forgets every block
                 the index knows at once (a new, possibly empty, data set), so no lookup answers True and no
                 store is skipped for a block that is gone. Either way the KV events re-announce what is
-                known and a rescan runs now.
+                known and a rescan runs now; :meth:`wait_for_scan` waits for it.
         """
+        self._rescanner.first_done.clear()  # first: whoever sees the reset's effects also waits for the rescan
         if not keep:
             with self.index.reading() as ticket:
                 vanished = self.index.reconcile({}, ticket).vanished
@@ -357,10 +358,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         out.update(self.jobs.stats())
         out.update(self.pins.stats(self.index.__contains__))
         out.update(failure_totals(out))
-        if self.lookup_cache is not None:
-            cache = self.lookup_cache.stats()
-            out["lookup_probes"] = cache["lookup_probes"]
-            out["lookup_probes_skipped"] = cache["lookup_probes_skipped"]
+        if self.lookup_cache is not None:  # keys resolved, batches, errors, cached answers
+            out.update(self.lookup_cache.stats())
         temp = self.scans.temp_bytes
         out["reserved_bytes"] = int(out["reserved_bytes"]) - temp
         out["in_flight_stores"] = int(out["in_flight_stores"]) - (1 if temp else 0)
@@ -368,6 +367,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         out["configured_capacity_bytes"] = self.capacity_bytes or 0
         out["scan_done"] = int(self._rescanner.first_done.is_set())
         out["last_scan_s"] = self.scans.last_scan_s
+        if self.blocks.server_evicts:  # the medium evicts, this store only forgets: it never evicted anything
+            out.pop("evictions", None)
+            out.pop("evicted_bytes", None)
         out.update(self.blocks.stats())
         return out
 

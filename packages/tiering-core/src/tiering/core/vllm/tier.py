@@ -169,7 +169,6 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self._gate = LoadGate(spec.extra_config, spec.block_bytes, spec.block_size)
         self._contexts: dict[str, TieringReqContext] = {}
         self._refused: set[str] = set()  # requests whose tenant is unusable: no tiering for them
-        self._refused_jobs: list[JobResult] = []  # their jobs, reported failed by the next get_finished_jobs
         self._vllm_keys: dict[int, dict[TieringOffloadKey, Any]] = {}  # promotions of a tenant: scoped -> vLLM key
         self._request_pins = RequestPins()
         logger.info(
@@ -211,10 +210,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         )
 
     def _submit(self, job: JobMetadata) -> None:
-        if job.req_context.req_id in self._refused:
-            self._refused_jobs.append(JobResult(job_id=job.job_id, success=False))
-        else:
-            self._guard.submit(job)
+        # a job of a refused request is reported failed by the next get_finished_jobs, as one the tier refused
+        (self._guard.refuse if job.req_context.req_id in self._refused else self._guard.submit)(job)
 
     # -- vLLM SecondaryTierManager ----------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> Any:
@@ -260,7 +257,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         Results for job ids vLLM never submitted, or reported twice, are
         dropped with an error log.
         """
-        results, self._refused_jobs = self._refused_jobs, []
+        results: list[JobResult] = []
         for done in self._guard.get_finished():
             if done.job.is_promotion:
                 self._gate.finished(done.job.job_id, done.success)
@@ -319,7 +316,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     def has_pending_work(self) -> bool:
         """Whether a job vLLM submitted has not been reported back to it yet."""
-        return self._guard.in_flight() > 0 or bool(self._refused_jobs)
+        return self._guard.in_flight() > 0
 
     def drain_jobs(self) -> None:
         """Block until the tier has reported every submitted job (none is aborted).

@@ -1,10 +1,12 @@
-"""Throw-away local Redis servers for tests and benchmarks: standalone, a 3-primary Cluster, Sentinel.
+"""Test fixtures of the redis tier: throw-away local Redis servers (standalone, a 3-primary Cluster, Sentinel).
 
 Each runs Debian's ``redis-server`` / ``redis-sentinel`` (``apt-get install
 redis-server redis-sentinel``) on 127.0.0.1 at a free port, in a temporary
 directory, with persistence off (no RDB, no AOF), and is stopped (and its
-directory removed) by :meth:`LocalRedis.stop` or the ``with`` block. Nothing
-here imports pytest.
+directory removed) by :meth:`LocalRedis.stop` or the ``with`` block. The
+tier's own tests, the other packages' tests and ``scripts/bench_redis.py``
+start their servers from here; the tier's runtime code never imports it.
+Nothing here imports pytest (the benchmarks run without it).
 """
 
 from __future__ import annotations
