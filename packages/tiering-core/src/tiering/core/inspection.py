@@ -142,6 +142,55 @@ class TierInspector(abc.ABC):
         return None
 
 
+class ObjectStoreInspector(TierInspector):
+    """A :class:`TierInspector` of a store that names each block by one object key (a bucket, a key-value server).
+
+    ``read_block`` and ``remove_blocks`` are built on three primitives, so a
+    block of another namespace (or a name that is not a block) is refused
+    before anything is read or deleted: :meth:`check_block`,
+    :meth:`get_object` and :meth:`delete_objects`.
+    """
+
+    @abc.abstractmethod
+    def check_block(self, digest: str, block: BlockInfo) -> None:
+        """Refuse ``block`` unless its name is a block of namespace ``digest``.
+
+        Raises:
+            ValueError: naming the object and the namespace.
+        """
+
+    @abc.abstractmethod
+    def get_object(self, name: str) -> bytes | None:
+        """The bytes stored under ``name``; None when absent (errors raised as the inspector's own)."""
+
+    @abc.abstractmethod
+    def delete_objects(self, digest: str, blocks: list[BlockInfo]) -> int:
+        """Delete the (checked) ``blocks`` of ``digest``; returns how many were removed."""
+
+    def read_block(self, digest: str, block: BlockInfo) -> bytes:
+        """The stored bytes of ``block`` (header + payload).
+
+        Raises:
+            ValueError: ``block`` is not a block of ``digest``.
+            FileNotFoundError: it is gone.
+        """
+        self.check_block(digest, block)
+        data = self.get_object(block.name)
+        if data is None:
+            raise FileNotFoundError(block.name)
+        return bytes(data)
+
+    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
+        """Remove ``blocks``, every one checked before anything is deleted; returns how many were removed.
+
+        Raises:
+            ValueError: one of ``blocks`` is not a block of ``digest`` (nothing is deleted then).
+        """
+        for block in blocks:
+            self.check_block(digest, block)
+        return self.delete_objects(digest, blocks) if blocks else 0
+
+
 def inspector_for(tier_config: Mapping[str, Any], index: int = 0) -> TierInspector | None:
     """The inspector of a ``secondary_tiers`` entry, or None for a tier that keeps nothing.
 

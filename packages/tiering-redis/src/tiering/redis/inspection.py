@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 from tiering.core.format import HEADER_SIZE
-from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.core.inspection import BlockInfo, ObjectStoreInspector
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import RedisStartupError, classify_error
 from tiering.redis.layout import KeyLayout, is_digest
@@ -40,7 +40,7 @@ BATCH = 512
 """Keys per pipeline of ``STRLEN`` / ``OBJECT IDLETIME`` / ``UNLINK``."""
 
 
-class RedisInspector(TierInspector):
+class RedisInspector(ObjectStoreInspector):
     """Walks and prunes the keys of a redis tier's prefix.
 
     Args:
@@ -139,7 +139,7 @@ class RedisInspector(TierInspector):
         if not isinstance(digest, str) or not is_digest(digest):
             raise ValueError(f"{digest!r} is not a namespace digest (32 hex characters)")
 
-    def _check_block(self, digest: str, block: BlockInfo) -> None:
+    def check_block(self, digest: str, block: BlockInfo) -> None:
         parsed = self.layout.parse(block.name)
         if parsed is None or parsed[0] != digest or parsed[1] != "block":
             raise ValueError(
@@ -192,19 +192,14 @@ class RedisInspector(TierInspector):
             if self.layout.parse(name) is None:
                 yield name
 
-    def read_block(self, digest: str, block: BlockInfo) -> bytes:
-        self._check_block(digest, block)
+    def get_object(self, name: str) -> bytes | None:
         try:
-            data = self._client.get(block.name)
+            data = self._client.get(name)
         except Exception as exc:
-            raise self._fail(f"GET of {block.name!r}", exc) from None
-        if data is None:
-            raise FileNotFoundError(block.name)
-        return bytes(data)
+            raise self._fail(f"GET of {name!r}", exc) from None
+        return None if data is None else bytes(data)
 
-    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
-        for block in blocks:  # all checked before anything is deleted
-            self._check_block(digest, block)
+    def delete_objects(self, digest: str, blocks: list[BlockInfo]) -> int:
         results = self._pipelined("UNLINK", [b.name for b in blocks])
         self._uncount(digest, [b.key for b in blocks])
         return sum(1 for r in results if r == 1)

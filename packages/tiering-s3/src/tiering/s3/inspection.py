@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tiering.core.inspection import BlockInfo, TierInspector
+from tiering.core.inspection import BlockInfo, ObjectStoreInspector
 from tiering.core.toolkit.pins import parse_marker
 from tiering.s3.client import S3Client
 from tiering.s3.config import SCHEMA, ConnectionSettings
@@ -30,7 +30,7 @@ from tiering.s3.probe import check_bucket, startup_error
 logger = logging.getLogger(__name__)
 
 
-class S3Inspector(TierInspector):
+class S3Inspector(ObjectStoreInspector):
     """Walks and prunes the prefix of an s3 tier.
 
     Args:
@@ -147,26 +147,20 @@ class S3Inspector(TierInspector):
                 if not ours:
                     yield name
 
-    def _check_block(self, digest: str, block: BlockInfo) -> None:
+    def check_block(self, digest: str, block: BlockInfo) -> None:
         if parse_block_name(self._base(digest), block.name) is None:
             raise ValueError(
                 f"refusing to touch {block.name!r}: not a block object of namespace {digest} "
                 f"under s3://{self.bucket}/{self.prefix}"
             )
 
-    def read_block(self, digest: str, block: BlockInfo) -> bytes:
-        self._check_block(digest, block)
+    def get_object(self, name: str) -> bytes | None:
         try:
-            data = self._client.get(block.name)
+            return self._client.get(name)
         except S3RequestError as exc:
-            raise self._fail(f"GetObject of {block.name!r}", exc) from None
-        if data is None:
-            raise FileNotFoundError(block.name)
-        return data
+            raise self._fail(f"GetObject of {name!r}", exc) from None
 
-    def remove_blocks(self, digest: str, blocks: list[BlockInfo]) -> int:
-        for block in blocks:  # all checked before anything is deleted
-            self._check_block(digest, block)
+    def delete_objects(self, digest: str, blocks: list[BlockInfo]) -> int:
         return self._delete([block.name for block in blocks])
 
     def remove_namespace(self, digest: str) -> int:
