@@ -82,6 +82,13 @@ def _vllm_native(out: str) -> dict[str, float]:
     return found
 
 
+SCRIPTS = {
+    "fs": "bench_fs.py",
+    "s3": "bench_s3.py",
+    "redis": "bench_redis.py",
+    "vllm_native": "bench_vs_vllm_native.py",
+}
+
 PARSERS: dict[str, Callable[[str], dict[str, float]]] = {
     "fs": _fs,
     "s3": _s3,
@@ -113,7 +120,7 @@ def export(rev: str, into: Path) -> Path:
 def run_bench(name: str, tree: Path, python: str) -> tuple[dict[str, float], str]:
     """Run benchmark ``name`` of ``tree`` against ``tree``'s sources; returns its ratios and its output."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sorted(glob.glob(str(tree / "packages/*/src")))))
-    script = tree / "scripts" / f"bench_{name}.py"
+    script = tree / "scripts" / SCRIPTS[name]
     proc = subprocess.run(
         [python, str(script), *BENCH_ARGS[name]], env=env, cwd=tree, capture_output=True, text=True, timeout=1800
     )
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.getloadavg()[0]:.2f}"
         )
         for name in benches:
-            print(f"  bench_{name}.py {' '.join(BENCH_ARGS[name])}")
+            print(f"  {SCRIPTS[name]} {' '.join(BENCH_ARGS[name])}")
         results: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
         for p in range(args.passes):
             order = ["before", "after"] if p % 2 == 0 else ["after", "before"]
@@ -170,20 +177,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(results: dict[str, dict[str, list[float]]], tolerance: float) -> int:
     """Print per figure both medians and after/before; returns 1 when one is below ``1 - tolerance``."""
-    print(f"{'figure':52} {'before':>7} {'after':>7} {'after/before':>13}")
+    width = max([len(f) for f in results["before"]] + [6])
+    print(f"{'figure':{width}} {'before':>7} {'after':>7} {'after/before':>13}")
     worse = 0
     for figure in sorted(results["before"]):
         before = statistics.median(results["before"][figure])
         after_runs = results["after"].get(figure)
         if not after_runs:
-            print(f"{figure:52} {before:7.2f} {'-':>7} {'missing':>13}")
+            print(f"{figure:{width}} {before:7.2f} {'-':>7} {'missing':>13}")
             worse += 1
             continue
         after = statistics.median(after_runs)
         change = after / before if before else float("inf")
         flag = "" if change >= 1 - tolerance else "  below tolerance"
         worse += bool(flag)
-        print(f"{figure:52} {before:7.2f} {after:7.2f} {change:12.2f}x{flag}")
+        print(f"{figure:{width}} {before:7.2f} {after:7.2f} {change:12.2f}x{flag}")
     print(f"{worse} figure(s) more than {tolerance:.0%} below the before run")
     return 1 if worse else 0
 
