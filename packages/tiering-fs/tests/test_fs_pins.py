@@ -173,7 +173,13 @@ def test_a_running_process_honours_a_pin_another_process_takes(tmp_path, open_ti
     key = make_key(0, b"shared")
     assert store(holder, view, [key])
     assert pinner.pin([key], 3600)  # taken elsewhere: the holder reads it at its next refresh
-    holder.pins.refresh_interval_s = 0.01  # (5 s by default) so that the refresh comes during the fill
+    holder.pins.refresh_interval_s = 0.01  # (5 s by default) so that a store asks for a refresh at once
+    fill(holder, view, b"first", 1)  # a store asks for the refresh; it runs on an I/O thread beside the stores
+    deadline = time.monotonic() + 30.0
+    while not holder.pins.protects(key) and time.monotonic() < deadline:
+        time.sleep(0.02)  # on a loaded machine the refresh may come late: ask again as a store would
+        holder.pins.refresh_soon(holder.pool.submit_call)
+    assert holder.pins.protects(key)
     fill(holder, view, b"flood", 20)
     assert holder.lookup(key, CTX) is True and holder.pins.protects(key)
 
