@@ -21,9 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from tiering.core.bench.admission import admission_sweep, format_rows
-from tiering.core.bench.stack import DEFAULT_BENCH_BLOCK_BYTES
-from tiering.core.bench.workload import DEFAULT_TRACE, load_mooncake_trace, resolve_trace
+from tiering.cli.bench.admission import admission_sweep, format_rows
+from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES
+from tiering.cli.bench.workload import DEFAULT_TRACE, load_mooncake_trace, resolve_trace
 from tiering.core.units import parse_size
 
 

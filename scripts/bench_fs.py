@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
-from tiering.core.harness import make_key, wait_for_jobs
 from tiering.core.primary import allocate_host_buffer
+from tiering.core.testing.harness import make_key, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager
 
 CTX = ReqContext("bench")

@@ -30,7 +30,7 @@ from typing import Any
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_class
 
-from tiering.core.lmcache.driver import lookup_and_lock, memory_obj, object_key, wait_for
+from tiering.lmcache.driver import lookup_and_lock, memory_obj, object_key, wait_for
 
 
 def drop_caches() -> bool:
@@ -57,7 +57,7 @@ def config(name: str, root: str, object_bytes: int, o_direct: bool | str = "auto
     os.makedirs(os.path.join(root, "tiering"))  # the fs tier uses a root, it does not create one
     return {
         "type": "plugin",
-        "module_path": "tiering.core.lmcache.adapter",
+        "module_path": "tiering.lmcache.adapter",
         "class_name": "TieringL2Adapter",
         "adapter_params": {
             "object_bytes": object_bytes,

@@ -56,7 +56,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-TRACE_DATA = "tiering/core/bench/data"
+TRACE_DATA = "tiering/cli/bench/data"
 SHIPPED_DATA = {
     CORE: [
         f"{TRACE_DATA}/mooncake_conversation_trace.jsonl",

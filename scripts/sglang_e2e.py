@@ -1,7 +1,7 @@
 """SGLang HiCache end to end with tiering's fs tier as L3 (needs CUDA and SGLang; run by scripts/gpu_check.sh).
 
 Starts ``python -m sglang.launch_server`` with ``--hicache-storage-backend
-dynamic`` naming :class:`tiering.core.sglang.storage.TieringHiCacheStorage`
+dynamic`` naming :class:`tiering.sglang.storage.TieringHiCacheStorage`
 over an fs tier in a temporary directory, sends one long prompt, stops the
 server, checks that the tier holds blocks, starts a fresh server and sends
 the same prompt again: SGLang must report cached tokens (its GPU and host
@@ -28,7 +28,7 @@ def extra_config(root: str) -> str:
     return json.dumps(
         {
             "backend_name": "tiering",
-            "module_path": "tiering.core.sglang.storage",
+            "module_path": "tiering.sglang.storage",
             "class_name": "TieringHiCacheStorage",
             "interface_v1": 1,
             "tiering": {"secondary_tiers": [{"type": "fs", "root": root}]},

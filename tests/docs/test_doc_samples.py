@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.core.cli import main as tiering_main
+from tiering.cli.main import main as tiering_main
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [

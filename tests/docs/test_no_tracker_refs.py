@@ -56,7 +56,7 @@ def references(text: str) -> list[tuple[int, str, str]]:
 
 def test_the_scan_covers_sources_and_docs():
     names = {path.relative_to(ROOT).as_posix() for path in scanned_files()}
-    assert "packages/tiering-core/src/tiering/core/toolkit/pool.py" in names
+    assert "packages/tiering-core/src/tiering/core/store/pool.py" in names
     assert "docs/content/vllm.md" in names and "README.md" in names
     assert not any(name.endswith("CHANGELOG.md") or name.endswith("xxhash.h") for name in names)
 

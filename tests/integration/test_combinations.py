@@ -14,8 +14,8 @@ from importlib.util import find_spec
 
 import pytest
 
+from tiering.cli.bench import Replayer, synthetic_chat
 from tiering.core import SecondaryTierFactory, TieringOffloadingSpec, create_secondary_tier
-from tiering.core.bench import Replayer, synthetic_chat
 from tiering.core.primary import allocate_host_buffer
 
 BACKENDS = ("example", "fs", "s3", "redis")

@@ -295,8 +295,8 @@ def make_wheel(
         project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
         meta += "".join(f"Project-URL: {label}, {url}\n" for label, url in project.get("urls", {}).items())
     if data is None and dist == "tiering-core":
-        data_dir = ROOT / "packages/tiering-core/src/tiering/core/bench/data"
-        data = {f"tiering/core/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir()}
+        data_dir = ROOT / "packages/tiering-core/src/tiering/cli/bench/data"
+        data = {f"tiering/cli/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir()}
     cls = {"example": "ExampleSecondaryTierManager"}.get(short, "SomeTier")
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr(f"tiering/{short}/__init__.py", f"from tiering.{short}.tier import {cls}\n")
@@ -393,11 +393,11 @@ def test_check_dist_entry_point_class_must_exist(tree: Path, tmp_path: Path) -> 
 def test_check_dist_core_ships_traces_with_licence_and_attribution(
     tree: Path, tmp_path: Path, drop: str | None, change: str | None, message: str
 ) -> None:
-    data_dir = ROOT / "packages/tiering-core/src/tiering/core/bench/data"
-    shutil.copytree(data_dir, tree / "packages/tiering-core/src/tiering/core/bench/data")
-    data = {f"tiering/core/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir() if f.name != drop}
+    data_dir = ROOT / "packages/tiering-core/src/tiering/cli/bench/data"
+    shutil.copytree(data_dir, tree / "packages/tiering-core/src/tiering/cli/bench/data")
+    data = {f"tiering/cli/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir() if f.name != drop}
     if change:
-        data[f"tiering/core/bench/data/{change}"] = b"something else\n"
+        data[f"tiering/cli/bench/data/{change}"] = b"something else\n"
     dist = tmp_path / "dist"
     make_wheel(dist, "tiering-core", "0.1.0", entry_point=None, core_requirement=None, data=data)
     proc = check(tree, dist)

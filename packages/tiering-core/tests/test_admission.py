@@ -4,14 +4,14 @@ import json
 
 import pytest
 
+from tiering.cli.bench.admission import admission_sweep, format_rows
+from tiering.cli.bench.workload import Request
+from tiering.cli.main import main
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
-from tiering.core.bench.admission import admission_sweep, format_rows
-from tiering.core.bench.workload import Request
-from tiering.core.cli import main
 from tiering.core.keys import trace_block_key
+from tiering.core.schema import InvalidTypeError, InvalidValueError
 from tiering.core.testing import block_payload, make_key, requires_tier, wait_until
-from tiering.core.toolkit.config import InvalidTypeError, InvalidValueError
 
 pytestmark = requires_tier("fs")
 
@@ -175,8 +175,8 @@ def test_bench_prints_a_row_per_policy_and_cap():
 
 
 def test_engines_that_choose_their_own_writes_refuse_an_admission_policy(tmp_path, capsys):
-    from tiering.core.lmcache.params import parse_params
-    from tiering.core.sglang.config import tiering_config
+    from tiering.lmcache.params import parse_params
+    from tiering.sglang.config import tiering_config
 
     entry = {"type": "fs", "root": str(tmp_path), "admission": "second_sighting"}
     with pytest.raises(InvalidValueError, match=r"secondary_tiers\[0\]\.admission: .*under SGLang's HiCache"):

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from tiering.core.toolkit.config import ConfigKey, ConfigSchema
-from tiering.core.toolkit.declared import declaration_drift, declared_default, schema_defaults
+from tiering.core.declared import declaration_drift, declared_default, schema_defaults
+from tiering.core.schema import ConfigKey, ConfigSchema
 
 SCHEMA = ConfigSchema(
     "demo",

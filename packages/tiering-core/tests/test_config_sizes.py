@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from tiering.cli.main import main
 from tiering.core import TieringOffloadingSpec
-from tiering.core.cli import main
 from tiering.core.units import format_bytes, parse_size
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from tiering.core import TieringOffloadingSpec
-from tiering.core.costmodel import REPROBE_S, SEED_JOBS, LoadCostConfig, LoadCostModel, LoadTimeModel
-from tiering.core.loads import PRIMARY
+from tiering.core.policies.costmodel import REPROBE_S, SEED_JOBS, LoadCostConfig, LoadCostModel, LoadTimeModel
+from tiering.core.runtime.load_records import PRIMARY
 
 MIB = 1 << 20
 BLOCK = 16 * 1024
@@ -125,7 +125,7 @@ def test_cost_keys_are_read_and_checked_by_the_spec():
 
 
 def test_tiering_check_states_the_cost_model_and_its_rate_source(tmp_path, capsys):
-    from tiering.core.cli import main
+    from tiering.cli.main import main
 
     path = tmp_path / "c.json"
     path.write_text('{"cpu_bytes_to_use": "1MiB", "recompute_tokens_per_s": 12000, "max_load_s": 2}')

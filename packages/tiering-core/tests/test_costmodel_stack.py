@@ -6,11 +6,11 @@ import pytest
 
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
-from tiering.core.costmodel import SEED_JOBS
-from tiering.core.manager import TieringManager
-from tiering.core.metrics import snapshot
+from tiering.core.policies.costmodel import SEED_JOBS
+from tiering.core.runtime.manager import TieringManager
+from tiering.core.runtime.metrics import snapshot
+from tiering.core.runtime.throttle import ThrottledTier, parse_throttle
 from tiering.core.testing import block_payload, make_key, requires_tier, wait_until
-from tiering.core.throttle import ThrottledTier, parse_throttle
 
 pytestmark = requires_tier("example")
 

@@ -11,7 +11,7 @@ from tiering.core import OffloadingSpec, SecondaryTierManager, create_secondary_
 from tiering.core import factory as factory_mod
 from tiering.core import registry as registry_mod
 from tiering.core.factory import CachePolicyFactory, Registry, SecondaryTierFactory
-from tiering.core.spec import TieringOffloadingSpec
+from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
 from tiering.core.testing import requires_tier
 
 OUT_OF_TREE = textwrap.dedent(
@@ -436,7 +436,7 @@ def test_tier_os_error_names_the_entry_and_the_key(tmp_path, monkeypatch, small_
 SCHEMA_TIERS = textwrap.dedent(
     """
     from tiering.core import SecondaryTierManager
-    from tiering.core.toolkit.config import ConfigKey, ConfigSchema, InvalidValueError
+    from tiering.core.schema import ConfigKey, ConfigSchema, InvalidValueError
 
     class Schemed(SecondaryTierManager):
         config_schema = ConfigSchema("schemed", [
@@ -466,7 +466,7 @@ def schema_module(tmp_path, monkeypatch):
 
 def test_schema_checks_the_entry_before_the_constructor(schema_module, small_spec, small_view):
     from tiering.core.factory import resolve_tier
-    from tiering.core.toolkit.config import MissingKeyError, UnknownKeyError
+    from tiering.core.schema import MissingKeyError, UnknownKeyError
 
     with pytest.raises(MissingKeyError, match=r"^secondary_tiers\[2\]\.root: required; expected a non-empty string"):
         resolve_tier({"type": "Schemed", "module_path": schema_module}, index=2)
@@ -479,7 +479,7 @@ def test_schema_checks_the_entry_before_the_constructor(schema_module, small_spe
 
 
 def test_tier_config_error_from_a_constructor_gets_its_entry(schema_module, small_spec, small_view):
-    from tiering.core.toolkit.config import InvalidValueError
+    from tiering.core.schema import InvalidValueError
 
     entry = {"type": "Schemed", "module_path": schema_module, "root": "/x"}
     cls = SecondaryTierFactory.get_class("Schemed", schema_module)

@@ -1,11 +1,11 @@
-"""The guard around one secondary tier (tiering.core.guard), on its own."""
+"""The guard around one secondary tier (tiering.core.runtime.guard), on its own."""
 
 import logging
 
 from tiering.core import JobResult, OffloadingSpec, ReqContext
 from tiering.core.base import JobMetadata, SecondaryTierManager
-from tiering.core.guard import GuardedTier
 from tiering.core.primary import allocate_host_buffer
+from tiering.core.runtime.guard import GuardedTier
 from tiering.core.testing import make_key
 
 BLOCK = 256

@@ -133,7 +133,7 @@ def test_the_graph_sees_every_package_and_function_level_imports():
     graph = import_graph(modules)
     # function-level: the stack builder imports the torch transfer path inside build_handlers,
     # and the transfer package its torch modules inside __getattr__
-    assert "tiering.core.transfer" in graph["tiering.core.stack"]
+    assert "tiering.core.transfer" in graph["tiering.core.runtime.stack"]
     assert "tiering.core.transfer.handler" in graph["tiering.core.transfer"]
     # a backend imports core's package
     assert "tiering.core" in graph["tiering.example.tier"]

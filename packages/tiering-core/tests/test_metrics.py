@@ -5,11 +5,11 @@ import urllib.request
 
 import pytest
 
+from tiering.cli.bench import Replayer, synthetic_chat
+from tiering.cli.bench.workload import Request
+from tiering.cli.main import main
 from tiering.core import ReqContext, TieringOffloadingSpec
-from tiering.core.bench import Replayer, synthetic_chat
-from tiering.core.bench.workload import Request
-from tiering.core.cli import main
-from tiering.core.metrics import Histogram, StackMetrics, snapshot
+from tiering.core.runtime.metrics import Histogram, StackMetrics, snapshot
 from tiering.core.testing import make_key, requires_tier
 
 BLOCK = 1024
@@ -71,7 +71,7 @@ def test_prometheus_exposition_parses_back():
     prometheus_client = pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tiering.core.metrics_prometheus import registry_for
+    from tiering.core.runtime.prometheus import registry_for
 
     manager = stack(24, [{"type": "example"}])
     Replayer(manager, ["0:example"]).run(synthetic_chat(40, 256, conversations=3))
@@ -95,7 +95,7 @@ def test_bench_serves_metrics_while_it_runs(tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     scraped = {}
-    from tiering.core.bench import replay
+    from tiering.cli.bench import replay
 
     original = replay.Replayer.drain
 

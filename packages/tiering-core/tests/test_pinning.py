@@ -8,7 +8,7 @@ import pytest
 from tiering.core import CPUPrimaryTier, LRUCachePolicy, OffloadingSpec, ReqContext, TieringManager
 from tiering.core.base import SecondaryTierManager
 from tiering.core.keys import block_keys
-from tiering.core.pinning import PIN_PARAM, RequestPins, pin_in_tiers, prefix_keys, request_pin_ttl
+from tiering.core.policies.pinning import PIN_PARAM, RequestPins, pin_in_tiers, prefix_keys, request_pin_ttl
 
 BLOCK = 1024
 

@@ -10,17 +10,17 @@ from tiering.core import CPUPrimaryTier, LRUCachePolicy, ReqContext, TieringMana
 from tiering.core.base import OffloadKey, block_view
 from tiering.core.fields import length_prefixed, structured
 from tiering.core.keys import block_keys
-from tiering.core.primary import Allocation
-from tiering.core.spec import Namespace
-from tiering.core.tenants import (
+from tiering.core.policies.tenancy import MARK, TAG_BYTES, tag_of, tenant_tag
+from tiering.core.policies.tenants import (
     MAX_TENANT_CHARS,
     caller_allocation,
     scope_key,
     scope_keys,
     tenant_from_params,
 )
+from tiering.core.primary import Allocation
+from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload
-from tiering.core.toolkit.tenancy import MARK, TAG_BYTES, tag_of, tenant_tag
 
 BLOCK = 1024
 ENGINE_KEY = OffloadKey(bytes(range(32)) + (0).to_bytes(4, "big"))
@@ -166,7 +166,7 @@ def test_identical_prompts_of_two_tenants_never_share_primary_blocks() -> None:
 
 
 def test_harness_jobs_carry_the_tenant_and_scoped_keys() -> None:
-    from tiering.core.harness import load_job, store_job
+    from tiering.core.testing.harness import load_job, store_job
 
     assert store_job([ENGINE_KEY], [0], tenant="a").req_context.tenant == "a"
     assert load_job([ENGINE_KEY], [0]).req_context.tenant == ""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tiering.core.costmodel import SEED_JOBS
+from tiering.core.policies.costmodel import SEED_JOBS
 from tiering.core.vllm.cost import LoadGate
 
 BLOCK = 384 * 1024

@@ -197,7 +197,7 @@ def _rescan(tier: Any) -> None:
 
 def _tiering_cli(tmp_path: Path, tier_config: dict[str, Any], *argv: str) -> int:
     """Run ``tiering <argv[0]> CONFIG <argv[1:]>`` over a stack of ``tier_config``; returns the exit status."""
-    from tiering.core.cli import main
+    from tiering.cli.main import main
 
     config = {"cpu_bytes_to_use": SLOTS * BLOCK, "block_bytes": BLOCK, "model": "events/routing"}
     path = tmp_path / "gc-config.json"

@@ -66,7 +66,7 @@ def test_stores_publish_kv_events_once_per_new_block(spec_view):
 
 
 def test_schema_checks_values_without_building_the_tier():
-    from tiering.core.toolkit import InvalidTypeError
+    from tiering.core.schema import InvalidTypeError
 
     assert ExampleSecondaryTierManager.config_schema.validate({"type": "example"}) == {"custom_param": 0}
     with pytest.raises(InvalidTypeError, match=r"secondary_tiers\[2\].custom_param"):
@@ -83,7 +83,7 @@ def spec_view():
 
 
 def test_config_declared_once_names_and_defaults():
-    from tiering.core.toolkit.declared import declaration_drift
+    from tiering.core.declared import declaration_drift
 
     assert declaration_drift(ExampleSecondaryTierManager.config_schema, ExampleSecondaryTierManager) == []
     assert ExampleSecondaryTierManager.config_schema.defaults() == {"custom_param": 0}

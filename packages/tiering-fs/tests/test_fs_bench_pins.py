@@ -2,7 +2,7 @@
 
 import json
 
-from tiering.core.cli import main
+from tiering.cli.main import main
 
 
 def test_pinned_set_survives_whole_a_replay_filling_the_tier_ten_times_over(tmp_path, capsys):

@@ -3,7 +3,7 @@
 import json
 import re
 
-from tiering.core.cli import main
+from tiering.cli.main import main
 
 
 def test_bench_report_shows_the_fs_tiers_cap_evictions_and_on_disk_size(tmp_path, capsys):

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tiering.core.cli import main
+from tiering.cli.main import main
 from tiering.fs.root import filesystem_type
 
 

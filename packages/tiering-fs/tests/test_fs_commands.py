@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.core.cli import main
+from tiering.cli.main import main
 from tiering.core.inspection import BlockInfo
 from tiering.core.testing import InspectorConformanceTests
 
@@ -97,9 +97,9 @@ ESCAPED = "evil\\nmodel\\x1b[31m\\u202etxt.exe"
 def _hostile_stack(tmp_path):
     """An fs root (its directory name hostile too) holding 3 blocks of a namespace whose model name is HOSTILE."""
     from tiering.core.factory import create_secondary_tier
-    from tiering.core.harness import make_key, store_blocks
     from tiering.core.primary import allocate_host_buffer
-    from tiering.core.spec import TieringOffloadingSpec
+    from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
+    from tiering.core.testing.harness import make_key, store_blocks
 
     tier_config = {"type": "fs", "root": str(tmp_path / "kv\x1b[2J\u202eroot")}
     config = {"cpu_bytes_to_use": 8 * 4096, "block_bytes": 4096, "model": HOSTILE, "secondary_tiers": [tier_config]}

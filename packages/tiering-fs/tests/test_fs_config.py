@@ -9,17 +9,17 @@ import pytest
 from tiering.core import (
     SecondaryTierFactory,
 )
+from tiering.core.declared import declaration_drift
 from tiering.core.factory import create_secondary_tier
 from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import block_payload, make_key
-from tiering.core.toolkit.config import (
+from tiering.core.schema import (
     InvalidTypeError,
     InvalidValueError,
     MissingKeyError,
     TierConfigError,
 )
-from tiering.core.toolkit.declared import declaration_drift
+from tiering.core.testing import block_payload, make_key
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import RootNotUsableError

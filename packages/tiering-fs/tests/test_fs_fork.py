@@ -3,7 +3,8 @@
 import os
 
 from tiering.core.base import ReqContext, block_view
-from tiering.core.harness import (
+from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
+from tiering.core.testing.harness import (
     block_payload,
     call_outcomes,
     in_forked_child,
@@ -13,7 +14,6 @@ from tiering.core.harness import (
     tier_calls_in_forked_child,
     wait_for_lookup,
 )
-from tiering.core.spec import TieringOffloadingSpec
 
 BLOCK = 4096
 ADVICE = "Build the tiering stack in this process after forking"

@@ -8,12 +8,12 @@ import time
 import pytest
 from fs_worker import run_worker
 
-from tiering.core.cli import main
+from tiering.cli.main import main
 from tiering.core.keys import block_keys, trace_block_key
-from tiering.core.tenants import scope_key
+from tiering.core.policies.pin_records import parse_marker
+from tiering.core.policies.tenants import scope_key
+from tiering.core.schema import InvalidValueError
 from tiering.core.testing import make_key
-from tiering.core.toolkit import InvalidValueError
-from tiering.core.toolkit.pins import parse_marker
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, CTX, block_files, store
 

@@ -13,8 +13,8 @@ from tiering.core import (
     JobMetadata,
 )
 from tiering.core.base import block_view
-from tiering.core.harness import next_job_id
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.core.testing.harness import next_job_id
 from tiering.fs.layout import HOST, TRAILER_BYTES
 from tiering.fs.testing import BB, CTX, block_files, load, loads_exact, make_spec, temp_files
 

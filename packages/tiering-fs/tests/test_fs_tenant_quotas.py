@@ -7,12 +7,12 @@ import time
 
 import pytest
 
+from tiering.cli.bench.workload import load_mooncake_trace, resolve_trace
 from tiering.core import JobMetadata, TieringOffloadingSpec
 from tiering.core.base import ReqContext, block_view
-from tiering.core.bench.workload import load_mooncake_trace, resolve_trace
-from tiering.core.tenants import scope_key, scope_keys
+from tiering.core.policies.tenancy import MARK, tenant_tag
+from tiering.core.policies.tenants import scope_key, scope_keys
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.core.toolkit.tenancy import MARK, tenant_tag
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, block_files, make_spec
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tiering.cli.main import main
 from tiering.core import (
     ReqContext,
     TieringOffloadingSpec,
 )
 from tiering.core.base import JobMetadata, block_view
-from tiering.core.cli import main
 from tiering.core.spec import Namespace
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.testing import BB, CTX, count_calls, hold_every_thread, load, make_spec, store

@@ -6,9 +6,9 @@ import time
 import pytest
 import redis
 
+from tiering.cli.main import main
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
-from tiering.core.cli import main
 from tiering.core.inspection import inspector_for
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec

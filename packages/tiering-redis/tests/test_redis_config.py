@@ -2,7 +2,7 @@
 
 import inspect
 
-from tiering.core.toolkit.declared import declaration_drift
+from tiering.core.declared import declaration_drift
 from tiering.redis import RedisSecondaryTierManager
 from tiering.redis.config import SCHEMA, RedisSettings
 

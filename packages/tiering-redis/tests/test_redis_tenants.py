@@ -5,11 +5,11 @@ import time
 
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
+from tiering.core.policies.tenancy import tenant_tag
+from tiering.core.policies.tenants import scope_key, scope_keys
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.tenants import scope_key, scope_keys
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.core.toolkit.tenancy import tenant_tag
 
 BLOCK = 16 * 1024
 OBJECT = BLOCK + 128

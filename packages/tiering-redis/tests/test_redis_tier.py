@@ -15,9 +15,9 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
+from tiering.core.schema import InvalidValueError, UnknownKeyError
 from tiering.core.spec import OffloadingSpec
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
-from tiering.core.toolkit import InvalidValueError, UnknownKeyError
 from tiering.redis import RedisStartupError
 from tiering.redis.testing import LocalRedis
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tiering.core.cli import main
+from tiering.cli.main import main
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
@@ -55,7 +55,7 @@ def test_plain_check_accepts_paired_credentials_and_a_ca_bundle_file(tmp_path, c
 
 def test_probe_errors_name_the_entry_as_plain_check_does(tmp_path, capsys, monkeypatch):
     """A config error raised by the tier's probe is labelled ``secondary_tiers[N].key``, not ``tier 's3': key``."""
-    from tiering.core.toolkit import InvalidValueError
+    from tiering.core.schema import InvalidValueError
     from tiering.s3 import S3SecondaryTierManager
 
     def probe(cls, entry):

@@ -14,10 +14,10 @@ import types
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
+from tiering.cli import commands as core_commands
+from tiering.cli.main import main
 from tiering.core import JobMetadata, ReqContext, TieringOffloadingSpec, create_secondary_tier
-from tiering.core import commands as core_commands
 from tiering.core.base import block_view
-from tiering.core.cli import main
 from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.inspection import BlockInfo
 from tiering.core.primary import allocate_host_buffer

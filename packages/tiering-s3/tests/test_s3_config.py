@@ -1,6 +1,6 @@
 """The s3 tier's keys are declared once: the schema's names and defaults are the constructor's and the settings'."""
 
-from tiering.core.toolkit.declared import declaration_drift
+from tiering.core.declared import declaration_drift
 from tiering.s3 import S3SecondaryTierManager
 from tiering.s3.config import SCHEMA, ConnectionSettings
 

@@ -5,8 +5,8 @@ import time
 
 from s3_helpers import CTX, OBJ, build, store
 
+from tiering.core.policies.pin_records import parse_marker
 from tiering.core.testing import make_key, wait_for_lookup
-from tiering.core.toolkit.pins import parse_marker
 from tiering.s3.inspection import S3Inspector
 
 

@@ -7,9 +7,9 @@ from s3_helpers import OBJ, build, make_spec, wait_until
 
 from tiering.core import JobMetadata
 from tiering.core.base import ReqContext, block_view
-from tiering.core.tenants import scope_key, scope_keys
+from tiering.core.policies.tenancy import tenant_tag
+from tiering.core.policies.tenants import scope_key, scope_keys
 from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.core.toolkit.tenancy import tenant_tag
 
 A, B = ReqContext("a", tenant="a"), ReqContext("b", tenant="b")
 _ids = itertools.count(70_000)

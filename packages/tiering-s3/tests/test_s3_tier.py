@@ -10,8 +10,8 @@ from s3_helpers import BLOCK, CTX, OBJ, _ids, block_keys, build, load, make_spec
 from tiering.core import JobMetadata, SecondaryTierFactory
 from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE, encode_block
+from tiering.core.schema import InvalidTypeError, InvalidValueError, MissingKeyError
 from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
-from tiering.core.toolkit import InvalidTypeError, InvalidValueError, MissingKeyError
 from tiering.s3 import S3SecondaryTierManager, S3StartupError
 
 

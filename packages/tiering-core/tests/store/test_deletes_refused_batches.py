@@ -10,7 +10,8 @@ import time
 from tiering.core.base import OffloadKey
 from tiering.core.store import Medium
 from tiering.core.store.deletes import Deletes
-from tiering.core.toolkit import Counters, Victim
+from tiering.core.store.index import Victim
+from tiering.core.store.stats import Counters
 
 
 class RefusingMedium(Medium):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tiering.core.harness import make_key
 from tiering.core.store import PRESENT, Medium, NotStartedError, ScanResult
+from tiering.core.testing.harness import make_key
 
 
 class OneAtATime(Medium):

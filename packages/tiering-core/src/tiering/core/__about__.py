@@ -1,3 +1,3 @@
 """Version of the tiering-core distribution (the hatch version source)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,22 +1,59 @@
 """tiering-core: the microkernel of the tiering KV-cache offload stack.
 
-Importing this package needs neither torch nor vLLM; the transfer path
-(:mod:`tiering.core.transfer`) and the vLLM binding import them on use.
+The names below are imported on first use (PEP 562), so ``import
+tiering.core`` loads nothing but this module and the version: a process
+pays only for what it uses (the vLLM binding never loads the standalone
+manager; a tier never loads the CLI). Importing this package needs neither
+torch nor vLLM; the transfer path (:mod:`tiering.core.transfer`) and the
+vLLM binding import them on use.
+
+The tree shows the layers (``lint-imports`` checks them, see the root
+``pyproject.toml``):
+
+- kernel: this package's top-level modules (contract, registry, factory,
+  spec, block format, schema), :mod:`~tiering.core.primary` and
+  :mod:`~tiering.core.transfer`;
+- SDK: :mod:`~tiering.core.store`, the block store tiers are built from;
+- features: :mod:`~tiering.core.policies` (tenants, pins, admission, cost model);
+- runtime: :mod:`~tiering.core.runtime` (the standalone manager, the stack, metrics);
+- integration: :mod:`~tiering.core.vllm`;
+- tools: :mod:`~tiering.core.testing` (conformance suites).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tiering.core.__about__ import __version__
-from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager, block_view
-from tiering.core.factory import (
-    CachePolicyFactory,
-    OffloadingSpecFactory,
-    SecondaryTierFactory,
-    create_secondary_tier,
-    create_spec,
-    register_tier,
-)
-from tiering.core.manager import LoadResult, TieringManager
-from tiering.core.primary import ARCCachePolicy, CachePolicy, CPUPrimaryTier, LRUCachePolicy
-from tiering.core.spec import Namespace, OffloadingSpec, TieringOffloadingSpec
+
+if TYPE_CHECKING:
+    from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager, block_view
+    from tiering.core.factory import (
+        CachePolicyFactory,
+        OffloadingSpecFactory,
+        SecondaryTierFactory,
+        create_secondary_tier,
+        create_spec,
+    )
+    from tiering.core.primary import ARCCachePolicy, CachePolicy, CPUPrimaryTier, LRUCachePolicy
+    from tiering.core.registry import register_tier
+    from tiering.core.runtime.manager import LoadResult, TieringManager
+    from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
+    from tiering.core.spec import Namespace, OffloadingSpec
+
+_HOMES = {
+    "tiering.core.base": "JobMetadata JobResult OffloadKey ReqContext SecondaryTierManager block_view",
+    "tiering.core.factory": (
+        "CachePolicyFactory OffloadingSpecFactory SecondaryTierFactory create_secondary_tier create_spec"
+    ),
+    "tiering.core.registry": "register_tier",
+    "tiering.core.runtime.manager": "LoadResult TieringManager",
+    "tiering.core.primary": "ARCCachePolicy CPUPrimaryTier CachePolicy LRUCachePolicy",
+    "tiering.core.spec": "Namespace OffloadingSpec",
+    "tiering.core.runtime.tiering_spec": "TieringOffloadingSpec",
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names.split()}
 
 __all__ = [
     "ARCCachePolicy",
@@ -42,3 +79,17 @@ __all__ = [
     "create_spec",
     "register_tier",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (PEP 562); ``AttributeError`` for any other name."""
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

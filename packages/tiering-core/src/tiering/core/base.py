@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NewType
 
 if TYPE_CHECKING:
+    from tiering.core.events import KVEvent
     from tiering.core.inspection import TierInspector
+    from tiering.core.schema import ConfigSchema
     from tiering.core.spec import OffloadingSpec
-    from tiering.core.toolkit.config import ConfigSchema
-    from tiering.core.toolkit.events import KVEvent
 
 OffloadKey = NewType("OffloadKey", bytes)
 """A block's name: its prefix hash (chained over all token ids up to and
@@ -52,7 +52,7 @@ class ReqContext:
         extra: free-form per-request data (vLLM's ``kv_transfer_params``).
         tenant: who the request belongs to; ``""`` is the default tenant.
             The manager keeps tenants' blocks apart by key
-            (:mod:`tiering.core.tenants`): the keys a tier gets already carry
+            (:mod:`tiering.core.policies.tenants`): the keys a tier gets already carry
             the tenant's tag, by which tiers that keep per-tenant quotas, TTLs
             or usage attribute each block.
 
@@ -139,14 +139,14 @@ class SecondaryTierManager(abc.ABC):
     - :attr:`medium`: where the blocks live, for KV events and vLLM's tier
       medium (``"storage"``, ``"memory"``, ``"cpu"``...).
     - :attr:`config_schema`: the tier's declared config keys
-      (:class:`~tiering.core.toolkit.config.ConfigSchema`), used for
+      (:class:`~tiering.core.schema.ConfigSchema`), used for
       side-effect-free validation (``tiering check`` without ``--probe``)
       and to know which keys are secret.
     - :meth:`inspector`: a :class:`~tiering.core.inspection.TierInspector`
       for ``tiering ls/stat/gc/verify`` (persistent tiers).
     - :meth:`default_local_config`: a config entry for a local persistent
       tier under a directory (``tiering bench`` asks installed tiers).
-    - :meth:`take_events`: KV events (:mod:`tiering.core.toolkit.events`).
+    - :meth:`take_events`: KV events (:mod:`tiering.core.events`).
 
     Raises:
         ValueError: ``primary_kv_view`` is not 2-D or its rows are not
@@ -293,9 +293,9 @@ class SecondaryTierManager(abc.ABC):
     def stats(self) -> dict[str, int | float]:
         """Figures of the tier for metrics and ``tiering stat``. Default: none.
 
-        Keys use the stats vocabulary, :data:`tiering.core.toolkit.stats.STATS`
+        Keys use the stats vocabulary, :data:`tiering.core.store.stats.STATS`
         (one name per concept in every tier, documented once). Those with a
-        meaning to :mod:`tiering.core.metrics`: ``resident_blocks``,
+        meaning to :mod:`tiering.core.runtime.metrics`: ``resident_blocks``,
         ``resident_bytes``, ``used_bytes``, ``pending_delete_bytes``,
         ``capacity_bytes`` (0: unbounded), ``evictions``, ``failed_deletes``,
         and ``store_failed_<cause>`` / ``load_failed_<cause>`` (blocks, by
@@ -308,8 +308,8 @@ class SecondaryTierManager(abc.ABC):
     def take_events(self) -> list[KVEvent]:
         """KV events (blocks stored / removed) since the last call, oldest first. Default: none.
 
-        A tier keeping a :class:`~tiering.core.toolkit.events.KVEventLog`
-        returns its :meth:`~tiering.core.toolkit.events.KVEventLog.take_events`.
+        A tier keeping a :class:`~tiering.core.events.KVEventLog`
+        returns its :meth:`~tiering.core.events.KVEventLog.take_events`.
         """
         return []
 

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core import redact
-from tiering.core.admission import refuse_admission
 from tiering.core.factory import SecondaryTierFactory
+from tiering.core.policies.admission import refuse_admission
 from tiering.core.units import parse_size
 from tiering.core.vllm.entry import split_binding_keys
 

@@ -24,8 +24,9 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tiering.core.admission import split_admission
 from tiering.core.construct import check_callable, config_key_of, construct, label_error
+from tiering.core.declared import TIER_PARAMETERS
+from tiering.core.policies.admission import split_admission
 from tiering.core.redact import Redactor, redact_config
 from tiering.core.registry import (
     FIRST_PARTY_SPECS,
@@ -37,8 +38,7 @@ from tiering.core.registry import (
     import_module_path,
     register_tier,
 )
-from tiering.core.toolkit.config import TierConfigError, admission_schema
-from tiering.core.toolkit.declared import TIER_PARAMETERS
+from tiering.core.schema import TierConfigError, admission_schema
 
 if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
@@ -163,7 +163,7 @@ def create_secondary_tier(
 def tier_error(exc: Exception, tier_config: Mapping[str, Any], index: int) -> Exception:
     """``exc``, raised while opening entry ``secondary_tiers[index]``, labelled with the entry (and key) and redacted.
 
-    A :class:`~tiering.core.toolkit.config.TierConfigError` without an entry
+    A :class:`~tiering.core.schema.TierConfigError` without an entry
     becomes the same error labelled ``secondary_tiers[<index>].<key>`` (a new
     exception); any other error keeps its type and gets the prefix
     ``secondary_tiers[<index>]`` (plus ``.<key>`` when its path or a quoted
@@ -198,7 +198,7 @@ def resolve_tier(
         ``(class, tier_type, constructor keywords)``: ``type`` and
         ``module_path`` removed, every other key checked against the class
         (sizes the schema declares, such as ``"capacity_bytes": "4GiB"``, as integers of bytes); the
-        admission keys (:mod:`tiering.core.admission`) are checked and left out.
+        admission keys (:mod:`tiering.core.policies.admission`) are checked and left out.
 
     The entry is checked against the tier's ``config_schema`` when it declares
     one (no side effects: ``tiering check`` relies on it), else its keys

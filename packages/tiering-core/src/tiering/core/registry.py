@@ -345,7 +345,7 @@ OffloadingSpecFactory: Registry[OffloadingSpec] = Registry(
     path_key="spec_module_path",
 )
 """Offloading specs: ``spec_name`` / ``spec_module_path``, entry-point group ``tiering.specs``."""
-OffloadingSpecFactory.register("TieringOffloadingSpec", "tiering.core.spec", "TieringOffloadingSpec")
+OffloadingSpecFactory.register("TieringOffloadingSpec", "tiering.core.runtime.tiering_spec", "TieringOffloadingSpec")
 OffloadingSpecFactory.register("OffloadingSpec", "tiering.core.spec", "OffloadingSpec")
 
 FIRST_PARTY_SPECS = frozenset({"TieringOffloadingSpec", "OffloadingSpec"})

@@ -3,9 +3,9 @@
 The shape follows vLLM's ``OffloadingSpec`` / ``TieringOffloadingSpec``
 (``vllm/v1/kv_offload``): one object built from the JSON a user writes in
 ``kv_connector_extra_config``, handed to every tier. This module holds
-configuration only: the spec's ``get_manager`` (and the other ``create_*``
-methods of vLLM's shape) call :mod:`tiering.core.stack`, which builds the
-stack through the factories (:mod:`tiering.core.factory`).
+the kernel's part: the geometry, the namespace and the keys every spec reads;
+:class:`~tiering.core.runtime.tiering_spec.TieringOffloadingSpec` (the spec
+that builds a stack) is the runtime's.
 """
 
 from __future__ import annotations
@@ -14,20 +14,12 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
-from tiering.core import stack
-from tiering.core.admission import AdmissionConfig, admission_config
-from tiering.core.costmodel import COST_KEYS, LoadCostConfig
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
 from tiering.core.units import SIZE_EXAMPLES, parse_size
-
-if TYPE_CHECKING:
-    from tiering.core.base import SecondaryTierManager
-    from tiering.core.manager import TieringManager
-    from tiering.core.primary import CPUPrimaryTier
 
 SPEC_KEYS = frozenset(
     {
@@ -46,9 +38,8 @@ SPEC_KEYS = frozenset(
         "cache_policy_module_path",
         "secondary_tiers",
     }
-    | COST_KEYS
 )
-"""Keys tiering reads from the offloading config."""
+"""Keys tiering reads from the offloading config (a subclass adds its own: :attr:`OffloadingSpec.config_keys`)."""
 
 VLLM_KEYS = frozenset(
     {
@@ -174,16 +165,20 @@ class OffloadingSpec:
         ValueError: a key has the wrong type or range, or (strict) is unknown; the message names it.
     """
 
+    config_keys: ClassVar[frozenset[str]] = SPEC_KEYS
+    """The keys this spec reads (strict mode refuses any other that vLLM does not read either)."""
+
     def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None, *, strict: bool = True) -> None:
         if not isinstance(extra_config, Mapping):
             raise ValueError(f"offloading config must be a JSON object, got {type(extra_config).__name__}")
-        unknown = sorted(set(extra_config) - SPEC_KEYS - VLLM_KEYS)
+        known = type(self).config_keys
+        unknown = sorted(set(extra_config) - known - VLLM_KEYS)
         if unknown and strict:
             hints = [
-                f"{key!r} (did you mean {match!r}?)" if (match := closest_name(key, SPEC_KEYS)) else repr(key)
+                f"{key!r} (did you mean {match!r}?)" if (match := closest_name(key, known)) else repr(key)
                 for key in unknown
             ]
-            raise ValueError(f"unknown config key {', '.join(hints)}; known keys: {', '.join(sorted(SPEC_KEYS))}")
+            raise ValueError(f"unknown config key {', '.join(hints)}; known keys: {', '.join(sorted(known))}")
         self.extra_config: Mapping[str, Any] = extra_config
         self.engine_config = engine_config
         self.block_size = _int_key(extra_config, "block_size", DEFAULT_BLOCK_SIZE, 1)
@@ -210,74 +205,3 @@ class OffloadingSpec:
     def __repr__(self) -> str:
         """The class, namespace digest and config, credentials redacted (:func:`tiering.core.redact.redact_config`)."""
         return f"{type(self).__name__}(digest={self.namespace.digest!r}, config={redact_config(self.extra_config)!r})"
-
-
-EVICTION_POLICIES = ("lru", "arc")
-
-
-class TieringOffloadingSpec(OffloadingSpec):
-    """An :class:`OffloadingSpec` for a CPU primary tier plus secondary tiers.
-
-    Additional config keys:
-
-    - ``eviction_policy``: ``"lru"`` (default), ``"arc"``, or the name of a
-      custom :class:`~tiering.core.primary.CachePolicy` loaded from
-      ``cache_policy_module_path``.
-    - ``secondary_tiers``: a list of objects ``{"type": ..., "module_path"?: ...,
-      <tier keys>}``; tier 0 is consulted first.
-    - ``load_cost_model``, ``recompute_tokens_per_s``, ``max_load_s``,
-      ``load_cost_margin``: when a found prefix is worth loading
-      (:mod:`tiering.core.costmodel`), read into :attr:`load_cost`.
-
-    Raises:
-        ValueError: ``secondary_tiers`` is not a list of objects,
-            ``eviction_policy`` is not one of the allowed values, or a cost
-            model key is of the wrong type or range.
-    """
-
-    def __init__(self, extra_config: Mapping[str, Any], engine_config: Any = None, *, strict: bool = True) -> None:
-        super().__init__(extra_config, engine_config, strict=strict)
-        tiers = extra_config.get("secondary_tiers", [])
-        if not isinstance(tiers, list) or not all(isinstance(t, Mapping) for t in tiers):
-            raise ValueError(f"config key 'secondary_tiers' must be a list of objects, got {redact_config(tiers)!r}")
-        self.secondary_tiers: list[Mapping[str, Any]] = tiers
-        policy = extra_config.get("eviction_policy", "lru")
-        self.cache_policy_module_path: str | None = extra_config.get("cache_policy_module_path")
-        if not isinstance(policy, str) or (policy not in EVICTION_POLICIES and self.cache_policy_module_path is None):
-            close = closest_name(policy, EVICTION_POLICIES) if isinstance(policy, str) else None
-            raise ValueError(
-                f"config key 'eviction_policy' is {policy!r}"
-                + (f" (did you mean {close!r}?)" if close else "")
-                + f"; allowed: {', '.join(map(repr, EVICTION_POLICIES))}, or a custom policy name "
-                "together with 'cache_policy_module_path'"
-            )
-        self.eviction_policy: str = policy
-        self.load_cost = LoadCostConfig.from_config(extra_config)
-
-    def create_primary(self, buffer: memoryview | None = None) -> CPUPrimaryTier:
-        """Build the CPU primary tier with the configured policy (:func:`tiering.core.stack.build_primary`)."""
-        return stack.build_primary(self, buffer)
-
-    def create_secondary_tiers(self, primary_kv_view: memoryview) -> list[SecondaryTierManager]:
-        """Build every entry of ``secondary_tiers`` (:func:`tiering.core.stack.build_secondary_tiers`)."""
-        return stack.build_secondary_tiers(self, primary_kv_view)
-
-    def get_manager(self, buffer: memoryview | None = None) -> TieringManager:
-        """Build the scheduler-side manager (:func:`tiering.core.stack.build_manager`).
-
-        Args:
-            buffer: the primary tier's host buffer, see :func:`~tiering.core.stack.build_primary`.
-        """
-        return stack.build_manager(self, buffer)
-
-    def admission(self) -> list[AdmissionConfig]:
-        """Each entry's admission settings (:mod:`tiering.core.admission`), in ``secondary_tiers`` order.
-
-        Raises:
-            TierConfigError: a bad admission key, named ``secondary_tiers[<index>].<key>``.
-        """
-        return [admission_config(entry, i) for i, entry in enumerate(self.secondary_tiers)]
-
-    def create_handlers(self, kv_caches: Any, manager: TieringManager) -> Any:
-        """Worker-side transfer handlers (:func:`tiering.core.stack.build_handlers`; needs the ``torch`` extra)."""
-        return stack.build_handlers(kv_caches, manager)

@@ -3,7 +3,7 @@
 It shows the smallest correct tier built on :mod:`tiering.core.toolkit`:
 declare the config keys once (:attr:`config_schema`), copy bytes out of / into
 ``primary_kv_view``, report every job exactly once from the next
-``get_finished`` call through a :class:`~tiering.core.toolkit.JobTracker`, fail
+``get_finished`` call through a :class:`~tiering.core.store.jobs.JobTracker`, fail
 a load whose key is missing (never leave it unreported: the request would wait
 for it forever) while keeping the blocks it did copy
 (``successful_keys``), and publish KV events for what it stores.
@@ -15,7 +15,10 @@ import logging
 from typing import ClassVar
 
 from tiering.core import JobMetadata, OffloadingSpec, OffloadKey, ReqContext, SecondaryTierManager
-from tiering.core.toolkit import ConfigKey, ConfigSchema, JobReporting, JobTracker, KVEventLog
+from tiering.core.events import KVEventLog
+from tiering.core.schema import ConfigKey, ConfigSchema
+from tiering.core.store.jobs import JobTracker
+from tiering.core.store.reporting import JobReporting
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ class ExampleSecondaryTierManager(JobReporting, SecondaryTierManager):
         custom_param: an example tier-specific integer key, logged at init.
 
     Raises:
-        tiering.core.toolkit.InvalidTypeError: ``custom_param`` is not an int
+        tiering.core.schema.InvalidTypeError: ``custom_param`` is not an int
             (a ``TypeError``).
     """
 

@@ -4,7 +4,7 @@ A block file is the payload (one primary slot, at offset 0) followed by a
 :data:`~tiering.fs.layout.TRAILER_BYTES` trailer page: the
 :mod:`tiering.core.format` header (128 bytes: namespace digest, key, length,
 XXH3 checksum), then zeros. :class:`BlockFiles` holds no state about which
-blocks exist (the tier's :class:`~tiering.core.toolkit.index.CapacityIndex`
+blocks exist (the tier's :class:`~tiering.core.store.index.CapacityIndex`
 does); it only moves bytes, through the root's back end.
 
 Per block, a store costs: the header (one XXH3 pass over the payload), one

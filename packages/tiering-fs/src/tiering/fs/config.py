@@ -5,11 +5,11 @@ A ``secondary_tiers`` entry of type ``fs``::
     {"type": "fs", "root": "/var/cache/tiering", "capacity_bytes": 107374182400}
 
 Every key is declared once, with its default, in :data:`FS_SCHEMA` (the
-toolkit's :class:`~tiering.core.toolkit.config.ConfigSchema`: ``tiering
+toolkit's :class:`~tiering.core.schema.ConfigSchema`: ``tiering
 check`` checks an entry against it without side effects, and it marks
 ``storage_options`` secret). :class:`FsConfig` holds the checked values; its
 fields take their defaults from the schema
-(:func:`~tiering.core.toolkit.declared.schema_defaults`). Each key is also a
+(:func:`~tiering.core.declared.schema_defaults`). Each key is also a
 keyword argument of :class:`~tiering.fs.tier.FsspecSecondaryTierManager`,
 whose defaults the tests compare with the schema's.
 """
@@ -20,15 +20,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.core.toolkit.config import (
+from tiering.core.declared import schema_defaults
+from tiering.core.policies.tenancy import TENANTS_KEY
+from tiering.core.schema import (
     MAX_PINNED_BYTES,
     ConfigKey,
     ConfigSchema,
     InvalidValueError,
     pins_below_capacity,
 )
-from tiering.core.toolkit.declared import schema_defaults
-from tiering.core.toolkit.tenancy import TENANTS_KEY
 from tiering.fs.layout import TRAILER_BYTES
 
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
@@ -126,7 +126,7 @@ class FsConfig:
             trailer included; every pinned key counts, stored or not); 0
             (default) turns pinning off. Below ``capacity_bytes``.
         tenants: per-tenant byte quotas and TTL (``{"default": {...}, "overrides": {...}}``, see
-            :mod:`tiering.core.toolkit.tenancy`); None (default): off. A block's tenant is in its file
+            :mod:`tiering.core.policies.tenancy`); None (default): off. A block's tenant is in its file
             name, its age is the file's mtime.
     """
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from tiering.core.toolkit.config import InvalidValueError
+from tiering.core.schema import InvalidValueError
 
 
 class _KeyOSError(InvalidValueError, OSError):
     """A config value that turned out unusable when the tier opened it: both an ``OSError`` and a config error.
 
-    As an :class:`~tiering.core.toolkit.config.InvalidValueError` it names the
+    As an :class:`~tiering.core.schema.InvalidValueError` it names the
     key (and, relabelled with :meth:`with_entry`, its ``secondary_tiers[N]``
     entry); as an ``OSError`` it keeps the ``errno`` the filesystem gave.
     """

@@ -21,7 +21,7 @@ from typing import Any
 
 from tiering.core.format import HEADER_SIZE, TruncatedBlockError
 from tiering.core.inspection import BlockInfo, TierInspector
-from tiering.core.toolkit.pins import parse_marker
+from tiering.core.policies.pin_records import parse_marker
 from tiering.fs.io import Backend, StoredFile, open_backend
 from tiering.fs.layout import BLOCK_RE as _BLOCK
 from tiering.fs.layout import DIGEST_RE as _DIGEST

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
+from tiering.core.schema import InvalidValueError
 from tiering.core.spec import Namespace
 from tiering.core.store import Medium, ScanResult, WriteOutcome
-from tiering.core.toolkit.config import InvalidValueError
 from tiering.fs.blocks import BlockFiles
 from tiering.fs.config import FsConfig
 from tiering.fs.errors import DirectIONotUsableError, NotRegularFileError

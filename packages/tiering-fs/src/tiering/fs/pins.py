@@ -7,7 +7,7 @@ Layout::
 A marker is published with the backend's atomic small-file write (temporary
 name, then rename), so it appears whole or not at all; it holds no bytes, so
 there is nothing to tear. Every process sharing the root lists the same
-directory (:class:`tiering.core.toolkit.pins.PinBook` reads it), a restart
+directory (:class:`tiering.core.policies.pin_records.PinBook` reads it), a restart
 finds the markers again, and a marker nobody renews is ignored once its
 expiry is past and removed by the next refresh of any process. The start-up
 scan leaves markers alone (they are not block names) and removes stale
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit.pins import marker_name, parse_marker
+from tiering.core.policies.pin_records import marker_name, parse_marker
 from tiering.fs.io import Backend
 from tiering.fs.layout import temp_namer
 
@@ -28,7 +28,7 @@ PINS_DIR = "pins"
 
 
 class FsPins:
-    """The :class:`~tiering.core.toolkit.pins.PinMedium` of one fs namespace directory.
+    """The :class:`~tiering.core.policies.pin_records.PinMedium` of one fs namespace directory.
 
     Args:
         backend: the tier's storage back end.

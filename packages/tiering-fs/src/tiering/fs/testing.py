@@ -3,7 +3,7 @@
 The fs tier's own tests use them (their ``conftest.py`` imports the fixtures);
 so can the tests of anything built on the tier. Blocks are ``BB`` bytes
 (16 KiB) unless a test says otherwise; payloads are
-:func:`~tiering.core.harness.block_payload` of the key, so a load can be
+:func:`~tiering.core.testing.harness.block_payload` of the key, so a load can be
 checked byte for byte.
 
 Requires pytest, like :mod:`tiering.core.testing` (``pip install 'tiering-core[testing]'``); without it,
@@ -34,8 +34,8 @@ except ImportError as exc:  # the fixtures are pytest's: say which extra brings 
     ) from exc
 
 from tiering.core.base import OffloadKey, block_view
-from tiering.core.harness import block_payload, next_job_id, wait_for_jobs
 from tiering.core.primary import allocate_host_buffer
+from tiering.core.testing.harness import block_payload, next_job_id, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager, native
 
 BB = 16 * 1024

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tiering.core.inspection import TierInspector
+from tiering.core.schema import ConfigSchema
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store import IndexedTier, StoreSettings
-from tiering.core.toolkit.config import ConfigSchema
 from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.medium import FsMedium
@@ -60,7 +60,7 @@ class FsspecSecondaryTierManager(IndexedTier):
 
     Raises:
         MissingKeyError, UnknownKeyError, InvalidTypeError, InvalidValueError:
-            a config mistake (:mod:`tiering.core.toolkit.config`), naming the key.
+            a config mistake (:mod:`tiering.core.schema`), naming the key.
         RootNotUsableError: the root cannot be created or written (names ``root``, the path and the reason).
         DirectIONotUsableError: ``o_direct=True`` and ``O_DIRECT`` cannot be used (names ``o_direct`` and the reason).
     """

@@ -34,9 +34,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
+from tiering.core.policies.tenancy import TENANTS_KEY
 from tiering.core.redact import Redactor
-from tiering.core.toolkit.config import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, pins_below_capacity
-from tiering.core.toolkit.tenancy import TENANTS_KEY
+from tiering.core.schema import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, pins_below_capacity
 from tiering.redis.layout import check_prefix
 
 MODES = ("standalone", "cluster", "sentinel")
@@ -197,7 +197,7 @@ class RedisSettings:
         """Validate an entry (``type`` / ``module_path`` ignored).
 
         Raises:
-            tiering.core.toolkit.config.TierConfigError: a wrong, missing or unknown key; the
+            tiering.core.schema.TierConfigError: a wrong, missing or unknown key; the
                 message names it (never a secret's value).
         """
         return cls(SCHEMA.validate(config, entry))

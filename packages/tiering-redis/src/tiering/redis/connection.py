@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tiering.core.toolkit import Counters
+from tiering.core.store.stats import Counters
 from tiering.redis.config import RedisSettings
 from tiering.redis.errors import ERROR_CLASSES, RedisStartupError, classify_error
 from tiering.redis.layout import KeyLayout

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit.tenancy import TenantPolicy
+from tiering.core.policies.tenancy import TenantPolicy
 from tiering.redis.fleet_tenants import FleetTenants
 
 logger = logging.getLogger(__name__)

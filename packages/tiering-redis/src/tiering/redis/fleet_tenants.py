@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit.tenancy import TenantPolicy, tag_of
+from tiering.core.policies.tenancy import TenantPolicy, tag_of
 
 logger = logging.getLogger(__name__)
 

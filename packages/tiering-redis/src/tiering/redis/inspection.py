@@ -59,7 +59,7 @@ class RedisInspector(ObjectStoreInspector):
         """Open the server of a ``redis`` entry and ``PING`` it (nothing is written).
 
         Raises:
-            tiering.core.toolkit.TierConfigError: a wrong, missing or unknown key.
+            tiering.core.schema.TierConfigError: a wrong, missing or unknown key.
             RedisStartupError: (an ``OSError``) the server is unreachable or refuses the credentials.
         """
         settings = RedisSettings.from_config({k: v for k, v in config.items() if k not in ("type", "module_path")})

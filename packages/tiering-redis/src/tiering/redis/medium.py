@@ -32,10 +32,10 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import HEADER_SIZE, BlockFormatError, encode_header
+from tiering.core.policies.pin_records import PinBook
+from tiering.core.policies.tenancy import TenantPolicy
 from tiering.core.spec import Namespace
 from tiering.core.store import PRESENT, Medium, NotStartedError, ScanResult, WriteOutcome
-from tiering.core.toolkit.pins import PinBook
-from tiering.core.toolkit.tenancy import TenantPolicy
 from tiering.redis.config import RedisSettings
 from tiering.redis.connection import ServerConnection
 from tiering.redis.errors import ERROR_CLASSES, classify_error

@@ -11,7 +11,7 @@ expiry, so a fleet that stops pinning leaves nothing behind.
 What keeps a pinned block depends on the eviction authority:
 
 - ``eviction: "process"``: each process's index skips pinned blocks
-  (:class:`tiering.core.toolkit.pins.PinBook` as its ``keep`` hook);
+  (:class:`tiering.core.policies.pin_records.PinBook` as its ``keep`` hook);
 - ``eviction: "tier"``: a pinned block's member in the fleet's LRU is
   scored at its pin's expiry (``ZADD XX GT``; blocks stored later join at
   that score, :class:`tiering.redis.fleet.FleetCap`), so the atomic trim,
@@ -40,7 +40,7 @@ from tiering.core.base import OffloadKey
 
 
 class RedisPins:
-    """The :class:`~tiering.core.toolkit.pins.PinMedium` of one redis namespace (see the module docstring).
+    """The :class:`~tiering.core.policies.pin_records.PinMedium` of one redis namespace (see the module docstring).
 
     Args:
         client: the tier's redis-py client.

@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 
 from tiering.core.base import OffloadKey
 from tiering.core.inspection import TierInspector
+from tiering.core.policies.tenancy import TenantPolicy
+from tiering.core.schema import ConfigSchema
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store import IndexedTier, StoreSettings
-from tiering.core.toolkit import LookupCache
-from tiering.core.toolkit.config import ConfigSchema
-from tiering.core.toolkit.tenancy import TenantPolicy
+from tiering.core.store.lookup_cache import LookupCache
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.medium import RedisMedium
 
@@ -44,7 +44,7 @@ class RedisSecondaryTierManager(IndexedTier):
         **config: the entry's keys (see :data:`~tiering.redis.config.SCHEMA`).
 
     Raises:
-        tiering.core.toolkit.TierConfigError: a wrong, missing or unknown key (names it), among them
+        tiering.core.schema.TierConfigError: a wrong, missing or unknown key (names it), among them
             ``capacity_bytes`` below one block (header included).
         RedisStartupError: the server is unreachable, refuses the credentials or the probe failed.
     """

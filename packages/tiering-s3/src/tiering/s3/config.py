@@ -13,11 +13,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tiering.core.declared import schema_defaults
+from tiering.core.policies.tenancy import TENANTS_KEY
 from tiering.core.redact import Redactor
-from tiering.core.toolkit import ConfigKey, ConfigSchema, MissingKeyError
-from tiering.core.toolkit.config import MAX_PINNED_BYTES, pins_below_capacity
-from tiering.core.toolkit.declared import schema_defaults
-from tiering.core.toolkit.tenancy import TENANTS_KEY
+from tiering.core.schema import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, MissingKeyError, pins_below_capacity
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -95,7 +94,7 @@ class ConnectionSettings:
     validate the same keys alike, build the same client and classify startup failures the
     same way. The credentials are kept out of ``repr``. Fields: the keys of :data:`SCHEMA`
     of the same names, their defaults taken from it
-    (:func:`~tiering.core.toolkit.declared.schema_defaults`; None for the required ``bucket``).
+    (:func:`~tiering.core.declared.schema_defaults`; None for the required ``bucket``).
     """
 
     bucket: str | None

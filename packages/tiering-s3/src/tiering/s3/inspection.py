@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tiering.core.inspection import BlockInfo, ObjectStoreInspector
-from tiering.core.toolkit.pins import parse_marker
+from tiering.core.policies.pin_records import parse_marker
 from tiering.s3.client import S3Client
 from tiering.s3.config import SCHEMA, ConnectionSettings
 from tiering.s3.errors import S3RequestError, S3StartupError

@@ -32,7 +32,7 @@ from tiering.core.store import (
     ScanResult,
     WriteOutcome,
 )
-from tiering.core.toolkit import Counters
+from tiering.core.store.stats import Counters
 from tiering.s3.client import DELETE_BATCH, S3Client
 from tiering.s3.config import ConnectionSettings
 from tiering.s3.errors import ERROR_CLASSES, S3RequestError, classify_error

@@ -7,7 +7,7 @@ Layout (next to the blocks, see :mod:`tiering.s3.layout`)::
 A marker is one ``PutObject`` of no bytes: it appears whole or not at all,
 and one ``ListObjectsV2`` of ``<base>/pins/`` reads every pin with its
 expiry (no ``GetObject`` per pin). Every process sharing the prefix reads
-the same markers (:class:`tiering.core.toolkit.pins.PinBook`); a restart
+the same markers (:class:`tiering.core.policies.pin_records.PinBook`); a restart
 finds them again; a marker nobody renews is ignored once its expiry is past
 and deleted by the next refresh of any process. The tier's listing of
 blocks ignores markers (``pins`` is not a two-hex-digit shard).
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit.pins import marker_name, parse_marker
+from tiering.core.policies.pin_records import marker_name, parse_marker
 from tiering.s3.client import S3Client
 
 PINS_INFIX = "pins"
@@ -26,7 +26,7 @@ PINS_INFIX = "pins"
 
 
 class S3Pins:
-    """The :class:`~tiering.core.toolkit.pins.PinMedium` of one s3 namespace.
+    """The :class:`~tiering.core.policies.pin_records.PinMedium` of one s3 namespace.
 
     Args:
         client: the tier's S3 client.

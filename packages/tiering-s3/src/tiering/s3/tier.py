@@ -14,9 +14,10 @@ from typing import Any, ClassVar
 
 from tiering.core.base import OffloadKey
 from tiering.core.inspection import TierInspector
+from tiering.core.schema import ConfigSchema
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store import IndexedTier, StoreSettings
-from tiering.core.toolkit import ConfigSchema, LookupCache
+from tiering.core.store.lookup_cache import LookupCache
 from tiering.s3.client import ServerFeatures
 from tiering.s3.config import CREDENTIAL_KEYS, SCHEMA, ConnectionSettings
 from tiering.s3.medium import S3Medium

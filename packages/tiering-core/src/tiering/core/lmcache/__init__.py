@@ -1,23 +1,8 @@
-"""The LMCache binding: tiering's secondary tiers as an LMCache multi-process L2 adapter.
+"""Deprecated: moved to :mod:`tiering.lmcache` (distribution tiering-lmcache).
 
-LMCache's multi-process server (``lmcache.v1.multiprocess``, 0.5.6) loads an
-out-of-tree L2 adapter from its L2 config::
-
-    {"type": "plugin", "module_path": "tiering.core.lmcache.adapter",
-     "class_name": "TieringL2Adapter",
-     "adapter_params": {"object_bytes": "4MiB", "tier": {"type": "fs", "root": "/mnt/kv"}}}
-
-and gets :class:`~tiering.core.lmcache.adapter.TieringL2Adapter`, a subclass
-of LMCache's ``L2AdapterInterface`` that runs one tiering tier (any tier the
-:data:`~tiering.core.factory.SecondaryTierFactory` resolves: fs, s3, redis,
-example, out-of-tree). See ``docs/content/lmcache.md``.
-
-Modules: :mod:`~tiering.core.lmcache.keys` (LMCache's ``ObjectKey`` -> our
-key and namespace, and the stored row format; no LMCache import),
-:mod:`~tiering.core.lmcache.params` (the ``adapter_params`` keys),
-:mod:`~tiering.core.lmcache.worker` (the thread that drives the tier; no
-LMCache import), :mod:`~tiering.core.lmcache.adapter` (the adapter;
-imports LMCache), :mod:`~tiering.core.lmcache.driver` (drives any L2
-adapter as LMCache does, for tests and the benchmark; imports LMCache and
-torch). Importing this package imports nothing from LMCache.
+This path is removed in the next release.
 """
+
+from tiering.core._moved import alias
+
+alias(__name__, "tiering.lmcache", "tiering-lmcache")

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from tiering.core.base import OffloadKey
+from tiering.core.events import KVEvent, KVEventLog
 from tiering.core.primary.buffer import allocate_host_buffer, as_block_view
 from tiering.core.primary.policy import CachePolicy
-from tiering.core.toolkit.events import KVEvent, KVEventLog
 
 
 @dataclasses.dataclass

@@ -1,21 +1,8 @@
-"""The SGLang binding: tiering's secondary tiers as an SGLang HiCache storage backend (the L3 tier).
+"""Deprecated: moved to :mod:`tiering.sglang` (distribution tiering-sglang).
 
-SGLang loads an out-of-tree storage backend with ``--hicache-storage-backend
-dynamic`` and an extra config naming the class; point it at
-:class:`tiering.core.sglang.storage.TieringHiCacheStorage`::
-
-    --hicache-storage-backend dynamic
-    --hicache-storage-backend-extra-config '{"backend_name": "tiering",
-      "module_path": "tiering.core.sglang.storage", "class_name": "TieringHiCacheStorage",
-      "interface_v1": 1, "tiering": {"secondary_tiers": [{"type": "fs", "root": "/mnt/kv"}]}}'
-
-Any tier tiering's factory resolves (``fs``, ``s3``, ``redis``, ``example``,
-an out-of-tree tier) serves SGLang this way. See ``docs/content/sglang.md``.
-
-Modules: :mod:`~tiering.core.sglang.config` (the extra config and the
-namespace), :mod:`~tiering.core.sglang.pages` (page geometry and the staging
-buffer the tiers read and write), :mod:`~tiering.core.sglang.stack` (blocking,
-thread-safe calls over the tiers), :mod:`~tiering.core.sglang.storage` (the
-``HiCacheStorage`` subclass, the only module that imports SGLang).
-Importing this package imports nothing from SGLang.
+This path is removed in the next release.
 """
+
+from tiering.core._moved import alias
+
+alias(__name__, "tiering.sglang", "tiering-sglang")

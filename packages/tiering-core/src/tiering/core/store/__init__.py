@@ -5,31 +5,69 @@
 - :mod:`~tiering.core.store.settings`: :class:`StoreSettings`, the store's knobs from the tier's config;
 - :mod:`~tiering.core.store.stores` / :mod:`~tiering.core.store.loads`: store and load shares on the I/O pool;
 - :mod:`~tiering.core.store.deletes`: the delete path (retries; the cap holds while deletes fail);
-- :mod:`~tiering.core.store.scans`: the start-up scan, rescans and their reconciliation.
+- :mod:`~tiering.core.store.scans`: the start-up scan, rescans and their reconciliation;
+- the machinery they are built from, each usable alone by a tier that is not an
+  :class:`IndexedTier` (see ``docs/content/toolkit.md``): :mod:`~tiering.core.store.jobs`
+  (per-job outcomes, each job reported once), :mod:`~tiering.core.store.index` (the
+  capacity-bounded LRU index with reservations and delete-confirmed eviction;
+  :mod:`~tiering.core.store.ledger`, :mod:`~tiering.core.store.epochs`,
+  :mod:`~tiering.core.store.index_state`, :mod:`~tiering.core.store.touches`),
+  :mod:`~tiering.core.store.lookup_cache`, :mod:`~tiering.core.store.pool` (the I/O pool),
+  :mod:`~tiering.core.store.shares`, :mod:`~tiering.core.store.stats`,
+  :mod:`~tiering.core.store.reporting`, :mod:`~tiering.core.store.forks`;
+- :mod:`~tiering.core.store.hooks`: the one door to the policies the store consults (pins, tenancy).
+
+The names below are imported on first use (PEP 562): a tier importing
+``tiering.core.store.index`` does not load the whole store.
 """
 
-from tiering.core.store.medium import (
-    LOAD_CAUSES,
-    PRESENT,
-    STORE_CAUSES,
-    BlockNotReadyError,
-    Medium,
-    NotStartedError,
-    ScanResult,
-    WriteOutcome,
-)
-from tiering.core.store.settings import StoreSettings
-from tiering.core.store.tier import IndexedTier
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tiering.core.store.medium import (
+        LOAD_CAUSES,
+        PRESENT,
+        STORE_CAUSES,
+        BlockNotReadyError,
+        Medium,
+        NotStartedError,
+        ScanResult,
+        WriteOutcome,
+    )
+    from tiering.core.store.settings import StoreSettings
+    from tiering.core.store.tier import IndexedTier
+
+_HOMES = {
+    "tiering.core.store.medium": (
+        "LOAD_CAUSES PRESENT STORE_CAUSES BlockNotReadyError Medium NotStartedError ScanResult WriteOutcome"
+    ),
+    "tiering.core.store.settings": "StoreSettings",
+    "tiering.core.store.tier": "IndexedTier",
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names.split()}
 
 __all__ = [
-    "LOAD_CAUSES",
-    "PRESENT",
-    "STORE_CAUSES",
     "BlockNotReadyError",
     "IndexedTier",
+    "LOAD_CAUSES",
     "Medium",
     "NotStartedError",
+    "PRESENT",
+    "STORE_CAUSES",
     "ScanResult",
     "StoreSettings",
     "WriteOutcome",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (PEP 562)."""
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

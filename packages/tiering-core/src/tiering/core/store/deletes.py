@@ -26,8 +26,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from tiering.core.base import OffloadKey
+from tiering.core.store.index import CapacityIndex, Victim
 from tiering.core.store.medium import Medium
-from tiering.core.toolkit import CapacityIndex, Counters, IOPool, Victim
+from tiering.core.store.pool import IOPool
+from tiering.core.store.stats import Counters
 
 logger = logging.getLogger(__name__)
 

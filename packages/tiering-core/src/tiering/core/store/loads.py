@@ -23,11 +23,13 @@ from typing import Any
 from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
 from tiering.core.store.deletes import Deletes
+from tiering.core.store.index import CapacityIndex, KeyState
+from tiering.core.store.jobs import SHUTDOWN, JobState
 from tiering.core.store.medium import BlockNotReadyError, Medium
+from tiering.core.store.pool import IOPool
+from tiering.core.store.shares import fail_tasks, record_tasks
+from tiering.core.store.stats import Counters
 from tiering.core.store.stores import Outcome, log_failure
-from tiering.core.toolkit import CapacityIndex, Counters, IOPool, KeyState
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState
-from tiering.core.toolkit.shares import fail_tasks, record_tasks
 
 __all__ = ["Loads"]
 

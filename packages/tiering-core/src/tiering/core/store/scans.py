@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from tiering.core.base import OffloadKey
+from tiering.core.policies.pin_records import PinBook
 from tiering.core.store.deletes import Deletes
+from tiering.core.store.index import Admit, CapacityIndex
 from tiering.core.store.medium import Medium, ScanResult
-from tiering.core.toolkit import Admit, CapacityIndex, Counters
-from tiering.core.toolkit.pins import PinBook
+from tiering.core.store.stats import Counters
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ class StoreSettings:
         capacity_bytes: cap on the bytes of stored blocks (and other writers' temporaries) in this
             process's account; None: unbounded. At least one stored block.
         max_pinned_bytes: bound on the bytes of pinned blocks; 0 turns pinning off.
-        tenants: per-tenant quotas and TTL (:mod:`tiering.core.toolkit.tenancy`); None: off.
+        tenants: per-tenant quotas and TTL (:mod:`tiering.core.policies.tenancy`); None: off.
         n_read_threads: I/O threads serving loads and lookup probes, >= 1.
         n_write_threads: I/O threads serving stores (0: the readers serve stores too).
         lookup_fallback: a key missing from the index is asked of the medium: ``"stat"`` (on the

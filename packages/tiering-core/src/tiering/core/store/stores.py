@@ -37,10 +37,12 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.store.deletes import Deletes
+from tiering.core.store.index import Admit, CapacityIndex, Reservation
+from tiering.core.store.jobs import SHUTDOWN, JobState
 from tiering.core.store.medium import PRESENT, Medium, NotStartedError
-from tiering.core.toolkit import Admit, CapacityIndex, Counters, IOPool, PoolShutdownError, Reservation
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState
-from tiering.core.toolkit.shares import fail_tasks, record_tasks
+from tiering.core.store.pool import IOPool, PoolShutdownError
+from tiering.core.store.shares import fail_tasks, record_tasks
+from tiering.core.store.stats import Counters
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :class:`IndexedTier` owns everything a persistent tier does around its
 medium, built from the tier toolkit (:mod:`tiering.core.toolkit`):
 
-- the :class:`~tiering.core.toolkit.index.CapacityIndex`: which blocks exist,
+- the :class:`~tiering.core.store.index.CapacityIndex`: which blocks exist,
   their bytes against the cap (the "capacity >= one block" check names the
   key), tenants' quotas and TTLs, pins;
 - ``lookup``: index first, then the medium by ``lookup_fallback`` (``stat``
@@ -27,21 +27,24 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.events import KVEventLog
 from tiering.core.format import HEADER_SIZE
+from tiering.core.policies.pin_records import PinBook, PinningTier
+from tiering.core.policies.tenancy import TenantPolicy, note_tenant
+from tiering.core.schema import ConfigSchema, InvalidValueError
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store.deletes import Deletes
+from tiering.core.store.index import CapacityIndex, KeyState
+from tiering.core.store.jobs import SHUTDOWN, JobState, JobTracker
 from tiering.core.store.loads import Loads
+from tiering.core.store.lookup_cache import LookupCache
 from tiering.core.store.medium import Medium
+from tiering.core.store.pool import IOPool
+from tiering.core.store.reporting import JobReporting
 from tiering.core.store.scans import Rescanner, Scans
 from tiering.core.store.settings import StoreSettings, config_values
+from tiering.core.store.stats import Counters, failure_totals
 from tiering.core.store.stores import Stores
-from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
-from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
-from tiering.core.toolkit.jobs import SHUTDOWN, JobState
-from tiering.core.toolkit.lookup_cache import LookupCache
-from tiering.core.toolkit.pins import PinBook, PinningTier
-from tiering.core.toolkit.stats import failure_totals
-from tiering.core.toolkit.tenancy import TenantPolicy, note_tenant
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
   tier's :class:`~tiering.core.inspection.TierInspector`; every persistent tier subclasses it.
 - helpers (``make_key``, ``block_payload``, ``make_spec``, ``store_blocks``, ``load_blocks``,
   ``wait_for_jobs``, ``wait_until``...), re-exported from the runtime module
-  :mod:`tiering.core.harness` so that benchmarks need no pytest.
+  :mod:`tiering.core.testing.harness` so that benchmarks need no pytest.
 
 Requires pytest, installed by the ``testing`` extra (``pip install 'tiering-core[testing]'``);
 without it, importing this package raises an ``ImportError`` naming the extra::
@@ -32,7 +32,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     ) from exc
 
 from tiering.core.factory import SecondaryTierFactory
-from tiering.core.harness import (
+from tiering.core.testing.conformance import TierConformanceTests
+from tiering.core.testing.harness import (
     DEFAULT_TIMEOUT_S,
     block_payload,
     fill_slots,
@@ -48,7 +49,6 @@ from tiering.core.harness import (
     wait_for_results,
     wait_until,
 )
-from tiering.core.testing.conformance import TierConformanceTests
 from tiering.core.testing.inspector import InspectorConformanceTests
 
 

@@ -19,7 +19,9 @@ import pytest
 
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager, block_view
 from tiering.core.factory import create_secondary_tier
-from tiering.core.harness import (
+from tiering.core.primary import allocate_host_buffer
+from tiering.core.spec import OffloadingSpec
+from tiering.core.testing.harness import (
     DEFAULT_TIMEOUT_S,
     block_payload,
     fill_slots,
@@ -28,8 +30,6 @@ from tiering.core.harness import (
     wait_for_lookup,
     wait_for_results,
 )
-from tiering.core.primary import allocate_host_buffer
-from tiering.core.spec import OffloadingSpec
 
 
 class TierConformanceTests:

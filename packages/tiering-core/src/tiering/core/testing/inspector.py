@@ -30,10 +30,10 @@ import pytest
 
 from tiering.core.base import OffloadKey
 from tiering.core.factory import create_secondary_tier
-from tiering.core.harness import make_key, store_blocks
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.spec import TieringOffloadingSpec
+from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
+from tiering.core.testing.harness import make_key, store_blocks
 
 Corruption = Literal["flip", "truncate"]
 
@@ -102,7 +102,7 @@ class InspectorConformanceTests:
 
     def run(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
         """Run the ``tiering`` CLI; returns (exit status, stdout)."""
-        from tiering.core.cli import main
+        from tiering.cli.main import main
 
         status = main(argv)
         return status, capsys.readouterr().out

@@ -1,74 +1,42 @@
-"""The tier toolkit: the machinery every secondary tier needs, written and tested once.
+"""Deprecated: the tier toolkit is part of the block store now; import from the modules named below.
 
-One module per concern (see ``docs/content/toolkit.md``):
-
-- :mod:`~tiering.core.toolkit.jobs`: per-job block outcomes, each job reported exactly once;
-- :mod:`~tiering.core.toolkit.index`: a capacity-bounded LRU index with reservations,
-  delete-confirmed eviction (:mod:`~tiering.core.toolkit.deletes`), epochs
-  (:mod:`~tiering.core.toolkit.epochs`) and reconciliation; its account and queries are
-  :mod:`~tiering.core.toolkit.index_state`'s, touches queued without its lock
-  (:mod:`~tiering.core.toolkit.touches`);
-- :mod:`~tiering.core.toolkit.lookup_cache`: positive/negative lookup cache with batched
-  background resolution for remote tiers;
-- :mod:`~tiering.core.toolkit.pool`: an I/O worker pool with read and write queues;
-- :mod:`~tiering.core.toolkit.config`: config schemas and one exception type per mistake;
-- :mod:`~tiering.core.toolkit.stats`: the stats vocabulary;
-- :mod:`~tiering.core.toolkit.events`: a bounded KV event log (the index records into it);
-- :mod:`~tiering.core.toolkit.reporting`: the tier methods answered from the two above.
-
-Nothing here imports torch, vLLM or any backend.
+``from tiering.core.toolkit import X`` keeps working for one release with a
+DeprecationWarning: config schemas are in :mod:`tiering.core.schema`, KV
+events in :mod:`tiering.core.events`, the index, jobs, lookup cache, I/O
+pool, shares and stats in :mod:`tiering.core.store` (``store.index``,
+``store.jobs``, ...).
 """
 
-from tiering.core.toolkit.config import (
-    ConfigKey,
-    ConfigSchema,
-    EntryCheck,
-    InvalidTypeError,
-    InvalidValueError,
-    MissingKeyError,
-    TierConfigError,
-    UnknownKeyError,
-)
-from tiering.core.toolkit.events import BlockRemoved, BlockStored, HeldKeys, KVEvent, KVEventLog, TierCleared
-from tiering.core.toolkit.index import Admit, CapacityIndex, KeyState, ReconcileReport, Reservation, Victim
-from tiering.core.toolkit.jobs import JobState, JobTracker
-from tiering.core.toolkit.lookup_cache import LookupCache
-from tiering.core.toolkit.pool import IOPool, PoolShutdownError
-from tiering.core.toolkit.reporting import JobReporting
-from tiering.core.toolkit.shares import fail_tasks, record_tasks, split_batches
-from tiering.core.toolkit.stats import STATS, Counters, Stat
+from __future__ import annotations
 
-__all__ = [
-    "STATS",
-    "Admit",
-    "BlockRemoved",
-    "BlockStored",
-    "CapacityIndex",
-    "ConfigKey",
-    "ConfigSchema",
-    "Counters",
-    "EntryCheck",
-    "IOPool",
-    "InvalidTypeError",
-    "InvalidValueError",
-    "JobReporting",
-    "JobState",
-    "JobTracker",
-    "HeldKeys",
-    "KVEvent",
-    "KVEventLog",
-    "KeyState",
-    "LookupCache",
-    "MissingKeyError",
-    "PoolShutdownError",
-    "ReconcileReport",
-    "Reservation",
-    "Stat",
-    "TierCleared",
-    "TierConfigError",
-    "UnknownKeyError",
-    "Victim",
-    "fail_tasks",
-    "record_tasks",
-    "split_batches",
-]
+import importlib
+import warnings
+from typing import Any
+
+_HOMES = {
+    "tiering.core.schema": (
+        "ConfigKey ConfigSchema EntryCheck InvalidTypeError InvalidValueError MissingKeyError TierConfigError "
+        "UnknownKeyError"
+    ),
+    "tiering.core.events": "BlockRemoved BlockStored HeldKeys KVEvent KVEventLog TierCleared",
+    "tiering.core.store.index": "Admit CapacityIndex KeyState ReconcileReport Reservation Victim",
+    "tiering.core.store.jobs": "JobState JobTracker",
+    "tiering.core.store.lookup_cache": "LookupCache",
+    "tiering.core.store.pool": "IOPool PoolShutdownError",
+    "tiering.core.store.reporting": "JobReporting",
+    "tiering.core.store.shares": "fail_tasks record_tasks split_batches",
+    "tiering.core.store.stats": "STATS Counters Stat",
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names.split()}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"tiering.core.toolkit.{name} moved to {module}.{name}; the old path is removed in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

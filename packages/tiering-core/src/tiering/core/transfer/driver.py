@@ -1,7 +1,7 @@
 """The offloading driver: device <-> primary copies and the tiering manager's promotions, as one job flow.
 
 :class:`OffloadingDriver` connects a :class:`~tiering.core.transfer.TransferHandler`
-to a :class:`~tiering.core.manager.TieringManager`: stores go device -> primary ->
+to a :class:`~tiering.core.runtime.manager.TieringManager`: stores go device -> primary ->
 secondary tiers, loads secondary -> primary -> device. This module needs no
 torch itself (only the handler it is given does).
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tiering.core.base import JobResult, OffloadKey, ReqContext
-from tiering.core.manager import TieringManager
+from tiering.core.runtime.manager import TieringManager
 
 if TYPE_CHECKING:
     from tiering.core.transfer.handler import TransferHandler
@@ -47,7 +47,7 @@ class LoadDone:
         keys: the blocks now in the device cache: a prefix of the keys given
             to :meth:`OffloadingDriver.load` (the rest are misses to recompute).
         block_ids: the device block of each entry of ``keys``.
-        sources: per key, :data:`tiering.core.manager.PRIMARY` or the index of
+        sources: per key, :data:`tiering.core.runtime.manager.PRIMARY` or the index of
             the secondary tier it was promoted from.
         requested: how many keys were asked for.
     """
@@ -86,7 +86,7 @@ class _LoadJob:
 
 
 class OffloadingDriver:
-    """Drives a :class:`TransferHandler` with a :class:`~tiering.core.manager.TieringManager`.
+    """Drives a :class:`TransferHandler` with a :class:`~tiering.core.runtime.manager.TieringManager`.
 
     - :meth:`store`: ``manager.prepare_store`` gives pinned slots, the handler
       copies device -> host, and on completion ``manager.complete_store``
@@ -94,7 +94,7 @@ class OffloadingDriver:
       them pinned until it reports).
     - :meth:`load`: ``manager.prepare_load`` pins resident blocks and promotes
       the others secondary -> primary; when the manager reports the
-      :class:`~tiering.core.manager.LoadResult`, the handler copies host ->
+      :class:`~tiering.core.runtime.manager.LoadResult`, the handler copies host ->
       device and only then ``manager.complete_load`` releases the pins.
 
     The driver owns ``manager.get_finished()``: call :meth:`poll` instead.

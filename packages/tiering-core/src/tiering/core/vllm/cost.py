@@ -6,7 +6,7 @@ cannot cut a prefix as tiering's manager does. :class:`LoadGate` gives it
 what it can decide alone: it measures the tier's promotions (submission to
 report) and answers MISS for a request's next block once the tier's time per
 block exceeds recomputing it, or the request's blocks from this tier exceed
-``max_load_s`` (:meth:`~tiering.core.costmodel.LoadCostModel.admits`). With
+``max_load_s`` (:meth:`~tiering.core.policies.costmodel.LoadCostModel.admits`). With
 neither ``recompute_tokens_per_s`` nor ``max_load_s`` configured it never
 declines. Imports nothing from vLLM.
 """
@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tiering.core.costmodel import LoadCostConfig, LoadCostModel
+from tiering.core.policies.costmodel import LoadCostConfig, LoadCostModel
 
 
 class LoadGate:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.core.toolkit.config import ConfigKey, ConfigSchema
+from tiering.core.schema import ConfigKey, ConfigSchema
 
 LOCALITIES = ("LOCAL", "REMOTE")
 """vLLM's ``Locality`` values (``vllm.v1.kv_offload``); the binding passes them to ``Locality(...)`` unchanged."""

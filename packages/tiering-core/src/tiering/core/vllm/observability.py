@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tiering.core.base import SecondaryTierManager as TieringTierManager
-from tiering.core.toolkit.events import BlockRemoved, KVEvent
+from tiering.core.events import BlockRemoved, KVEvent
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     OffloadingConnectorStats,

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.toolkit.events import BlockRemoved, BlockStored, HeldKeys
+from tiering.core.events import BlockRemoved, BlockStored, HeldKeys
 from tiering.core.vllm.compat import (
     AllBlocksCleared,
     BlockHash,
@@ -47,7 +47,7 @@ def block_hash_of(key: OffloadKey) -> Any:
 def to_vllm_events(
     events: Iterable[BlockStored | BlockRemoved], medium: str, ownership: str
 ) -> list[VLLMBlockStored | VLLMBlockRemoved]:
-    """Our events (clears already resolved, see :class:`~tiering.core.toolkit.events.HeldKeys`) as vLLM's.
+    """Our events (clears already resolved, see :class:`~tiering.core.events.HeldKeys`) as vLLM's.
 
     Args:
         events: one tier's events.

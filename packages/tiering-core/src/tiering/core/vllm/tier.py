@@ -20,14 +20,14 @@ successful_keys, transfer_bytes)``            successful_keys)``
 ============================================  ==========================================
 
 Tenants: a request's tenant is ``kv_transfer_params["tenant"]``
-(:func:`~tiering.core.tenants.tenant_from_params`); the wrapper scopes every
+(:func:`~tiering.core.policies.tenants.tenant_from_params`); the wrapper scopes every
 key to it before the tiering tier sees it, and hands vLLM back vLLM's own
 keys. A request naming a tenant that is not a string gets no tiering at all
 (every lookup MISS, every job failed, one error logged): serving it the
 default tenant's blocks would break the isolation it asked for.
 
 The wrapper never lets an exception of the tiering tier reach vLLM's
-scheduler: every call goes through :class:`~tiering.core.guard.GuardedTier`
+scheduler: every call goes through :class:`~tiering.core.runtime.guard.GuardedTier`
 (the same guard the standalone manager uses): a failing ``lookup`` is a
 miss, a ``submit_*`` that raises is a failed job, and a job id the tier did
 not get from vLLM is dropped with an error log (vLLM's manager would
@@ -41,16 +41,16 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
-from tiering.core.admission import refuse_admission
 from tiering.core.base import JobMetadata
 from tiering.core.base import OffloadKey as TieringOffloadKey
 from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
+from tiering.core.events import HeldKeys
 from tiering.core.factory import check_tier_keys
-from tiering.core.guard import GuardedTier
-from tiering.core.pinning import RequestPins
-from tiering.core.tenants import scope_key, scope_keys, tenant_from_params
-from tiering.core.toolkit.events import HeldKeys
+from tiering.core.policies.admission import refuse_admission
+from tiering.core.policies.pinning import RequestPins
+from tiering.core.policies.tenants import scope_key, scope_keys, tenant_from_params
+from tiering.core.runtime.guard import GuardedTier
 from tiering.core.vllm.compat import (
     ConfigInfoMapping,
     JobResult,
@@ -232,8 +232,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Hand a cascade (primary -> tier) to the tiering tier; returns at once.
 
-        A request whose ``kv_transfer_params`` hold :data:`~tiering.core.pinning.PIN_PARAM` also pins the
-        job's blocks in the tier (queued on a background thread: :class:`~tiering.core.pinning.RequestPins`);
+        A request whose ``kv_transfer_params`` hold :data:`~tiering.core.policies.pinning.PIN_PARAM` also pins the
+        job's blocks in the tier (queued on a background thread: :class:`~tiering.core.policies.pinning.RequestPins`);
         :meth:`touch` pins the blocks it uses that were stored already.
         """
         job = self._job(job_metadata)

@@ -1,0 +1,88 @@
+"""The default stack of ``tiering bench``: a CPU primary tier plus one capped persistent tier.
+
+Core names no backend: the persistent tier is the first installed tier
+(by name, in :meth:`~tiering.core.factory.Registry.known_names` order) whose
+class returns a configuration from
+``default_local_config(directory)``; a tier that keeps nothing on a local
+disk returns None. ``tiering ls/stat/gc/verify --root DIR`` open the same
+stack, so they see what ``tiering bench --root DIR`` wrote.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from tiering.cli.bench.workload import MOONCAKE_BLOCK_TOKENS
+from tiering.core.base import SecondaryTierManager
+from tiering.core.factory import SecondaryTierFactory
+
+DEFAULT_BENCH_BLOCK_BYTES = 16 * 1024
+"""Bytes per block of the default stack (16 KiB)."""
+
+DEFAULT_BENCH_PRIMARY_BLOCKS = 1024
+"""Slots of the default stack's CPU primary tier."""
+
+DEFAULT_BENCH_CAPACITY_BYTES = 256 * 1024 * 1024
+"""Cap of the default stack's persistent tier (256 MiB; a tier's own default cap wins when lower).
+
+The first 2,000 requests of the conversation trace store about 39,000 blocks
+(about 800 MB as files of 16 KiB plus a trailer): under this cap the tier
+evicts while the replay runs, on its own threads, and the temporary
+directory holds about a third of them at the end, which keeps its removal
+short (file deletes cost milliseconds each on some disks)."""
+
+
+def default_local_tier(directory: str | Path) -> dict[str, Any] | None:
+    """The ``secondary_tiers`` entry of the first installed tier with a default local configuration.
+
+    Each installed tier class is asked ``default_local_config(directory)``;
+    the first non-None answer wins, with ``type`` set to the tier's name
+    (unless the answer has one) and, when the class accepts
+    ``capacity_bytes``, a cap of at most :data:`DEFAULT_BENCH_CAPACITY_BYTES`.
+
+    Returns:
+        The entry, or None when no installed tier keeps blocks in a local directory.
+
+    Raises:
+        ImportError, TypeError: an installed tier's entry point is broken.
+    """
+    for name in SecondaryTierFactory.known_names():
+        cls = SecondaryTierFactory.get_class(name)
+        config = cls.default_local_config(str(directory))
+        if config is None:
+            continue
+        entry: dict[str, Any] = {"type": name, **dict(config)}
+        if _accepts(cls, "capacity_bytes"):
+            own = entry.get("capacity_bytes")
+            entry["capacity_bytes"] = min(own, DEFAULT_BENCH_CAPACITY_BYTES) if own else DEFAULT_BENCH_CAPACITY_BYTES
+        return entry
+    return None
+
+
+def _accepts(cls: type[SecondaryTierManager], key: str) -> bool:
+    if cls.config_schema is not None:
+        return key in cls.config_schema.keys
+    params = inspect.signature(cls).parameters
+    return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def bench_config(
+    tiers: list[dict[str, Any]], block_bytes: int = DEFAULT_BENCH_BLOCK_BYTES, cpu_bytes: int | None = None
+) -> dict[str, Any]:
+    """The default stack's config around ``tiers``: a primary of 1,024 blocks, Mooncake block geometry.
+
+    Args:
+        tiers: the ``secondary_tiers`` entries.
+        block_bytes: bytes per block.
+        cpu_bytes: bytes of the primary tier; None: 1,024 blocks.
+    """
+    return {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": cpu_bytes if cpu_bytes is not None else DEFAULT_BENCH_PRIMARY_BLOCKS * block_bytes,
+        "block_bytes": block_bytes,
+        "block_size": MOONCAKE_BLOCK_TOKENS,
+        "eviction_policy": "lru",
+        "secondary_tiers": tiers,
+    }

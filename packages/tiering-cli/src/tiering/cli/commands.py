@@ -1,0 +1,390 @@
+"""``tiering ls / stat / gc / verify``: see and manage what a tier stack holds.
+
+Each command reads the same JSON config as ``tiering bench`` and works on
+every persistent tier of it (those whose class offers an ``inspector``).
+Without a config, the stack is given on the command line, generically (core
+names no backend):
+
+- ``--root DIR``: the tier ``tiering bench`` uses by default, in ``DIR``
+  (what ``tiering bench --root DIR`` wrote);
+- ``--tier TYPE --KEY VALUE ...``: one tier entry; each ``--some-key VALUE``
+  is the tier's config key ``some_key`` (``--tier s3 --bucket kv --prefix a``),
+  its value read as the tier's schema declares it.
+
+The stack around that tier is the benchmark's default one (its namespace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from tiering.cli.bench.arguments import positive_size
+from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.cli.terminal import echo, printable
+from tiering.core.configfile import load_config, redact_text
+from tiering.core.factory import SecondaryTierFactory
+from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
+from tiering.core.units import duration_argument, size_argument
+
+STAT_WAIT_S = 60.0
+
+
+def option_pairs(argv: Sequence[str]) -> dict[str, str]:
+    """``["--bucket", "kv", "--endpoint-url=http://h:9000"]`` -> ``{"bucket": "kv", "endpoint_url": "http://h:9000"}``.
+
+    Raises:
+        ValueError: a token is not ``--key`` or lacks its value.
+    """
+    out: dict[str, str] = {}
+    items = list(argv)
+    while items:
+        token = items.pop(0)
+        if not token.startswith("--") or len(token) < 3:
+            raise ValueError(f"unrecognized argument {token!r} (tier keys are given as --key VALUE)")
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            if not items or items[0].startswith("--"):
+                raise ValueError(f"tier option {token} needs a value")
+            value = items.pop(0)
+        out[key.replace("-", "_")] = value
+    return out
+
+
+def _coerce(cls: type, key: str, text: str) -> Any:
+    """A command-line value as the tier's schema declares ``key`` (a string when it accepts one, else JSON)."""
+    schema = getattr(cls, "config_schema", None)
+    spec = schema.keys.get(key) if schema is not None else None
+    if spec is not None and str in spec.types:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def stack_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config a command works on: the CONFIG file, or a stack built from ``--root`` / ``--tier`` options.
+
+    Raises:
+        ValueError: both or neither given; no installed tier offers a local default.
+    """
+    options: dict[str, str] = dict(getattr(args, "tier_options", None) or {})
+    if args.config:
+        if args.tier or args.root or options:
+            raise ValueError("give either a CONFIG file or --root / --tier options, not both")
+        return load_config(args.config)
+    if args.tier is None:
+        if args.root is None:
+            raise ValueError(
+                "give a CONFIG file, --root DIR (the directory of `tiering bench --root DIR`), or --tier TYPE "
+                "with the tier's keys as options (--KEY VALUE)"
+            )
+        entry = default_local_tier(args.root)
+        if entry is None:
+            raise ValueError("no installed tier keeps blocks in a local directory; use --tier TYPE or a CONFIG")
+    else:
+        entry = {"type": args.tier}
+        if args.root is not None:
+            entry["root"] = args.root
+    cls = SecondaryTierFactory.get_class(entry["type"])
+    entry.update({key: _coerce(cls, key, value) for key, value in options.items()})
+    return bench_config([entry], getattr(args, "block_bytes", None) or DEFAULT_BENCH_BLOCK_BYTES)
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    return stack_config(args)
+
+
+def _location(inspector: TierInspector, tier_config: Mapping[str, Any]) -> str:
+    return redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
+
+
+def _inspectors(config: dict[str, Any]) -> list[tuple[int, dict[str, Any], TierInspector]]:
+    tiers = config.get("secondary_tiers", [])
+    if not isinstance(tiers, list):
+        raise ValueError("config key 'secondary_tiers' must be a list of objects")
+    out = []
+    for index, tier_config in enumerate(tiers):
+        inspector = inspector_for(tier_config, index)
+        if inspector is None:
+            echo(f"secondary_tiers[{index}] ({tier_config.get('type')}): nothing persistent to inspect")
+        else:
+            out.append((index, tier_config, inspector))
+    if not out:
+        raise ValueError("the config has no persistent secondary tier to inspect")
+    return out
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _walk(inspector: TierInspector, digest: str, label: str) -> list[BlockInfo]:
+    return list(
+        tqdm(inspector.blocks(digest), desc=printable(label), unit="block", file=sys.stderr, disable=None, leave=False)
+    )
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """Per tier: namespaces present (fields from namespace.json), block count and bytes, oldest and newest."""
+    report = []
+    for index, tier_config, inspector in _inspectors(_config(args)):
+        location = _location(inspector, tier_config)
+        entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
+        entry["namespaces"] = []
+        for digest in inspector.namespaces():
+            summary = inspector.summary(digest)
+            entry["namespaces"].append(
+                {
+                    "digest": digest,
+                    "fields": summary.fields,
+                    "blocks": summary.blocks,
+                    "bytes": summary.bytes,
+                    "oldest": _when(summary.oldest),
+                    "newest": _when(summary.newest),
+                }
+            )
+        entry["foreign"] = sorted(inspector.foreign())
+        report.append(entry)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for entry in report:
+        echo(f"secondary_tiers[{entry['index']}] {entry['type']} at {entry['location']}")
+        for ns in entry["namespaces"]:
+            fields = ns["fields"] or {}
+            desc = ", ".join(f"{k}={fields[k]}" for k in sorted(fields)) or "namespace.json missing"
+            echo(
+                f"  {ns['digest']}  {ns['blocks']} blocks  {ns['bytes']} bytes  "
+                f"oldest {ns['oldest']}  newest {ns['newest']}"
+            )
+            echo(f"    {desc}")
+        if not entry["namespaces"]:
+            echo("  (no namespaces)")
+        if entry["foreign"]:
+            echo(f"  {len(entry['foreign'])} foreign entries (not ours, never deleted), e.g. {entry['foreign'][0]}")
+    return 0
+
+
+def cmd_stat(args: argparse.Namespace) -> int:
+    """Live figures of the configured stack (each tier opened as an engine would open it).
+
+    Creates nothing: a missing root is an error (as for ``ls``), and a persistent
+    tier that does not hold the stack's namespace is reported with the
+    namespaces it holds (exit status 1) instead of being opened.
+    """
+    from tiering.core.factory import create_spec
+    from tiering.core.primary import allocate_host_buffer
+    from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
+
+    spec = create_spec(_config(args))
+    if not isinstance(spec, TieringOffloadingSpec):
+        raise ValueError(f"tiering stat needs a TieringOffloadingSpec, got {type(spec).__name__}")
+    missing = _tiers_without_namespace(spec.secondary_tiers, spec.namespace.digest)
+    if missing:
+        fields = ", ".join(f"{k}={v}" for k, v in sorted(spec.namespace.to_dict().items()))
+        echo(f"tiering stat: no namespace {spec.namespace.digest} ({fields}) in:", sys.stderr)
+        for line in missing:
+            echo(f"  {line}", sys.stderr)
+        echo("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", sys.stderr)
+        return 1
+    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    report: dict[str, Any] = {
+        "namespace": spec.namespace.digest,
+        "primary": {"capacity_bytes": spec.num_primary_blocks * spec.block_bytes, "blocks": spec.num_primary_blocks},
+        "tiers": [],
+    }
+    try:
+        for index, tier in enumerate(tiers):
+            wait = getattr(tier, "wait_for_scan", None)
+            if callable(wait):
+                wait(args.wait)
+            stats = dict(tier.stats())
+            entry = {"index": index, "type": tier.tier_type, "stats": stats}
+            inspector = inspector_for(spec.secondary_tiers[index], index)
+            if inspector is not None:
+                entry["location"] = _location(inspector, spec.secondary_tiers[index])
+            if "capacity_bytes" in stats:
+                entry["capacity"] = "unbounded" if not stats["capacity_bytes"] else stats["capacity_bytes"]
+            report["tiers"].append(entry)
+    finally:
+        for tier in tiers:
+            tier.shutdown()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    echo(f"namespace {report['namespace']}")
+    echo(f"primary  {report['primary']['blocks']} blocks, {report['primary']['capacity_bytes']} bytes")
+    for entry in report["tiers"]:
+        where = f" at {entry['location']}" if entry.get("location") else ""
+        echo(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
+        for key, value in sorted(entry["stats"].items()):
+            shown = "unbounded" if key in UNBOUNDED_WHEN_ZERO and not value else value
+            echo(f"  {key:<28} {shown}")
+    return 0
+
+
+UNBOUNDED_WHEN_ZERO = frozenset({"capacity_bytes", "configured_capacity_bytes"})
+"""Stats whose 0 means no cap: printed as ``unbounded``."""
+
+
+def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: str) -> list[str]:
+    """One line per persistent tier that does not hold namespace ``digest``, with the namespaces it holds.
+
+    Looks only (opening a tier would create its root and ``namespace.json``).
+
+    Raises:
+        FileNotFoundError: a tier's root does not exist (as ``ls`` / ``gc`` / ``verify`` say it).
+        OSError: a tier's bucket or server cannot be used (its inspector's error).
+    """
+    lines = []
+    for index, tier_config in enumerate(tier_configs):
+        inspector = inspector_for(tier_config, index)
+        if inspector is None:
+            continue
+        present = inspector.namespaces()
+        if digest not in present:
+            where = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+            lines.append(f"{where}: namespaces there: {', '.join(present) or 'none'}")
+    return lines
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Remove a stale namespace, blocks older than a duration, or the oldest blocks down to a size."""
+    cutoff = time.time() - args.older_than if args.older_than is not None else None
+    verb = "would remove" if args.dry_run else "removed"
+    found_namespace = False
+    for index, tier_config, inspector in _inspectors(_config(args)):
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+        foreign = sorted(inspector.foreign())
+        if args.namespace:
+            if args.namespace not in inspector.namespaces():
+                echo(f"{label}: no namespace {args.namespace}")
+                continue
+            found_namespace = True
+            blocks = _walk(inspector, args.namespace, label)
+            n = len(blocks) if args.dry_run else inspector.remove_namespace(args.namespace)
+            echo(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {sum(b.size for b in blocks)} bytes)")
+        else:
+            everything = [(d, b) for d in inspector.namespaces() for b in _walk(inspector, d, label)]
+            if cutoff is not None:
+                victims = [(d, b) for d, b in everything if b.mtime < cutoff]
+            else:
+                everything.sort(key=lambda item: item[1].mtime)
+                excess = sum(b.size for _, b in everything) - args.to_bytes
+                victims = []
+                for item in everything:
+                    if excess <= 0:
+                        break
+                    victims.append(item)
+                    excess -= item[1].size
+            n = len(victims)
+            if not args.dry_run:
+                n = 0
+                for digest in {d for d, _ in victims}:
+                    n += inspector.remove_blocks(digest, [b for d, b in victims if d == digest])
+            echo(f"{label}: {verb} {n} blocks ({sum(b.size for _, b in victims)} bytes)")
+        if foreign:
+            echo(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+    if args.namespace and not found_namespace:
+        echo(f"tiering gc: no tier holds namespace {args.namespace} (see `tiering ls`)", sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Read blocks, check their headers and checksums; report (and with --remove, delete) corrupt ones."""
+    corrupt_total = 0
+    for index, tier_config, inspector in _inspectors(_config(args)):
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+        digests = list(inspector.namespaces())
+        if not digests:
+            print(f"{label}: no namespace found, nothing to verify (see `tiering ls`)")
+        for digest in digests:
+            blocks = _walk(inspector, digest, label)
+            if args.sample is not None and args.sample < len(blocks):
+                blocks = random.Random(0).sample(blocks, args.sample)
+            corrupt = []
+            for block in tqdm(
+                blocks, desc=printable(f"verify {digest[:8]}"), unit="block", file=sys.stderr, disable=None
+            ):
+                try:
+                    reason = inspector.verify(digest, block)
+                except FileNotFoundError:
+                    continue  # removed meanwhile (eviction by a running engine)
+                if reason is not None:
+                    corrupt.append(block)
+                    echo(f"{label}: CORRUPT {block.name}: {reason}")
+            if corrupt and args.remove:
+                inspector.remove_blocks(digest, corrupt)
+            echo(
+                f"{label}: namespace {digest}: {len(blocks)} checked, {len(blocks) - len(corrupt)} sound, "
+                f"{len(corrupt)} corrupt" + (" (removed)" if corrupt and args.remove else "")
+            )
+            corrupt_total += len(corrupt)
+    return 1 if corrupt_total else 0
+
+
+STACK_EPILOG = (
+    "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
+    "opens one tier of that type with those config keys (e.g. --tier s3 --bucket kv --prefix fleet-a)."
+)
+
+
+def _stack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
+    parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
+    parser.add_argument("--root", metavar="DIR", help="the directory of the tier (`tiering bench --root DIR`)")
+    parser.set_defaults(accepts_tier_options=True)
+
+
+def add_commands(sub: Any) -> None:
+    """Register ls, stat, gc and verify on the ``tiering`` sub-parser."""
+    ls = sub.add_parser("ls", help="namespaces, blocks and bytes held by each persistent tier", epilog=STACK_EPILOG)
+    _stack_arguments(ls)
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=cmd_ls)
+    stat = sub.add_parser("stat", help="live figures of each tier of the configured stack", epilog=STACK_EPILOG)
+    _stack_arguments(stat)
+    stat.add_argument("--json", action="store_true", help="print JSON")
+    stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
+    stat.add_argument(
+        "--block-bytes",
+        type=positive_size,
+        help=f"without CONFIG: bytes per block of the namespace to open (default {DEFAULT_BENCH_BLOCK_BYTES})",
+    )
+    stat.set_defaults(func=cmd_stat)
+    gc = sub.add_parser("gc", help="remove stale namespaces, old blocks, or evict down to a size", epilog=STACK_EPILOG)
+    _stack_arguments(gc)
+    what = gc.add_mutually_exclusive_group(required=True)
+    what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
+    what.add_argument(
+        "--older-than",
+        type=duration_argument,
+        metavar="DURATION",
+        help="remove blocks older than e.g. 7d, 12h, 30m (m: minutes), 90s, 2w",
+    )
+    what.add_argument(
+        "--to-bytes",
+        type=size_argument,
+        metavar="N",
+        help="remove the oldest blocks until at most N bytes remain (500M, 64GiB)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="only report what would be removed")
+    gc.set_defaults(func=cmd_gc)
+    verify = sub.add_parser("verify", help="check stored blocks' headers and checksums", epilog=STACK_EPILOG)
+    _stack_arguments(verify)
+    verify.add_argument("--sample", type=int, metavar="N", help="check N random blocks per namespace")
+    verify.add_argument("--remove", action="store_true", help="delete the corrupt blocks found")
+    verify.set_defaults(func=cmd_verify)

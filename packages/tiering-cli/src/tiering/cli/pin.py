@@ -1,0 +1,130 @@
+"""``tiering pin``: pin a prefix in every secondary tier of a stack that can pin (or ``--unpin`` it).
+
+The prefix is given as the prompt's token ids (``--tokens FILE``: a JSON
+list of integers or whitespace-separated integers; keys made with the
+stack's ``block_size``, :func:`tiering.core.policies.pinning.prefix_keys`), as block
+ids of a Mooncake trace (``--hash-ids 0,1,2``: the keys ``tiering bench``
+replays), or as keys in hex (``--keys``). The stack is given as for
+``tiering stat`` (a CONFIG file, ``--root DIR`` or ``--tier TYPE --KEY
+VALUE``); the tiers are opened as an engine opens them (a root or namespace
+not there yet is created: a block may be pinned before it is stored; a tier
+holding no block of the namespace is named in a warning, as a config that
+does not match the engine's pins a namespace nobody fills). ``--tenant``
+pins that tenant's blocks (:func:`tiering.core.policies.tenants.scope_key`). Exit
+status 0 when every tier pinned every key, 1 when a tier refused or cannot
+pin (the reason is logged), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tiering.cli.terminal import echo
+from tiering.core.base import OffloadKey
+from tiering.core.keys import trace_block_key
+from tiering.core.policies.pinning import pin_in_tiers, prefix_keys
+from tiering.core.policies.tenants import scope_keys
+from tiering.core.units import duration_argument
+
+__all__ = ["add_pin_parser", "cmd_pin", "read_token_ids"]
+
+
+def read_token_ids(path: str) -> list[int]:
+    """Token ids from a file: a JSON list of integers, or integers separated by white space or commas.
+
+    Raises:
+        ValueError: the file holds anything else (the message names the file and the first bad token).
+        OSError: the file cannot be read.
+    """
+    text = Path(path).read_text(encoding="utf-8").strip()
+    if text.startswith("["):
+        ids = json.loads(text)
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"--tokens {path}: a JSON list must hold only integers")
+        return ids
+    out = []
+    for token in text.replace(",", " ").split():
+        if not token.isdigit():
+            raise ValueError(f"--tokens {path}: {token!r} is not a token id (a non-negative integer)")
+        out.append(int(token))
+    return out
+
+
+def _keys(args: argparse.Namespace, block_size: int) -> list[OffloadKey]:
+    if args.tokens:
+        return prefix_keys(read_token_ids(args.tokens), block_size)
+    if args.hash_ids:
+        try:
+            return [trace_block_key(int(i)) for i in args.hash_ids.split(",") if i.strip()]
+        except ValueError:
+            raise ValueError(f"--hash-ids {args.hash_ids!r}: give block ids as integers separated by commas") from None
+    try:
+        return [OffloadKey(bytes.fromhex(k)) for k in args.keys]
+    except ValueError:
+        raise ValueError("--keys: give each key as hex digits (an even number of 0-9a-f)") from None
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    """Pin (or unpin) the given prefix in every secondary tier of the stack; one line per tier."""
+    from tiering.cli.commands import stack_config
+    from tiering.core.factory import create_spec
+    from tiering.core.primary import allocate_host_buffer
+
+    spec: Any = create_spec(stack_config(args))
+    keys = scope_keys(args.tenant, _keys(args, int(getattr(spec, "block_size", 16))))
+    if not keys:
+        raise ValueError("no keys to pin")
+    if not args.unpin and args.ttl is None:
+        raise ValueError("give --ttl DURATION (e.g. 1h) or --unpin")
+    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    try:
+        if args.unpin:
+            for index, tier in enumerate(tiers):
+                can_pin = "pinned_blocks" in tier.stats()
+                tier.unpin(keys)
+                state = f"pins of {len(keys)} blocks ended" if can_pin else "cannot pin (nothing to unpin)"
+                echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
+            return 0
+        results = pin_in_tiers(tiers, keys, args.ttl)
+        for index, (tier, ok) in enumerate(zip(tiers, results, strict=True)):
+            stats, name = tier.stats(), f"secondary_tiers[{index}] {tier.tier_type}"
+            if "pinned_blocks" not in stats:
+                echo(f"{name}: cannot pin")
+                continue
+            state = f"pinned {len(keys)} blocks for {args.ttl:g} s" if ok else "refused (see the warning above)"
+            pinned, pending = stats["pinned_blocks"], stats["pins_pending"]
+            echo(f"{name}: {state}; the tier now has {pinned} blocks pinned, {pending} pinned but not stored yet")
+            if not stats.get("resident_blocks"):
+                echo(
+                    f"{name}: warning: the tier holds no block of namespace {spec.namespace.digest}: check that "
+                    "the config matches the engine's (tiering ls lists the namespaces of a root)",
+                    sys.stderr,
+                )
+    finally:
+        for tier in tiers:
+            tier.shutdown()
+    if not any(results):
+        echo("tiering pin: no tier pinned the prefix", sys.stderr)
+    return 0 if results and all(results) else 1
+
+
+def add_pin_parser(sub: Any) -> None:
+    """Register ``tiering pin`` on the ``tiering`` sub-parser."""
+    from tiering.cli.commands import STACK_EPILOG, _stack_arguments
+
+    pin = sub.add_parser(
+        "pin", help="pin a prefix in every tier that can pin, for a while (or --unpin it)", epilog=STACK_EPILOG
+    )
+    _stack_arguments(pin)
+    pin.add_argument("--ttl", type=duration_argument, metavar="DURATION", help="how long: 90s, 30m, 1h, 7d")
+    what = pin.add_mutually_exclusive_group(required=True)
+    what.add_argument("--tokens", metavar="FILE", help="the prompt's token ids (JSON list, or separated by spaces)")
+    what.add_argument("--hash-ids", metavar="IDS", help="Mooncake trace block ids, comma separated (0,1,2)")
+    what.add_argument("--keys", nargs="+", metavar="HEX", help="block keys in hex")
+    pin.add_argument("--tenant", default="", metavar="NAME", help="the tenant whose blocks these are (default: none)")
+    pin.add_argument("--unpin", action="store_true", help="end the pins of these blocks now")
+    pin.set_defaults(func=cmd_pin)

@@ -1,0 +1,36 @@
+"""``tiering bench --recompute-tokens-per-s``: the modelled time to first token, cost model off and on."""
+
+import json
+
+from tiering.cli.main import main
+from tiering.core.testing import requires_tier
+
+pytestmark = requires_tier("fs")
+
+RATE = "20000"  # tokens/s: a 512-token block recomputes in 25.6 ms
+
+
+def bench(tmp_path, *args):
+    out = tmp_path / "report.json"
+    assert main(["bench", "--requests", "300", "--recompute-tokens-per-s", RATE, "--json", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def test_tier_slower_than_recompute_modelled_ttft_within_5_percent_of_recompute(tmp_path, capsys):
+    # 200 ms per job and 200 KiB/s (80 ms per 16 KiB block): slower than recomputing any prefix it holds.
+    data = bench(tmp_path, "--trace", "mooncake-synthetic", "--throttle", "0.2,200KiB")
+    views = data["modelled_ttft"]
+    assert views["recompute_tokens_per_s"] == 20000
+    assert views["model off"]["ratio"] > views["model on"]["ratio"]
+    assert views["model on"]["ratio"] <= 1.05
+    assert data["metrics"]["tiering_loads_declined_total"][0]["value"] > 0
+    printed = capsys.readouterr().out
+    assert "modelled TTFT" in printed and "model off" in printed and "model on" in printed
+
+
+def test_fast_fs_tier_keeps_95_percent_of_the_gain(tmp_path):
+    views = bench(tmp_path)["modelled_ttft"]
+    gain_off = 1 - views["model off"]["ratio"]
+    gain_on = 1 - views["model on"]["ratio"]
+    assert gain_off > 0.05  # the tiers do shorten TTFT on this trace
+    assert gain_on >= 0.95 * gain_off

@@ -1,0 +1,92 @@
+"""The ``adapter_params`` of the LMCache adapter: parsed and checked before anything is built. No LMCache import."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from tiering.core.policies.admission import refuse_admission
+from tiering.core.registry import closest_name
+from tiering.core.units import SIZE_EXAMPLES, parse_size
+
+PARAM_KEYS = ("tier", "object_bytes", "staging_objects", "lock_ttl_s", "lookup_timeout_s")
+"""Keys accepted in ``adapter_params``."""
+
+DEFAULT_STAGING_OBJECTS = 64
+DEFAULT_LOCK_TTL_S = 300.0
+DEFAULT_LOOKUP_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterParams:
+    """The adapter's configuration.
+
+    Attributes:
+        tier: the tiering tier entry, written as in ``secondary_tiers``
+            (``{"type": "fs", "root": ...}``).
+        object_bytes: the largest LMCache object stored (bytes); rows are
+            this plus an 8-byte length.
+        staging_objects: rows of the adapter's host staging buffer (objects
+            in flight to or from the tier at once).
+        lock_ttl_s: seconds a lookup's lock lasts when no unlock comes.
+        lookup_timeout_s: seconds a lookup waits for a tier that answers
+            "not known yet" (a rescan, a store in flight) before it is a miss.
+    """
+
+    tier: Mapping[str, Any]
+    object_bytes: int
+    staging_objects: int = DEFAULT_STAGING_OBJECTS
+    lock_ttl_s: float = DEFAULT_LOCK_TTL_S
+    lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S
+
+
+def _positive_number(params: Mapping[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"adapter_params.{key} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def parse_params(params: Any) -> AdapterParams:
+    """Check LMCache's ``adapter_params`` dict and return :class:`AdapterParams`.
+
+    Raises:
+        ValueError: not a mapping, an unknown key (with a "did you mean"),
+            ``tier`` missing or not an object with a ``type``, or a value of
+            the wrong type or range; the message names the key.
+    """
+    if not isinstance(params, Mapping):
+        raise ValueError(f"adapter_params must be a JSON object, got {type(params).__name__}")
+    unknown = sorted(set(params) - set(PARAM_KEYS))
+    if unknown:
+        hints = [f"{k!r} (did you mean {m!r}?)" if (m := closest_name(k, PARAM_KEYS)) else repr(k) for k in unknown]
+        raise ValueError(f"unknown adapter_params key {', '.join(hints)}; known keys: {', '.join(PARAM_KEYS)}")
+    tier = params.get("tier")
+    if not isinstance(tier, Mapping) or not isinstance(tier.get("type"), str):
+        raise ValueError(
+            'adapter_params.tier must be a tier entry such as {"type": "fs", "root": "/mnt/kv"}, '
+            f"got {'an object without a type' if isinstance(tier, Mapping) else repr(tier)}"
+        )
+    refuse_admission(tier, "adapter_params.tier", "LMCache")
+    raw = params.get("object_bytes")
+    try:
+        object_bytes = parse_size(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        object_bytes = None
+    if isinstance(object_bytes, bool) or not isinstance(object_bytes, int) or object_bytes < 1:
+        raise ValueError(
+            "adapter_params.object_bytes (the largest LMCache object, bytes) must be an integer >= 1 "
+            f"or a size with a unit ({SIZE_EXAMPLES}), got {raw!r}"
+        )
+    staging = params.get("staging_objects", DEFAULT_STAGING_OBJECTS)
+    if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
+        raise ValueError(f"adapter_params.staging_objects must be an integer >= 1, got {staging!r}")
+    return AdapterParams(
+        tier=tier,
+        object_bytes=object_bytes,
+        staging_objects=staging,
+        lock_ttl_s=_positive_number(params, "lock_ttl_s", DEFAULT_LOCK_TTL_S),
+        lookup_timeout_s=_positive_number(params, "lookup_timeout_s", DEFAULT_LOOKUP_TIMEOUT_S),
+    )
