@@ -37,7 +37,8 @@ from transformers.cache_utils import DynamicCache
 
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.keys import block_keys
-from tiering.core.transfer import OffloadingDriver, TransferHandler, allocate_host_buffer, kv_geometry
+from tiering.core.runtime.driver import OffloadingDriver
+from tiering.core.transfer import TransferHandler, allocate_host_buffer, kv_geometry
 
 BLOCK_SIZE = 16
 

@@ -47,8 +47,8 @@ def table(tier: str) -> str:
         SystemExit: the tier is not installed or declares no schema.
     """
     from tiering.core.factory import SecondaryTierFactory
+    from tiering.core.policies.admission import admission_schema
     from tiering.core.policies.costmodel import COST_SCHEMA
-    from tiering.core.schema import admission_schema
 
     if tier in ("cost_model", "admission"):
         schema = COST_SCHEMA if tier == "cost_model" else admission_schema("any")

@@ -4,7 +4,7 @@ import pytest
 
 from tiering.core import TieringOffloadingSpec
 from tiering.core.policies.costmodel import REPROBE_S, SEED_JOBS, LoadCostConfig, LoadCostModel, LoadTimeModel
-from tiering.core.runtime.load_records import PRIMARY
+from tiering.core.primary.tier import PRIMARY
 
 MIB = 1 << 20
 BLOCK = 16 * 1024

@@ -24,8 +24,8 @@ from tiering.core import (  # noqa: E402
     TieringOffloadingSpec,
 )
 from tiering.core.keys import block_keys  # noqa: E402
+from tiering.core.runtime.driver import OffloadingDriver  # noqa: E402
 from tiering.core.transfer import (  # noqa: E402
-    OffloadingDriver,
     TransferHandler,
     allocate_host_buffer,
     detect_layout,

@@ -14,7 +14,8 @@ import pytest
 
 from tiering.core import JobResult, ReqContext, TieringOffloadingSpec
 from tiering.core.keys import block_keys
-from tiering.core.transfer import OffloadingDriver, detect_layout, plan_copies, slot_layout
+from tiering.core.runtime.driver import OffloadingDriver
+from tiering.core.transfer import detect_layout, plan_copies, slot_layout
 from tiering.core.transfer.layout import check_layout
 from tiering.core.transfer.plan import MAX_SLICE_RUNS, check_job, runs, staging_blocks
 
@@ -198,7 +199,8 @@ def test_core_and_transfer_planning_work_without_torch():
         m.get_finished()
         assert m.lookup(keys, ReqContext("b")) == 2
         import tiering.core.transfer
-        from tiering.core.transfer import OffloadingDriver, plan_copies, detect_layout
+        from tiering.core.runtime.driver import OffloadingDriver
+        from tiering.core.transfer import plan_copies, detect_layout
         from tiering.core.transfer.plan import CopyPlan
         assert plan_copies([1, 2], [5, 6]).runs == [(0, 1, 5, 2)]
         for stmt in ("from tiering.core.transfer import TransferHandler",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tiering.cli.main import main
+from tiering.cli.testing import InspectorConformanceTests
 from tiering.core.inspection import BlockInfo
-from tiering.core.testing import InspectorConformanceTests
 
 
 class TestFsInspector(InspectorConformanceTests):

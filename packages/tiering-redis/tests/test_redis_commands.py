@@ -7,12 +7,13 @@ import pytest
 import redis
 
 from tiering.cli.main import main
+from tiering.cli.testing import InspectorConformanceTests
 from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.inspection import inspector_for
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import InspectorConformanceTests, block_payload, make_key, wait_for_jobs
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
 
 BLOCK = 4096
 

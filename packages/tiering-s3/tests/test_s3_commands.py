@@ -16,12 +16,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.cli import commands as core_commands
 from tiering.cli.main import main
+from tiering.cli.testing import InspectorConformanceTests
 from tiering.core import JobMetadata, ReqContext, TieringOffloadingSpec, create_secondary_tier
 from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.inspection import BlockInfo
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import InspectorConformanceTests, block_payload, make_key, wait_for_jobs
+from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.s3 import S3SecondaryTierManager
 from tiering.s3 import client as s3_client
 from tiering.s3.inspection import S3Inspector

@@ -2,7 +2,7 @@
 
 Blocks are ``<root>/<namespace digest>/<key hex>.blk`` = core header + payload;
 ``namespace.json`` beside them. Jobs run synchronously. It exists only so that
-:class:`tiering.core.testing.InspectorConformanceTests` runs in core without a backend.
+:class:`tiering.cli.testing.InspectorConformanceTests` runs in core without a backend.
 """
 
 from __future__ import annotations

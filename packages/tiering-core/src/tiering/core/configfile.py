@@ -23,15 +23,63 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core import redact
-from tiering.core.factory import SecondaryTierFactory
-from tiering.core.policies.admission import refuse_admission
+from tiering.core.factory import SecondaryTierFactory, entry_policies
+from tiering.core.schema import ConfigKey, ConfigSchema
 from tiering.core.units import parse_size
-from tiering.core.vllm.entry import split_binding_keys
 
 VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
 """The ``module_path`` of the vLLM binding's tier names."""
 
 VLLM_PREFIX = "tiering_"
+
+# The keys of a vLLM-form tier entry that belong to the binding (or to vLLM), not to the tiering tier:
+# ``type``/``module_path`` select the class in vLLM's factory; BINDING_KEYS are consumed by the binding's
+# wrapper (tiering.core.vllm.tier) and by vLLM; every other key is the tiering tier's own. Declared here,
+# without importing vLLM, so ``tiering check`` validates a vLLM config without vLLM installed.
+
+LOCALITIES = ("LOCAL", "REMOTE")
+"""vLLM's ``Locality`` values (``vllm.v1.kv_offload``); the binding passes them to ``Locality(...)`` unchanged."""
+
+BINDING_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "model_revision",
+        (str,),
+        non_empty=True,
+        doc="the model revision in tiering's namespace (vLLM's config does not carry it)",
+    ),
+    ConfigKey("kv_layout", (str,), non_empty=True, doc="the KV layout name in tiering's namespace"),
+    ConfigKey("locality", (str,), choices=LOCALITIES, doc="vLLM's Locality of the tier (tier filter, KV events)"),
+    ConfigKey("enable_kv_events", (bool,), default=False, doc="publish the tier's KV events to vLLM"),
+    ConfigKey("backpressure", (dict,), doc="vLLM's own backpressure block, consumed by vLLM's factory"),
+)
+"""Every key of a vLLM-form tier entry that does not reach the tiering tier (``type``/``module_path`` aside)."""
+
+WRAPPER_KWARGS: tuple[str, ...] = tuple(k.name for k in BINDING_KEYS if k.name != "backpressure")
+"""The binding keys the wrapper itself receives as keyword arguments (vLLM pops ``backpressure`` first)."""
+
+
+def split_binding_keys(
+    entry: Mapping[str, Any], tier_type: str, label: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate a vLLM-form entry's binding keys from the tier's own, checking the binding's values.
+
+    Args:
+        entry: the tier entry (``type``/``module_path`` may be present; they go with the tier's keys).
+        tier_type: the entry's ``type`` as written (``"tiering_fs"``), for messages.
+        label: the entry's label (``"secondary_tiers[0]"``), for messages.
+
+    Returns:
+        ``(binding keys given, every other key)``.
+
+    Raises:
+        InvalidTypeError, InvalidValueError: a binding key's value is wrong (the message names
+            ``secondary_tiers[N].<key>`` and what a valid value looks like).
+    """
+    schema = ConfigSchema(tier_type, BINDING_KEYS)
+    binding = {k: v for k, v in entry.items() if k in schema.keys}
+    for key, value in binding.items():
+        schema.check_value(key, value, label)
+    return binding, {k: v for k, v in entry.items() if k not in schema.keys}
 
 
 def install_hint(dist: str, extra: str | None = None) -> str:
@@ -170,7 +218,7 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
     becomes ``{"type": "fs", ...}``: the tier the binding would load inside
     vLLM, checked here without vLLM. The keys the binding or vLLM consume
     (``model_revision``, ``kv_layout``, ``locality``, ``enable_kv_events``,
-    ``backpressure``: :data:`tiering.core.vllm.entry.BINDING_KEYS`) are
+    ``backpressure``: :data:`BINDING_KEYS`) are
     checked here and removed from the entry, never passed to the tier's schema.
 
     Returns:
@@ -196,7 +244,7 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
                 f"installed tiering tier; the vLLM binding's names are {known}"
             )
         binding, own = split_binding_keys(entry, str(name), f"secondary_tiers[{index}]")
-        refuse_admission(own, f"secondary_tiers[{index}]", "vLLM's own manager")
+        entry_policies().refuse_admission(own, f"secondary_tiers[{index}]", "vLLM's own manager")
         tiers[index] = {"type": plain, **{k: v for k, v in own.items() if k not in ("type", "module_path")}}
         line = (
             f"secondary_tiers[{index}]: {name!r} with module_path {VLLM_TIERS_MODULE!r} is the vLLM binding's "

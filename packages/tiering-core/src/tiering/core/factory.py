@@ -20,13 +20,13 @@ does not fit it; no credential of the entry reaches a message
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tiering.core.construct import check_callable, config_key_of, construct, label_error
 from tiering.core.declared import TIER_PARAMETERS
-from tiering.core.policies.admission import split_admission
 from tiering.core.redact import Redactor, redact_config
 from tiering.core.registry import (
     FIRST_PARTY_SPECS,
@@ -38,7 +38,7 @@ from tiering.core.registry import (
     import_module_path,
     register_tier,
 )
-from tiering.core.schema import TierConfigError, admission_schema
+from tiering.core.schema import TierConfigError
 
 if TYPE_CHECKING:
     from tiering.core.base import SecondaryTierManager
@@ -234,9 +234,8 @@ def resolve_tier(
         redact=Redactor(tier_config),
         partial=True,
     )
-    # The admission keys are the core's (applied by the manager), checked here and never given to the tier.
-    kwargs, admission = split_admission(kwargs)
-    admission_schema(tier_type).validate(admission, entry=f"secondary_tiers[{index}]")
+    # Policy keys (admission) are applied around the tier: checked here, never given to the tier.
+    kwargs = entry_policies().split_entry(tier_type, kwargs, f"secondary_tiers[{index}]")
     if cls.config_schema is not None:
         cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
         # The tier is given integers of bytes even where the config wrote "4GiB".
@@ -244,6 +243,20 @@ def resolve_tier(
     else:
         check_tier_keys(cls, kwargs, label)
     return cls, tier_type, kwargs
+
+
+ENTRY_POLICIES = "tiering.core.policies.admission"
+"""The module of the policy keys a tier entry may carry besides its tier's own (``admission``, ...).
+
+Named, not imported: the kernel never imports a feature. The module offers
+``split_entry(tier_type, keys, entry) -> the tier's keys`` (checks the policy keys,
+leaves them out) and ``refuse_admission(keys, entry, runner)`` (for engines whose
+own manager decides what is written)."""
+
+
+def entry_policies() -> Any:
+    """The module named by :data:`ENTRY_POLICIES`, imported on first use (the factory's one policy hook)."""
+    return importlib.import_module(ENTRY_POLICIES)
 
 
 def _schema_secret_keys(cls: type[SecondaryTierManager]) -> frozenset[str]:

@@ -32,7 +32,6 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tiering.core.policies.sketch import MAX_SKETCH_BYTES, MIN_SKETCH_BYTES
 from tiering.core.redact import REDACTED
 from tiering.core.units import parse_size
 
@@ -169,25 +168,6 @@ def _show(value: Any) -> str:
 EntryCheck = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
 """A check of keys that go together: given the normalized entry (every key, defaults filled in), returns
 ``(key at fault, problem)`` or None. Must be side-effect free (it may look at files, never create one)."""
-
-
-MAX_PINNED_BYTES = ConfigKey(
-    "max_pinned_bytes",
-    (int,),
-    default=0,
-    minimum=0,
-    size=True,
-    doc="bound on the bytes of the blocks pinned in this tier (0: pinning off)",
-)
-"""The pin bound every tier that can pin declares (:mod:`tiering.core.policies.pin_records`)."""
-
-
-def pins_below_capacity(entry: Mapping[str, Any]) -> tuple[str, str] | None:
-    """An :data:`EntryCheck`: ``max_pinned_bytes`` must leave room under ``capacity_bytes`` for unpinned blocks."""
-    pinned, cap = entry.get("max_pinned_bytes") or 0, entry.get("capacity_bytes")
-    if pinned and isinstance(cap, int) and pinned >= cap:
-        return "max_pinned_bytes", f"must be below capacity_bytes ({cap}), got {pinned}"
-    return None
 
 
 class ConfigSchema:
@@ -333,41 +313,3 @@ def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
     if float in types and isinstance(value, int):
         return True
     return isinstance(value, types)
-
-
-ADMISSION_POLICIES = ("always", "second_sighting")
-"""The values of ``admission`` (:mod:`tiering.core.policies.admission`), the default first."""
-
-ADMISSION_KEYS = (
-    ConfigKey(
-        "admission",
-        (str,),
-        default=ADMISSION_POLICIES[0],
-        choices=ADMISSION_POLICIES,
-        doc="which stored blocks are written to the tier: every one, or those seen before (frequency >= 2)",
-    ),
-    ConfigKey(
-        "admission_sketch_bytes",
-        (int,),
-        default=None,
-        nullable=True,
-        minimum=MIN_SKETCH_BYTES,
-        maximum=MAX_SKETCH_BYTES,
-        size=True,
-        doc="memory of the second_sighting frequency sketch (default 1MiB: about 256K recent blocks)",
-    ),
-)
-"""Keys every ``secondary_tiers`` entry accepts besides its tier's own: the core applies them, not the tier."""
-
-ADMISSION_KEY_NAMES = frozenset(k.name for k in ADMISSION_KEYS)
-
-
-def _sketch_needs_policy(entry: Mapping[str, Any]) -> tuple[str, str] | None:
-    if entry["admission_sketch_bytes"] is not None and entry["admission"] != "second_sighting":
-        return "admission_sketch_bytes", f"is used only with admission 'second_sighting', not {entry['admission']!r}"
-    return None
-
-
-def admission_schema(tier: str) -> ConfigSchema:
-    """The schema of the admission keys (:data:`ADMISSION_KEYS`) of a tier of type ``tier`` (for messages)."""
-    return ConfigSchema(tier, ADMISSION_KEYS, checks=[_sketch_needs_policy])

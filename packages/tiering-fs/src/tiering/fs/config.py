@@ -21,13 +21,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core.declared import schema_defaults
+from tiering.core.policies.pin_records import MAX_PINNED_BYTES, pins_below_capacity
 from tiering.core.policies.tenancy import TENANTS_KEY
 from tiering.core.schema import (
-    MAX_PINNED_BYTES,
     ConfigKey,
     ConfigSchema,
     InvalidValueError,
-    pins_below_capacity,
 )
 from tiering.fs.layout import TRAILER_BYTES
 

@@ -34,9 +34,10 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
+from tiering.core.policies.pin_records import MAX_PINNED_BYTES, pins_below_capacity
 from tiering.core.policies.tenancy import TENANTS_KEY
 from tiering.core.redact import Redactor
-from tiering.core.schema import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, pins_below_capacity
+from tiering.core.schema import ConfigKey, ConfigSchema
 from tiering.redis.layout import check_prefix
 
 MODES = ("standalone", "cluster", "sentinel")

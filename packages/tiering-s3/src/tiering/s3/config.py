@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiering.core.declared import schema_defaults
+from tiering.core.policies.pin_records import MAX_PINNED_BYTES, pins_below_capacity
 from tiering.core.policies.tenancy import TENANTS_KEY
 from tiering.core.redact import Redactor
-from tiering.core.schema import MAX_PINNED_BYTES, ConfigKey, ConfigSchema, MissingKeyError, pins_below_capacity
+from tiering.core.schema import ConfigKey, ConfigSchema, MissingKeyError
 from tiering.s3.layout import normalize_prefix
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")

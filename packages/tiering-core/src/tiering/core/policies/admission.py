@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.policies.sketch import FrequencySketch
-from tiering.core.runtime.metrics import StackMetrics
-from tiering.core.schema import ADMISSION_KEY_NAMES, ADMISSION_POLICIES, InvalidValueError, admission_schema
+from tiering.core.policies.sketch import MAX_SKETCH_BYTES, MIN_SKETCH_BYTES, FrequencySketch
+from tiering.core.schema import ConfigKey, ConfigSchema, InvalidValueError
+
+if TYPE_CHECKING:
+    from tiering.core.runtime.metrics import StackMetrics
 
 __all__ = [
+    "ADMISSION_KEYS",
     "ALWAYS",
     "SECOND_SIGHTING",
     "AdmissionConfig",
@@ -40,7 +43,46 @@ __all__ = [
     "admission_config",
     "refuse_admission",
     "split_admission",
+    "split_entry",
 ]
+
+ADMISSION_POLICIES = ("always", "second_sighting")
+"""The values of ``admission`` (:mod:`tiering.core.policies.admission`), the default first."""
+
+ADMISSION_KEYS = (
+    ConfigKey(
+        "admission",
+        (str,),
+        default=ADMISSION_POLICIES[0],
+        choices=ADMISSION_POLICIES,
+        doc="which stored blocks are written to the tier: every one, or those seen before (frequency >= 2)",
+    ),
+    ConfigKey(
+        "admission_sketch_bytes",
+        (int,),
+        default=None,
+        nullable=True,
+        minimum=MIN_SKETCH_BYTES,
+        maximum=MAX_SKETCH_BYTES,
+        size=True,
+        doc="memory of the second_sighting frequency sketch (default 1MiB: about 256K recent blocks)",
+    ),
+)
+"""Keys every ``secondary_tiers`` entry accepts besides its tier's own: the core applies them, not the tier."""
+
+ADMISSION_KEY_NAMES = frozenset(k.name for k in ADMISSION_KEYS)
+
+
+def _sketch_needs_policy(entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    if entry["admission_sketch_bytes"] is not None and entry["admission"] != "second_sighting":
+        return "admission_sketch_bytes", f"is used only with admission 'second_sighting', not {entry['admission']!r}"
+    return None
+
+
+def admission_schema(tier: str) -> ConfigSchema:
+    """The schema of the admission keys (:data:`ADMISSION_KEYS`) of a tier of type ``tier`` (for messages)."""
+    return ConfigSchema(tier, ADMISSION_KEYS, checks=[_sketch_needs_policy])
+
 
 ALWAYS, SECOND_SIGHTING = ADMISSION_POLICIES
 DEFAULT_SKETCH_BYTES = 1024 * 1024
@@ -66,6 +108,19 @@ def split_admission(tier_config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
     """``tier_config`` split into (the tier's own keys, the admission keys): the tier never sees the latter."""
     own = {k: v for k, v in tier_config.items() if k not in ADMISSION_KEY_NAMES}
     return own, {k: v for k, v in tier_config.items() if k in ADMISSION_KEY_NAMES}
+
+
+def split_entry(tier_type: str, tier_config: Mapping[str, Any], entry: str) -> dict[str, Any]:
+    """The tier's own keys of an entry, its admission keys checked and left out (the factory's policy hook).
+
+    The factory (:func:`tiering.core.factory.resolve_tier`) calls it by name for every entry it resolves.
+
+    Raises:
+        TierConfigError: a bad admission key, named ``<entry>.<key>``.
+    """
+    own, admission = split_admission(tier_config)
+    admission_schema(tier_type).validate(admission, entry=entry)
+    return own
 
 
 def admission_config(tier_config: Mapping[str, Any], index: int = 0) -> AdmissionConfig:

@@ -31,14 +31,34 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 from tiering.core.base import OffloadKey
+from tiering.core.schema import ConfigKey
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["PIN_STATS", "PinBook", "PinMedium", "PinRefusedError", "PinningTier", "marker_name", "parse_marker"]
+
+MAX_PINNED_BYTES = ConfigKey(
+    "max_pinned_bytes",
+    (int,),
+    default=0,
+    minimum=0,
+    size=True,
+    doc="bound on the bytes of the blocks pinned in this tier (0: pinning off)",
+)
+"""The pin bound every tier that can pin declares (:mod:`tiering.core.policies.pin_records`)."""
+
+
+def pins_below_capacity(entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    """An :data:`EntryCheck`: ``max_pinned_bytes`` must leave room under ``capacity_bytes`` for unpinned blocks."""
+    pinned, cap = entry.get("max_pinned_bytes") or 0, entry.get("capacity_bytes")
+    if pinned and isinstance(cap, int) and pinned >= cap:
+        return "max_pinned_bytes", f"must be below capacity_bytes ({cap}), got {pinned}"
+    return None
+
 
 PIN_STATS = ("pinned_blocks", "pinned_bytes", "pins_pending", "pins_refused", "max_pinned_bytes")
 """The figures of :meth:`PinBook.stats` (in the stats vocabulary)."""

@@ -14,9 +14,6 @@ import time
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext
 from tiering.core.runtime.metrics import StackMetrics
 
-PRIMARY = -1
-"""The source index of blocks that were already in the primary tier."""
-
 
 @dataclasses.dataclass
 class LoadResult:

@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from tiering.core.base import OffloadKey
 from tiering.core.events import KVEventLog
-from tiering.core.policies.tenancy import TenantPolicy
-from tiering.core.policies.tenant_book import TenantBook, TenantOrder
 from tiering.core.store.epochs import RemovalEpochs
 from tiering.core.store.forks import ProcessOwner
+from tiering.core.store.hooks import TenantBook, TenantOrder, TenantPolicy
 from tiering.core.store.index_types import KeyState, Victim
 from tiering.core.store.ledger import DeleteLedger
 from tiering.core.store.touches import TouchQueue

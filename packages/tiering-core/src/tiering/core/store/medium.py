@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
-from tiering.core.policies.pin_records import PinMedium
+from tiering.core.store.hooks import PinMedium
 
 __all__ = [
     "LOAD_CAUSES",

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from tiering.core.base import OffloadKey
-from tiering.core.policies.pin_records import PinBook
 from tiering.core.store.deletes import Deletes
+from tiering.core.store.hooks import PinBook
 from tiering.core.store.index import Admit, CapacityIndex
 from tiering.core.store.medium import Medium, ScanResult
 from tiering.core.store.stats import Counters

@@ -29,11 +29,10 @@ from typing import Any, ClassVar
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.events import KVEventLog
 from tiering.core.format import HEADER_SIZE
-from tiering.core.policies.pin_records import PinBook, PinningTier
-from tiering.core.policies.tenancy import TenantPolicy, note_tenant
 from tiering.core.schema import ConfigSchema, InvalidValueError
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store.deletes import Deletes
+from tiering.core.store.hooks import PinBook, PinningTier, TenantPolicy, note_tenant
 from tiering.core.store.index import CapacityIndex, KeyState
 from tiering.core.store.jobs import SHUTDOWN, JobState, JobTracker
 from tiering.core.store.loads import Loads

@@ -1,8 +1,8 @@
 """Test suites shipped in the wheel (after fsspec's ``tests/abstract``), and the shared test helpers.
 
 - :class:`TierConformanceTests`: the tier contract; every tier's tests subclass it.
-- :class:`InspectorConformanceTests`: ``tiering ls/stat/gc/verify`` through a persistent
-  tier's :class:`~tiering.core.inspection.TierInspector`; every persistent tier subclasses it.
+- (the inspector suite, ``tiering ls/stat/gc/verify`` through a persistent tier's inspector, is the
+  command's: :class:`tiering.cli.testing.InspectorConformanceTests` in tiering-cli.)
 - helpers (``make_key``, ``block_payload``, ``make_spec``, ``store_blocks``, ``load_blocks``,
   ``wait_for_jobs``, ``wait_until``...), re-exported from the runtime module
   :mod:`tiering.core.testing.harness` so that benchmarks need no pytest.
@@ -49,7 +49,6 @@ from tiering.core.testing.harness import (
     wait_for_results,
     wait_until,
 )
-from tiering.core.testing.inspector import InspectorConformanceTests
 
 
 def requires_tier(name: str) -> pytest.MarkDecorator:
@@ -62,7 +61,6 @@ def requires_tier(name: str) -> pytest.MarkDecorator:
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "InspectorConformanceTests",
     "TierConformanceTests",
     "block_payload",
     "fill_slots",

@@ -7,7 +7,6 @@ module                                     torch  owns
 =========================================  =====  ==================================================
 :mod:`~tiering.core.transfer.layout`       no     device layouts, the slot byte layout (``kv_layout``)
 :mod:`~tiering.core.transfer.plan`         no     copy planning: sorting, coalesced runs, chunks, id checks
-:mod:`~tiering.core.transfer.driver`       no     :class:`OffloadingDriver`: copies + manager, one job flow
 :mod:`~tiering.core.transfer.geometry`     yes    :class:`KVCacheGeometry` of per-layer KV tensors
 :mod:`~tiering.core.transfer.host`         yes    the pinned host buffer (:func:`allocate_host_buffer`)
 :mod:`~tiering.core.transfer.handler`      yes    :class:`TransferHandler`: the copies themselves
@@ -18,13 +17,14 @@ the torch names (:class:`TransferHandler`, :class:`KVCacheGeometry`,
 :class:`HostBuffer`, :func:`kv_geometry`, :func:`allocate_host_buffer`,
 :func:`host_tensor`) import their module on first use, and without torch
 raise ImportError naming the extra to install (``pip install 'tiering-core[torch]'``).
+The driver that ties the copies to the standalone manager is the runtime's
+(:mod:`tiering.core.runtime.driver`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tiering.core.transfer.driver import Finished, LoadDone, OffloadingDriver, StoreDone
 from tiering.core.transfer.layout import SLOT_LAYOUT, KVLayout, detect_layout, slot_layout
 from tiering.core.transfer.plan import DEFAULT_STAGING_BYTES, CopyPlan, plan_copies
 
@@ -70,13 +70,9 @@ __all__ = [
     "DEFAULT_STAGING_BYTES",
     "SLOT_LAYOUT",
     "CopyPlan",
-    "Finished",
     "HostBuffer",
     "KVCacheGeometry",
     "KVLayout",
-    "LoadDone",
-    "OffloadingDriver",
-    "StoreDone",
     "TransferHandler",
     "allocate_host_buffer",
     "detect_layout",

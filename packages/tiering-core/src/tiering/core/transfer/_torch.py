@@ -2,7 +2,7 @@
 
 Modules that need torch import it as ``from tiering.core.transfer._torch import torch``;
 the torch-free modules (:mod:`~tiering.core.transfer.layout`,
-:mod:`~tiering.core.transfer.plan`, :mod:`~tiering.core.transfer.driver`) never do.
+:mod:`~tiering.core.transfer.plan`, :mod:`~tiering.core.runtime.driver`) never do.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from tiering.core.base import JobMetadata
 from tiering.core.base import OffloadKey as TieringOffloadKey
 from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
+from tiering.core.configfile import WRAPPER_KWARGS
 from tiering.core.events import HeldKeys
 from tiering.core.factory import check_tier_keys
 from tiering.core.policies.admission import refuse_admission
@@ -63,7 +64,6 @@ from tiering.core.vllm.compat import (
     TransferJob,
 )
 from tiering.core.vllm.cost import LoadGate
-from tiering.core.vllm.entry import WRAPPER_KWARGS
 from tiering.core.vllm.observability import (
     INFO_KEYS,
     config_info_of,
@@ -76,7 +76,7 @@ from tiering.core.vllm.translate import primary_block_view, tiering_spec_from_vl
 logger = logging.getLogger(__name__)
 
 RESERVED_KWARGS = WRAPPER_KWARGS
-"""Tier-entry keys the wrapper consumes (:mod:`tiering.core.vllm.entry`); every other key goes to the tiering tier."""
+"""Tier-entry keys the wrapper consumes (:data:`tiering.core.configfile.BINDING_KEYS`); the rest go to the tier."""
 
 _DRAIN_WARN_S = 10.0
 

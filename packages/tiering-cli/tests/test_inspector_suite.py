@@ -1,4 +1,4 @@
-"""The inspector conformance suite runs in core, against a minimal persistent tier (tests/support/dir_tier.py)."""
+"""The inspector conformance suite runs against a minimal persistent tier (tiering-core's tests/support/dir_tier.py)."""
 
 import importlib.util
 import os
@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tiering.cli.testing import InspectorConformanceTests
 from tiering.core.factory import SecondaryTierFactory
-from tiering.core.testing import InspectorConformanceTests
 
 _MODULE = "tiering_core_tests_dir_tier"
 if _MODULE not in sys.modules:
-    _spec = importlib.util.spec_from_file_location(_MODULE, Path(__file__).parent / "support" / "dir_tier.py")
+    _spec = importlib.util.spec_from_file_location(
+        _MODULE, Path(__file__).resolve().parents[2] / "tiering-core" / "tests" / "support" / "dir_tier.py"
+    )
     assert _spec is not None and _spec.loader is not None
     sys.modules[_MODULE] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[_MODULE])
