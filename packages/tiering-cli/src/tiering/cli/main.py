@@ -180,6 +180,7 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
 
 def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> None:
     """Probe or open entry ``secondary_tiers[index]`` and print what was found; errors unlabelled."""
+    from tiering.core.capabilities import Probeable
     from tiering.core.inspection import inspector_for
     from tiering.core.primary.memory import format_bytes
 
@@ -187,7 +188,7 @@ def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> No
     inspector = inspector_for(tier_config, index)
     where = None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
     free = None if inspector is None else inspector.free_bytes()
-    found = cls.probe(tier_config)
+    found = cls.probe(tier_config) if isinstance(cls, Probeable) else None
     head = f"probe {tier_type!r} ({where})" if where else f"probe {tier_type!r}"
     tail = "" if where else " (in memory, nothing kept)"
     capacity = kwargs.get("capacity_bytes")  # in bytes, also where the config wrote "4GiB"
@@ -203,7 +204,7 @@ def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> No
     tier = create_secondary_tier(tier_config, view, spec, index=index)
     try:
         echo(f"{head}: ok{tail}")
-        for line in tier.probe_report():
+        for line in tier.probe_report() if isinstance(tier, Probeable) else []:
             echo(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
     finally:
         tier.shutdown()

@@ -25,6 +25,7 @@ from typing import Any
 
 from tiering.cli.terminal import echo
 from tiering.core.base import OffloadKey
+from tiering.core.capabilities import PinnableTier
 from tiering.core.keys import trace_block_key
 from tiering.core.policies.pinning import pin_in_tiers, prefix_keys
 from tiering.core.policies.tenants import scope_keys
@@ -84,8 +85,9 @@ def cmd_pin(args: argparse.Namespace) -> int:
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
-                can_pin = "pinned_blocks" in tier.stats()
-                tier.unpin(keys)
+                can_pin = isinstance(tier, PinnableTier) and "pinned_blocks" in tier.stats()
+                if isinstance(tier, PinnableTier):
+                    tier.unpin(keys)
                 state = f"pins of {len(keys)} blocks ended" if can_pin else "cannot pin (nothing to unpin)"
                 echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
             return 0

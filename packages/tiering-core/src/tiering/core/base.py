@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NewType
 
 if TYPE_CHECKING:
-    from tiering.core.events import KVEvent
-    from tiering.core.inspection import TierInspector
     from tiering.core.schema import ConfigSchema
     from tiering.core.spec import OffloadingSpec
 
@@ -142,11 +140,10 @@ class SecondaryTierManager(abc.ABC):
       (:class:`~tiering.core.schema.ConfigSchema`), used for
       side-effect-free validation (``tiering check`` without ``--probe``)
       and to know which keys are secret.
-    - :meth:`inspector`: a :class:`~tiering.core.inspection.TierInspector`
-      for ``tiering ls/stat/gc/verify`` (persistent tiers).
-    - :meth:`default_local_config`: a config entry for a local persistent
-      tier under a directory (``tiering bench`` asks installed tiers).
-    - :meth:`take_events`: KV events (:mod:`tiering.core.events`).
+
+    What only some tiers can do (pins, KV events, offline inspection,
+    probing, a local default) is an optional capability, a Protocol of
+    :mod:`tiering.core.capabilities`: a tier offers it by defining its methods.
 
     Raises:
         ValueError: ``primary_kv_view`` is not 2-D or its rows are not
@@ -158,44 +155,6 @@ class SecondaryTierManager(abc.ABC):
 
     config_schema: ClassVar[ConfigSchema | None] = None
     """The tier's declared config keys; None: only the constructor signature is known."""
-
-    @classmethod
-    def inspector(cls, tier_config: Mapping[str, Any]) -> TierInspector | None:
-        """An offline inspector of the tier's stored blocks for a config entry; None: not inspectable.
-
-        Must not start threads or write anything; may open a client.
-        """
-        return None
-
-    @classmethod
-    def default_local_config(cls, directory: str) -> dict[str, Any] | None:
-        """A ``secondary_tiers`` entry (``type`` included) for a local persistent tier under ``directory``.
-
-        Used where core needs "some persistent tier" without naming one (the
-        benchmark's default stack). None: this tier cannot be local.
-        """
-        return None
-
-    @classmethod
-    def probe(cls, tier_config: Mapping[str, Any]) -> str | None:
-        """Check, creating nothing, that the entry's root, bucket or server would work (``tiering check --probe``).
-
-        Args:
-            tier_config: the ``secondary_tiers`` entry (``type`` included).
-
-        Returns:
-            One line saying what was found (never a credential), or None: this
-            tier has no side-effect-free probe, so the command builds the tier
-            instead (and prints :meth:`probe_report`).
-
-        Raises:
-            ValueError: the entry cannot work (the message says why).
-        """
-        return None
-
-    def probe_report(self) -> list[str]:
-        """What this tier's start-up probe found, one line each (server limits, fallbacks); never a credential."""
-        return []
 
     def __init__(
         self,
@@ -213,10 +172,6 @@ class SecondaryTierManager(abc.ABC):
         self.offloading_spec = offloading_spec
         self.primary_kv_view = primary_kv_view
         self.tier_type = tier_type
-
-    def block(self, block_id: int) -> memoryview:
-        """Primary slot ``block_id`` as a flat writable memoryview (see :func:`block_view`)."""
-        return block_view(self.primary_kv_view, block_id)
 
     @property
     def block_bytes(self) -> int:
@@ -266,30 +221,6 @@ class SecondaryTierManager(abc.ABC):
         """Whether jobs are still in flight. Default: False."""
         return False
 
-    def pin(self, keys: Sequence[OffloadKey], ttl_s: float) -> bool:
-        """Keep ``keys`` from eviction for ``ttl_s`` seconds (all or none); blocks on the medium.
-
-        A key not stored yet is pinned once stored within the pin's lifetime;
-        pinning again extends a pin. The pin is recorded on the tier's medium
-        (it outlives this process and ends by itself). Default: the tier
-        cannot pin, False.
-
-        Returns:
-            True when every key is pinned; False when the pin was refused
-            (pinning off, the tier cannot pin, ``max_pinned_bytes`` would be
-            passed, the medium failed): logged with the reason, counted in
-            ``pins_refused``.
-        """
-        return False
-
-    def unpin(self, keys: Sequence[OffloadKey]) -> None:  # noqa: B027
-        """End the pins of ``keys`` now (they become evictable). Default: no-op."""
-
-    @property
-    def pinning(self) -> bool:
-        """Whether :meth:`pin` can succeed here (pinning supported and on). Default: False. No I/O."""
-        return False
-
     def stats(self) -> dict[str, int | float]:
         """Figures of the tier for metrics and ``tiering stat``. Default: none.
 
@@ -304,14 +235,6 @@ class SecondaryTierManager(abc.ABC):
         as they are. Must be safe to call from another thread.
         """
         return {}
-
-    def take_events(self) -> list[KVEvent]:
-        """KV events (blocks stored / removed) since the last call, oldest first. Default: none.
-
-        A tier keeping a :class:`~tiering.core.events.KVEventLog`
-        returns its :meth:`~tiering.core.events.KVEventLog.take_events`.
-        """
-        return []
 
     def shutdown(self) -> None:  # noqa: B027
         """Stop background work. Jobs in flight are finished or reported failed first."""

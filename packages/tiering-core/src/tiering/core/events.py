@@ -4,7 +4,7 @@ vLLM publishes KV cache events (``BlockStored`` / ``BlockRemoved`` /
 ``AllBlocksCleared``, with the medium that holds the block) so that a router
 can send requests to the replica that holds their prefix. A tier records its
 own events in a :class:`KVEventLog` and returns them from
-:meth:`~tiering.core.base.SecondaryTierManager.take_events`; the vLLM
+:meth:`~tiering.core.capabilities.EventSource.take_events`; the vLLM
 binding translates them into vLLM's event types.
 
 Routing-grade: a consumer that applies the events in order holds exactly the

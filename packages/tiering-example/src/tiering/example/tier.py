@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from tiering.core import JobMetadata, OffloadingSpec, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager, block_view
 from tiering.core.events import KVEventLog
 from tiering.core.schema import ConfigKey, ConfigSchema
+from tiering.core.spec import OffloadingSpec
 from tiering.core.store.jobs import JobTracker
 from tiering.core.store.reporting import JobReporting
 
@@ -70,7 +71,7 @@ class ExampleSecondaryTierManager(JobReporting, SecondaryTierManager):
         state = self.jobs.start(job)
         new = [key for key in job.keys if key not in self._blocks]
         for key, block_id in zip(job.keys, job.block_ids, strict=True):
-            self._blocks.setdefault(key, self.block(block_id).tobytes())
+            self._blocks.setdefault(key, block_view(self.primary_kv_view, block_id).tobytes())
         self.events.record_stored(new)
         state.record((i, True, "") for i in range(len(job.keys)))
 
@@ -80,7 +81,7 @@ class ExampleSecondaryTierManager(JobReporting, SecondaryTierManager):
         for i, (key, block_id) in enumerate(zip(job.keys, job.block_ids, strict=True)):
             data = self._blocks.get(key)
             if data is not None:
-                self.block(block_id)[:] = data
+                block_view(self.primary_kv_view, block_id)[:] = data
             outcomes.append((i, data is not None, "" if data is not None else "missing"))
         state.record(outcomes)
 

@@ -43,6 +43,7 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.platform import create_event_notifier
 from tiering.core.base import OffloadKey, ReqContext
 from tiering.core.base import SecondaryTierManager as TieringTier
+from tiering.core.capabilities import PinnableTier, can_pin
 from tiering.core.factory import create_secondary_tier
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
 from tiering.lmcache.keys import encode_key, namespace_config
@@ -199,7 +200,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
                     continue
                 if holders[0] <= 1:
                     del self._locks[okey]
-                    if self.tier.pinning:
+                    if can_pin(self.tier):
                         self._to_unpin.append(okey)  # ended on the worker thread: an unpin may wait on the tier
                 else:
                     self._locks[okey] = (holders[0] - 1, holders[1])
@@ -312,7 +313,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def _lock_hits(self, task: Task) -> None:
         """Lock a lookup's hits against eviction until their unlock, or ``lock_ttl_s`` at most (worker thread).
 
-        A tier with pinning on (:attr:`~tiering.core.base.SecondaryTierManager.pinning`) pins the hits for
+        A tier with pinning on (:class:`~tiering.core.capabilities.PinnableTier`) pins the hits for
         ``lock_ttl_s``; every tier is told of a use (the hits become the most recently used in its eviction
         order), one call each per tenant; each hit's holders are counted with an expiry that
         :meth:`submit_unlock` and :meth:`_expire_locks` honour.
@@ -322,7 +323,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             by_tenant.setdefault(task.tenant(index), []).append(task.okeys[index])
         for tenant, okeys in by_tenant.items():
             try:
-                if self.tier.pinning:  # else a refusal per lookup would be logged and counted for nothing
+                if isinstance(self.tier, PinnableTier) and self.tier.pinning:  # else a refusal per lookup is noise
                     self.tier.pin(okeys, self.params.lock_ttl_s)
                 self.tier.touch(okeys, ReqContext(f"lmcache-lookup-{task.task_id}", tenant=tenant))
             except Exception:
@@ -372,7 +373,8 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             unpin, self._to_unpin = self._to_unpin, []
         if unpin:
             try:
-                self.tier.unpin(unpin)
+                if isinstance(self.tier, PinnableTier):
+                    self.tier.unpin(unpin)
             except Exception:
                 logger.exception("tiering L2 adapter: tier unpin raised")
                 self._worker.errors += 1

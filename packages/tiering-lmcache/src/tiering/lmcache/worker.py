@@ -21,6 +21,7 @@ from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext
 from tiering.core.base import SecondaryTierManager as TieringTier
+from tiering.core.capabilities import take_events
 from tiering.core.events import BlockRemoved
 from tiering.lmcache.keys import pack_row, row_payload
 
@@ -195,7 +196,7 @@ class TierWorker:
         results = list(self.tier.get_finished())
         for result in results:
             self._finish_job(result)
-        removed = [k for event in self.tier.take_events() if isinstance(event, BlockRemoved) for k in event.keys]
+        removed = [k for event in take_events(self.tier) if isinstance(event, BlockRemoved) for k in event.keys]
         if removed:
             self._on_removed(removed)
         return progress or bool(results)

@@ -47,6 +47,7 @@ from tiering.cli.bench.workload import (
     tenant_rule,
 )
 from tiering.cli.bench.workspace import workspace
+from tiering.core.capabilities import PinnableTier
 from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
 from tiering.core.factory import redact_offloading_config
 from tiering.core.primary.memory import format_bytes
@@ -312,7 +313,8 @@ def _replay_pass(
         finally:
             if pinned_in:  # the bench's pins end with it: a --config's tiers are the user's
                 for tier in manager.secondary_tiers:
-                    tier.unpin(pinned)
+                    if isinstance(tier, PinnableTier):
+                        tier.unpin(pinned)
             manager.shutdown()
         data = report.to_dict()
         if args.pin:

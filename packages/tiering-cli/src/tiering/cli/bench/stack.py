@@ -16,6 +16,7 @@ from typing import Any
 
 from tiering.cli.bench.workload import MOONCAKE_BLOCK_TOKENS
 from tiering.core.base import SecondaryTierManager
+from tiering.core.capabilities import LocalTier
 from tiering.core.factory import SecondaryTierFactory
 
 DEFAULT_BENCH_BLOCK_BYTES = 16 * 1024
@@ -50,7 +51,7 @@ def default_local_tier(directory: str | Path) -> dict[str, Any] | None:
     """
     for name in SecondaryTierFactory.known_names():
         cls = SecondaryTierFactory.get_class(name)
-        config = cls.default_local_config(str(directory))
+        config = cls.default_local_config(str(directory)) if isinstance(cls, LocalTier) else None
         if config is None:
             continue
         entry: dict[str, Any] = {"type": name, **dict(config)}

@@ -317,14 +317,14 @@ class PinningTier:
     pins: PinBook
 
     def pin(self, keys: Sequence[OffloadKey], ttl_s: float) -> bool:
-        """See :meth:`tiering.core.base.SecondaryTierManager.pin` (:meth:`PinBook.try_pin`)."""
+        """See :meth:`tiering.core.capabilities.PinnableTier.pin` (:meth:`PinBook.try_pin`)."""
         return self.pins.try_pin(keys, ttl_s)
 
     def unpin(self, keys: Sequence[OffloadKey]) -> None:
-        """See :meth:`tiering.core.base.SecondaryTierManager.unpin` (:meth:`PinBook.try_unpin`)."""
+        """See :meth:`tiering.core.capabilities.PinnableTier.unpin` (:meth:`PinBook.try_unpin`)."""
         self.pins.try_unpin(keys)
 
     @property
     def pinning(self) -> bool:
-        """See :attr:`tiering.core.base.SecondaryTierManager.pinning` (:attr:`PinBook.enabled`)."""
+        """See :attr:`tiering.core.capabilities.PinnableTier.pinning` (:attr:`PinBook.enabled`)."""
         return self.pins.enabled

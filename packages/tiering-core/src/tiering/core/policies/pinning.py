@@ -2,7 +2,7 @@
 
 A pin keeps blocks in a secondary tier until it expires (see
 :mod:`tiering.core.policies.pin_records` for what a tier keeps and
-:meth:`tiering.core.base.SecondaryTierManager.pin` for the contract). This
+:meth:`tiering.core.capabilities.PinnableTier.pin` for the contract). This
 module is what callers use:
 
 - :func:`pin_in_tiers`: pin keys in every tier of a stack that can pin
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.capabilities import PinnableTier
 from tiering.core.keys import block_keys
 from tiering.core.units import parse_duration
 
@@ -63,7 +64,7 @@ def pin_in_tiers(tiers: Sequence[SecondaryTierManager], keys: Sequence[OffloadKe
     out = []
     for index, tier in enumerate(tiers):
         try:
-            out.append(bool(tier.pin(keys, ttl_s)))
+            out.append(isinstance(tier, PinnableTier) and bool(tier.pin(keys, ttl_s)))
         except Exception:
             logger.exception("secondary tier %d (%s): pin raised", index, tier.tier_type)
             out.append(False)

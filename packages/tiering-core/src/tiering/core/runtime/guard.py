@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.capabilities import take_events
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class GuardedTier:
     def take_events(self) -> Iterable[Any]:
         """The tier's KV events since the last call; none when it raises."""
         try:
-            return list(self.tier.take_events())
+            return take_events(self.tier)
         except Exception:
             self._error("take_events raised")
             return []

@@ -29,9 +29,9 @@ from tiering.core.policies.admission import AdmissionConfig, StackAdmission
 from tiering.core.policies.costmodel import LoadCostConfig, LoadCostModel
 from tiering.core.policies.pinning import pin_in_tiers
 from tiering.core.policies.tenants import caller_allocation, scope_keys
-from tiering.core.primary import Allocation, CPUPrimaryTier
+from tiering.core.primary import PRIMARY, Allocation, CPUPrimaryTier
 from tiering.core.runtime.guard import FinishedJob, GuardedTier
-from tiering.core.runtime.load_records import PRIMARY, JobContext, LoadResult, PendingLoad, record_job
+from tiering.core.runtime.load_records import JobContext, LoadResult, PendingLoad, record_job
 from tiering.core.runtime.metrics import StackMetrics, label_key, tier_labels
 from tiering.core.store.forks import ProcessOwner
 from tiering.core.store.jobs import JobState, JobTracker

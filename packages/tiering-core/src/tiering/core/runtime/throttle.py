@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.capabilities import take_events
 from tiering.core.events import KVEvent
 from tiering.core.units import parse_size
 
@@ -93,7 +94,7 @@ class ThrottledTier(SecondaryTierManager):
 
     def take_events(self) -> list[KVEvent]:
         """The wrapped tier's."""
-        return self.inner.take_events()
+        return take_events(self.inner)
 
     def shutdown(self) -> None:
         """Shut the wrapped tier down; from then on results are no longer held back."""

@@ -16,6 +16,7 @@ pins nothing, a :class:`TenantPolicy` without tenants scopes nothing.
 """
 
 from tiering.core.policies.pin_records import PinBook, PinMedium, PinningTier
-from tiering.core.store.hooks import TenantBook, TenantOrder, TenantPolicy, note_tenant
+from tiering.core.policies.tenancy import TenantPolicy, note_tenant
+from tiering.core.policies.tenant_book import TenantBook, TenantOrder
 
 __all__ = ["PinBook", "PinMedium", "PinningTier", "TenantBook", "TenantOrder", "TenantPolicy", "note_tenant"]

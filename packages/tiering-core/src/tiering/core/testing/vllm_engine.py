@@ -162,7 +162,7 @@ def stored_blocks(where: Mapping[str, Any]) -> int:
 
     Args:
         where: ``{"tier": name, "config": entry}``: the blocks a tiering
-            tier's inspector (:meth:`~tiering.core.base.SecondaryTierManager.inspector`)
+            tier's inspector (:meth:`~tiering.core.capabilities.Inspectable.inspector`)
             lists under every namespace of the entry's storage; or
             ``{"directory": path, "suffix": ".bin"}``: files under ``path``
             whose name ends with ``suffix`` (another engine's tier, e.g.

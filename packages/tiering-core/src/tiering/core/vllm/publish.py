@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tiering.core.base import OffloadKey
+from tiering.core.capabilities import take_events
 from tiering.core.events import BlockRemoved, BlockStored, HeldKeys
 from tiering.core.vllm.compat import (
     AllBlocksCleared,
@@ -103,7 +104,7 @@ class StackEventPublisher:
         """Take every tier's events and publish them as one batch (none when empty); returns the events sent."""
         events: list[Any] = []
         for name, tier in self.tiers.items():
-            resolved = self._held[name].resolve(tier.take_events())
+            resolved = self._held[name].resolve(take_events(tier))
             events.extend(to_vllm_events(resolved, self._media[name], name))
         if events:
             self.publisher.publish(KVEventBatch(ts=time.time(), events=events))
