@@ -41,7 +41,10 @@ def test_check_prints_resolved_classes_and_versions(tmp_path, capsys):
     )
     assert main(["check", str(config), "--probe"]) == 0
     out = capsys.readouterr().out
-    assert f"eviction_policy 'arc': tiering.core.primary.policy.ARCCachePolicy (tiering-core {tiering.core.__version__})" in out
+    assert (
+        f"eviction_policy 'arc': tiering.core.primary.policy.ARCCachePolicy (tiering-core {tiering.core.__version__})"
+        in out
+    )
     assert "type 'example': tiering.example.tier.ExampleSecondaryTierManager (tiering-example 0.1.0)" in out
     assert "probe 'example': ok" in out
 

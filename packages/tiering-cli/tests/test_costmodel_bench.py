@@ -34,3 +34,17 @@ def test_fast_fs_tier_keeps_95_percent_of_the_gain(tmp_path):
     gain_on = 1 - views["model on"]["ratio"]
     assert gain_off > 0.05  # the tiers do shorten TTFT on this trace
     assert gain_on >= 0.95 * gain_off
+
+
+def test_tiering_check_states_the_cost_model_and_its_rate_source(tmp_path, capsys):
+    from tiering.cli.main import main
+
+    path = tmp_path / "c.json"
+    path.write_text('{"cpu_bytes_to_use": "1MiB", "recompute_tokens_per_s": 12000, "max_load_s": 2}')
+    assert main(["check", str(path)]) == 0
+    assert "load cost model: on; recompute 12000 tokens/s (configured); max_load_s 2; margin 1.1" in (
+        capsys.readouterr().out
+    )
+    path.write_text('{"cpu_bytes_to_use": "1MiB", "load_cost_margin": 0.5}')
+    assert main(["check", str(path)]) == 2
+    assert "config key 'load_cost_margin': must be a number >= 1, got 0.5" in capsys.readouterr().err

@@ -11,11 +11,10 @@ import pytest
 from tiering.cli.testing import InspectorConformanceTests
 from tiering.core.factory import SecondaryTierFactory
 
+CORE_TESTS = Path(__file__).resolve().parents[2] / "tiering-core" / "tests"
 _MODULE = "tiering_core_tests_dir_tier"
 if _MODULE not in sys.modules:
-    _spec = importlib.util.spec_from_file_location(
-        _MODULE, Path(__file__).resolve().parents[2] / "tiering-core" / "tests" / "support" / "dir_tier.py"
-    )
+    _spec = importlib.util.spec_from_file_location(_MODULE, CORE_TESTS / "support" / "dir_tier.py")
     assert _spec is not None and _spec.loader is not None
     sys.modules[_MODULE] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[_MODULE])

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tiering.core.base import JobResult, SecondaryTierManager
+from tiering.core.base import JobResult, SecondaryTierManager, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.testing import TierConformanceTests
 
@@ -100,7 +100,7 @@ class GoodTier(SecondaryTierManager):
         time.sleep(self.store_delay_s)
         with self.lock:
             for key, b in zip(job.keys, job.block_ids):
-                self.blocks.setdefault(key, self.block(b).tobytes())
+                self.blocks.setdefault(key, block_view(self.primary_kv_view, b).tobytes())
                 self.writing[key] -= 1
         return JobResult(job.job_id, True)
 
@@ -111,7 +111,7 @@ class GoodTier(SecondaryTierManager):
                 data = self.blocks.get(key)
             if data is None:
                 break
-            self.block(b)[:] = data
+            block_view(self.primary_kv_view, b)[:] = data
             ok_keys.append(key)
         if len(ok_keys) == len(job.keys):
             return JobResult(job.job_id, True)
@@ -123,7 +123,7 @@ class LoadsWrongBytes(GoodTier):
         result = super().load(job)
         if result.success:
             for b in job.block_ids:
-                self.block(b)[0] ^= 0xFF
+                block_view(self.primary_kv_view, b)[0] ^= 0xFF
         return result
 
 

@@ -25,7 +25,7 @@ def test_core_imports_without_torch_or_vllm():
 
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
-        "import tiering.core, tiering.cli.main, tiering.cli.bench\n"
+        "import tiering.core, tiering.core.runtime.manager, tiering.core.store.tier\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

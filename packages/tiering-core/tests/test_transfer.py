@@ -22,6 +22,7 @@ from tiering.core import (  # noqa: E402
     SecondaryTierManager,
     TieringManager,
     TieringOffloadingSpec,
+    block_view,
 )
 from tiering.core.keys import block_keys  # noqa: E402
 from tiering.core.runtime.driver import OffloadingDriver  # noqa: E402
@@ -289,9 +290,9 @@ class HeldTier(SecondaryTierManager):
         for job in self.held:
             for key, slot in zip(job.keys, job.block_ids):
                 if job.is_promotion:
-                    self.block(slot)[:] = self.blocks[key]
+                    block_view(self.primary_kv_view, slot)[:] = self.blocks[key]
                 else:
-                    self.blocks[key] = self.block(slot).tobytes()
+                    self.blocks[key] = block_view(self.primary_kv_view, slot).tobytes()
             self.done.append(JobResult(job.job_id, True))
         self.held = []
 

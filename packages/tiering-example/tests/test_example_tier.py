@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from tiering.core import JobMetadata, ReqContext
+from tiering.core import JobMetadata, ReqContext, block_view
 from tiering.core.testing import TierConformanceTests, make_key
 from tiering.example import ExampleSecondaryTierManager
 
@@ -39,15 +39,15 @@ def test_stats_count_resident_blocks(spec_view):
 def test_failed_load_keeps_the_blocks_it_copied(spec_view):
     spec, view = spec_view
     tier = ExampleSecondaryTierManager(spec, view, "example")
-    tier.block(0)[:] = b"\x01" * spec.block_bytes
-    tier.block(1)[:] = b"\x02" * spec.block_bytes
+    block_view(tier.primary_kv_view, 0)[:] = b"\x01" * spec.block_bytes
+    block_view(tier.primary_kv_view, 1)[:] = b"\x02" * spec.block_bytes
     tier.submit_store(JobMetadata(1, [make_key(1), make_key(2)], [0, 1], False, ReqContext("r")))
     assert [r.success for r in tier.get_finished()] == [True]
     tier.submit_load(JobMetadata(2, [make_key(1), make_key(9), make_key(2)], [2, 3, 1], True, ReqContext("r")))
     (result,) = tier.get_finished()
     assert (result.job_id, result.success) == (2, False)
     assert list(result.successful_keys) == [make_key(1), make_key(2)]
-    assert bytes(tier.block(2)) == b"\x01" * spec.block_bytes
+    assert bytes(block_view(tier.primary_kv_view, 2)) == b"\x01" * spec.block_bytes
     assert tier.stats()["load_jobs_failed"] == 1
 
 

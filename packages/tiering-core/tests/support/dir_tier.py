@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tiering.core.base import JobResult, SecondaryTierManager
+from tiering.core.base import JobResult, SecondaryTierManager, block_view
 from tiering.core.format import HEADER_SIZE, encode_header, verify_block
 from tiering.core.inspection import BlockInfo, TierInspector
 
@@ -112,7 +112,7 @@ class DirTier(SecondaryTierManager):
 
     def submit_store(self, job):
         for key, b in zip(job.keys, job.block_ids):
-            payload = self.block(b)
+            payload = block_view(self.primary_kv_view, b)
             tmp = self._path(key) + ".tmp"
             with open(tmp, "wb") as f:
                 f.write(encode_header(self.digest, key, payload))
@@ -130,7 +130,7 @@ class DirTier(SecondaryTierManager):
             except (OSError, ValueError):
                 ok = False
                 break
-            self.block(b)[:] = data[HEADER_SIZE:]
+            block_view(self.primary_kv_view, b)[:] = data[HEADER_SIZE:]
         self.finished.append(JobResult(job.job_id, ok))
 
     def get_finished(self):
