@@ -25,9 +25,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tiering.core.__about__ import __version__
-
 if TYPE_CHECKING:
+    from tiering.core.__about__ import __version__
     from tiering.core.base import JobMetadata, JobResult, OffloadKey, ReqContext, SecondaryTierManager, block_view
     from tiering.core.factory import (
         CachePolicyFactory,
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from tiering.core.spec import Namespace, OffloadingSpec
 
 _HOMES = {
+    "tiering.core.__about__": "__version__",
     "tiering.core.base": "JobMetadata JobResult OffloadKey ReqContext SecondaryTierManager block_view",
     "tiering.core.factory": (
         "CachePolicyFactory OffloadingSpecFactory SecondaryTierFactory create_secondary_tier create_spec"

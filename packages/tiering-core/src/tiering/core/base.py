@@ -41,6 +41,10 @@ def block_view(primary_kv_view: memoryview, block_id: int) -> memoryview:
     return primary_kv_view[block_id : block_id + 1].cast("B")
 
 
+TIER_PARAMETERS = frozenset({"self", "offloading_spec", "primary_kv_view", "tier_type"})
+"""Constructor parameters of :class:`SecondaryTierManager` the factory fills itself: never config keys."""
+
+
 @dataclasses.dataclass
 class ReqContext:
     """Per-request context handed to tiers with every call.

@@ -25,12 +25,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tiering.core.base import TIER_PARAMETERS
 from tiering.core.schema import ConfigKey, ConfigSchema
 
 T = TypeVar("T")
-
-TIER_PARAMETERS = frozenset({"self", "offloading_spec", "primary_kv_view", "tier_type"})
-"""Constructor parameters the factory fills itself: never config keys."""
 
 _NO_DEFAULT = object()
 

@@ -25,8 +25,8 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tiering.core.base import TIER_PARAMETERS
 from tiering.core.construct import check_callable, config_key_of, construct, label_error
-from tiering.core.declared import TIER_PARAMETERS
 from tiering.core.redact import Redactor, redact_config
 from tiering.core.registry import (
     FIRST_PARTY_SPECS,
@@ -235,7 +235,8 @@ def resolve_tier(
         partial=True,
     )
     # Policy keys (admission) are applied around the tier: checked here, never given to the tier.
-    kwargs = entry_policies().split_entry(tier_type, kwargs, f"secondary_tiers[{index}]")
+    if POLICY_KEYS & kwargs.keys():
+        kwargs = entry_policies().split_entry(tier_type, kwargs, f"secondary_tiers[{index}]")
     if cls.config_schema is not None:
         cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
         # The tier is given integers of bytes even where the config wrote "4GiB".
@@ -244,6 +245,10 @@ def resolve_tier(
         check_tier_keys(cls, kwargs, label)
     return cls, tier_type, kwargs
 
+
+POLICY_KEYS = frozenset({"admission", "admission_sketch_bytes"})
+"""The keys of a tier entry that a policy applies around the tier (declared by :data:`ENTRY_POLICIES`'s schema;
+a test keeps the two equal): an entry with none of them never loads the policy."""
 
 ENTRY_POLICIES = "tiering.core.policies.admission"
 """The module of the policy keys a tier entry may carry besides its tier's own (``admission``, ...).

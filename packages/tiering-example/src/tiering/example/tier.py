@@ -18,8 +18,7 @@ from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTier
 from tiering.core.events import KVEventLog
 from tiering.core.schema import ConfigKey, ConfigSchema
 from tiering.core.spec import OffloadingSpec
-from tiering.core.store.jobs import JobTracker
-from tiering.core.store.reporting import JobReporting
+from tiering.core.store.jobs import JobReporting, JobTracker
 
 logger = logging.getLogger(__name__)
 

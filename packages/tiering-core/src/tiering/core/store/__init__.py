@@ -14,7 +14,7 @@
   :mod:`~tiering.core.store.index_state`, :mod:`~tiering.core.store.touches`),
   :mod:`~tiering.core.store.lookup_cache`, :mod:`~tiering.core.store.pool` (the I/O pool),
   :mod:`~tiering.core.store.shares`, :mod:`~tiering.core.store.stats`,
-  :mod:`~tiering.core.store.reporting`, :mod:`~tiering.core.store.forks`;
+  :mod:`~tiering.core.store.jobs`, :mod:`~tiering.core.store.forks`;
 - :mod:`~tiering.core.store.hooks`: the one door to the policies the store consults (pins, tenancy).
 
 The names below are imported on first use (PEP 562): a tier importing

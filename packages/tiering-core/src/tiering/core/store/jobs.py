@@ -15,11 +15,10 @@ scheduler thread's calls take no lock (:meth:`JobTracker.start`: one atomic
 never waits for a worker that holds the tracker's lock (on few cores such a
 wait costs a GIL hand-off and a context switch).
 
-The per-job state beside a dual-queue worker pool follows vLLM's fs tier
-(``vllm/v1/kv_offload/tiering/fs/thread_pool.py``, ``JobState.task_done``),
-extended with per-block outcomes so that a failed load reports the keys it
-did verify (``successful_keys``), and with exactly-once reporting under
-shutdown.
+The per-job state follows vLLM's fs tier (``vllm/v1/kv_offload/tiering/fs/thread_pool.py``,
+``JobState.task_done``), extended with per-block outcomes (a failed load reports the keys it did
+verify, ``successful_keys``) and exactly-once reporting under shutdown. :class:`JobReporting`
+answers a tier's ``get_finished`` / ``has_pending_work`` / ``take_events`` from its tracker and event log.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tiering.core.base import JobMetadata, JobResult, OffloadKey
+from tiering.core.events import KVEvent, KVEventLog
 from tiering.core.store.forks import ProcessOwner
 from tiering.core.store.stats import VERIFY_CAUSES
 
@@ -50,13 +50,12 @@ class JobState:
     job hands the result to the tracker. A block recorded twice, or after the job was reported, is ignored (and
     logged): the job is reported exactly once.
 
-    Built on the scheduler thread for every submitted job, so it allocates only what every job needs (its lock
-    and one list slot per block); the failure causes are kept only once a block failed.
+    Built on the scheduler thread for every job, it allocates only its lock and one slot per block (causes once
+    a block failed).
 
     Attributes:
         meta: the job as submitted.
-        context: anything the owner attached at :meth:`JobTracker.start`
-            (for example the manager's pending load); never read here.
+        context: anything the owner attached at :meth:`JobTracker.start` (the manager's pending load); never read.
     """
 
     __slots__ = (
@@ -377,3 +376,26 @@ class JobTracker:
             out.setdefault("load_jobs_failed", 0)
             out["in_flight_jobs"] = len(self._jobs)
         return out
+
+
+class JobReporting:
+    """``get_finished`` / ``has_pending_work`` / ``take_events`` of a tier with ``jobs`` and ``events`` attributes.
+
+    List it first in the bases (``class MyTier(JobReporting, SecondaryTierManager)``) and set
+    ``self.jobs`` (a :class:`JobTracker`) and ``self.events`` (a :class:`~tiering.core.events.KVEventLog`).
+    """
+
+    jobs: JobTracker
+    events: KVEventLog
+
+    def get_finished(self) -> Iterable[JobResult]:
+        """The jobs finished since the last call, each exactly once (thread safe)."""
+        return self.jobs.take_finished()
+
+    def has_pending_work(self) -> bool:
+        """Whether a job is queued or running."""
+        return self.jobs.in_flight() > 0
+
+    def take_events(self) -> list[KVEvent]:
+        """``BlockStored`` for blocks this tier wrote, ``BlockRemoved`` for those it removed or found gone."""
+        return self.events.take_events()

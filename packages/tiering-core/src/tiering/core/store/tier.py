@@ -22,11 +22,12 @@ the rest.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager
+from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager, block_view
 from tiering.core.events import KVEventLog
 from tiering.core.format import HEADER_SIZE
 from tiering.core.schema import ConfigSchema, InvalidValueError
@@ -34,12 +35,11 @@ from tiering.core.spec import OffloadingSpec
 from tiering.core.store.deletes import Deletes
 from tiering.core.store.hooks import PinBook, PinningTier, TenantPolicy, note_tenant
 from tiering.core.store.index import CapacityIndex, KeyState
-from tiering.core.store.jobs import SHUTDOWN, JobState, JobTracker
+from tiering.core.store.jobs import SHUTDOWN, JobReporting, JobState, JobTracker
 from tiering.core.store.loads import Loads
 from tiering.core.store.lookup_cache import LookupCache
 from tiering.core.store.medium import Medium
 from tiering.core.store.pool import IOPool
-from tiering.core.store.reporting import JobReporting
 from tiering.core.store.scans import Rescanner, Scans
 from tiering.core.store.settings import StoreSettings, config_values
 from tiering.core.store.stats import Counters, failure_totals
@@ -142,9 +142,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
             reader_help_batch=s.help_batch or s.min_batch,
         )
         self.deletes = Deletes(medium, self.index, self.counters, self._gone)
-        self.stores = Stores(medium, self.index, self.deletes, self.counters, self.pool, self.block,
+        slot = functools.partial(block_view, self.primary_kv_view)
+        self.stores = Stores(medium, self.index, self.deletes, self.counters, self.pool, slot,
                              self._is_stopping, self._stored)  # fmt: skip
-        self.loads = Loads(medium, self.index, self.deletes, self.counters, self.pool, self.block,
+        self.loads = Loads(medium, self.index, self.deletes, self.counters, self.pool, slot,
                            self._is_stopping, self.forget)  # fmt: skip
         self.stores.block_bytes = self.loads.block_bytes = self.block_bytes
         self.stores.room_wait_s = s.room_wait_s

@@ -20,10 +20,9 @@ _HOMES = {
     ),
     "tiering.core.events": "BlockRemoved BlockStored HeldKeys KVEvent KVEventLog TierCleared",
     "tiering.core.store.index": "Admit CapacityIndex KeyState ReconcileReport Reservation Victim",
-    "tiering.core.store.jobs": "JobState JobTracker",
+    "tiering.core.store.jobs": "JobReporting JobState JobTracker",
     "tiering.core.store.lookup_cache": "LookupCache",
     "tiering.core.store.pool": "IOPool PoolShutdownError",
-    "tiering.core.store.reporting": "JobReporting",
     "tiering.core.store.shares": "fail_tasks record_tasks split_batches",
     "tiering.core.store.stats": "STATS Counters Stat",
 }
