@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiering.core.testing.vllm_engine import ENGINE_ENV, build_tiny_llama, prompt_ids, run_engine
+from tiering.testing.vllm_engine import ENGINE_ENV, build_tiny_llama, prompt_ids, run_engine
 
 CONFIGS = ("recompute", "vllm-fs", "tiering-fs")
 DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "content" / "vllm.md"
@@ -104,7 +104,7 @@ def transfer(setup: dict[str, Any], config: str, root: str) -> dict[str, Any] | 
 
 
 def where(config: str, root: str) -> dict[str, Any]:
-    """How :func:`~tiering.core.testing.vllm_engine.stored_blocks` counts the blocks of ``config``'s tier."""
+    """How :func:`~tiering.testing.vllm_engine.stored_blocks` counts the blocks of ``config``'s tier."""
     if config == "vllm-fs":
         return {"directory": root, "suffix": ".bin"}
     return {"tier": "fs", "config": {"root": root}}

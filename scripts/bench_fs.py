@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing.harness import make_key, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager
+from tiering.testing.harness import make_key, wait_for_jobs
 
 CTX = ReqContext("bench")
 

@@ -33,9 +33,9 @@ import redis
 from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing.harness import make_key, wait_for_jobs
 from tiering.redis import RedisSecondaryTierManager
 from tiering.redis.testing import LocalRedis
+from tiering.testing.harness import make_key, wait_for_jobs
 
 CTX = ReqContext("bench")
 

@@ -31,9 +31,9 @@ from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing.harness import make_key, wait_for_jobs
 from tiering.s3 import S3SecondaryTierManager
 from tiering.s3.testing import moto_server
+from tiering.testing.harness import make_key, wait_for_jobs
 
 BUCKET = "bench"
 CREDS = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}

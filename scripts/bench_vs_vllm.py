@@ -52,7 +52,7 @@ import tempfile
 import time
 from typing import Any
 
-from tiering.core.testing import vllm_driver as testing
+from tiering.testing import vllm_driver as testing
 
 BACKENDS = ("vllm-fs", "tiering-fs", "raw")
 

@@ -11,7 +11,7 @@ from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
 from tiering.core.keys import trace_block_key
 from tiering.core.schema import InvalidTypeError, InvalidValueError
-from tiering.core.testing import block_payload, make_key, requires_tier, wait_until
+from tiering.testing import block_payload, make_key, requires_tier, wait_until
 
 pytestmark = requires_tier("fs")
 

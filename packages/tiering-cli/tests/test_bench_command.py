@@ -15,7 +15,7 @@ from tiering.cli.commands import option_pairs
 from tiering.cli.main import build_parser, split_tier_options
 from tiering.core import TieringOffloadingSpec
 from tiering.core.configfile import install_hint, plain_tier_entries
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 
 def primary_only():

@@ -4,7 +4,7 @@ import pytest
 
 import tiering.core
 from tiering.cli.main import main
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 
 @requires_tier("example")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tiering.cli.main import main
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 
 def _write(tmp_path, config):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tiering.cli.main import main
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 
 def test_bench_help_documents_the_trace_format(capsys):

@@ -3,7 +3,7 @@
 import json
 
 from tiering.cli.main import main
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 pytestmark = requires_tier("fs")
 

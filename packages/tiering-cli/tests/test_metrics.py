@@ -10,7 +10,7 @@ from tiering.cli.bench.workload import Request
 from tiering.cli.main import main
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.runtime.metrics import Histogram, StackMetrics, snapshot
-from tiering.core.testing import make_key, requires_tier
+from tiering.testing import make_key, requires_tier
 
 BLOCK = 1024
 

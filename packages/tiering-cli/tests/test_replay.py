@@ -10,7 +10,7 @@ from tiering.cli.bench import Replayer, VerificationError, load_mooncake_trace, 
 from tiering.cli.bench.workload import SHIPPED_TRACES, resolve_trace
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 TRACE = resolve_trace("mooncake-conversation")  # shipped inside tiering-core
 SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"

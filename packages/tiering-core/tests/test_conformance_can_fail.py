@@ -15,7 +15,7 @@ import pytest
 
 from tiering.core.base import JobResult, SecondaryTierManager, block_view
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import TierConformanceTests
+from tiering.testing import TierConformanceTests
 
 
 class GoodTier(SecondaryTierManager):

@@ -12,7 +12,7 @@ from tiering.core import factory as factory_mod
 from tiering.core import registry as registry_mod
 from tiering.core.factory import CachePolicyFactory, Registry, SecondaryTierFactory
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 OUT_OF_TREE = textwrap.dedent(
     """

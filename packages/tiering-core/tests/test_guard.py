@@ -6,7 +6,7 @@ from tiering.core import JobResult, OffloadingSpec, ReqContext
 from tiering.core.base import JobMetadata, SecondaryTierManager
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.runtime.guard import GuardedTier
-from tiering.core.testing import make_key
+from tiering.testing import make_key
 
 BLOCK = 256
 

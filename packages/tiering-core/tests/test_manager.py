@@ -5,7 +5,7 @@ import pytest
 from tiering.core import CPUPrimaryTier, JobResult, LRUCachePolicy, OffloadingSpec, ReqContext, TieringManager
 from tiering.core.base import SecondaryTierManager, block_view
 from tiering.core.runtime.manager import PRIMARY
-from tiering.core.testing import block_payload, make_key
+from tiering.testing import block_payload, make_key
 
 BLOCK = 1024
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tiering.core import CPUPrimaryTier, JobResult, LRUCachePolicy, OffloadingSpec, ReqContext, TieringManager
 from tiering.core.base import SecondaryTierManager, block_view
-from tiering.core.testing import block_payload, make_key
+from tiering.testing import block_payload, make_key
 
 BLOCK = 256
 

@@ -3,7 +3,7 @@ import pytest
 from tiering.core import ARCCachePolicy, CPUPrimaryTier, LRUCachePolicy
 from tiering.core.base import block_view
 from tiering.core.primary import allocate_host_buffer, as_block_view
-from tiering.core.testing import make_key
+from tiering.testing import make_key
 
 
 def primary(n=4, policy=LRUCachePolicy):

@@ -20,7 +20,7 @@ from tiering.core.policies.tenants import (
 )
 from tiering.core.primary import Allocation
 from tiering.core.spec import Namespace
-from tiering.core.testing import block_payload
+from tiering.testing import block_payload
 
 BLOCK = 1024
 ENGINE_KEY = OffloadKey(bytes(range(32)) + (0).to_bytes(4, "big"))
@@ -166,7 +166,7 @@ def test_identical_prompts_of_two_tenants_never_share_primary_blocks() -> None:
 
 
 def test_harness_jobs_carry_the_tenant_and_scoped_keys() -> None:
-    from tiering.core.testing.harness import load_job, store_job
+    from tiering.testing.harness import load_job, store_job
 
     assert store_job([ENGINE_KEY], [0], tenant="a").req_context.tenant == "a"
     assert load_job([ENGINE_KEY], [0]).req_context.tenant == ""

@@ -145,8 +145,8 @@ def test_vllm_factory_resolves_our_tiers_by_module_path(
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
 
     from tiering.core import SecondaryTierFactory
-    from tiering.core.testing import tiers
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import tiers
+    from tiering.testing import vllm_driver as testing
 
     entry = tier_entry(kind, tmp_path, request)
     cls = VllmFactory.get_tier_class(entry)
@@ -187,7 +187,7 @@ def test_bare_names_stay_vllm_builtins_and_unknown_names_explain() -> None:
 
 @needs_vllm
 def test_unknown_tier_key_is_named(tmp_path: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_example", "module_path": MODULE, "custom_parm": 3}
     with (
@@ -211,8 +211,8 @@ GEOMETRIES = {
 @pytest.mark.parametrize("geometry", sorted(GEOMETRIES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_then_promote_byte_exact(kind: str, geometry: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     entry = tier_entry(kind, tmp_path, request)
     geo = GEOMETRIES[geometry]
@@ -268,8 +268,8 @@ def _remove_backing_data(kind: str, tier: Any, entry: dict[str, Any]) -> None:
 @needs_vllm
 @pytest.mark.parametrize("kind", ["example", "fs"])
 def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     entry = tier_entry(kind, tmp_path, request)
     with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
@@ -306,9 +306,9 @@ def test_failed_load_is_a_failed_job_not_a_hang(kind: str, tmp_path: Any, reques
 @needs_vllm
 def test_tier_exceptions_become_failed_jobs_and_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     from tiering.core import SecondaryTierFactory
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat, tiers
     from tiering.example import ExampleSecondaryTierManager
+    from tiering.testing import vllm_driver as testing
 
     class Flaky(ExampleSecondaryTierManager):
         def submit_load(self, job: Any) -> None:
@@ -349,9 +349,9 @@ C18_CALLS = ["submit_load", "lookup", "get_finished", "take_events", "submit_sto
 @pytest.mark.parametrize("raise_in", C18_CALLS)
 def test_c18_a_tier_call_that_raises_never_reaches_vllm(raise_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tiering.core import SecondaryTierFactory
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat, tiers
     from tiering.example import ExampleSecondaryTierManager
+    from tiering.testing import vllm_driver as testing
 
     left = {"raises": 0}  # how many more calls of ``raise_in`` raise
     original = getattr(ExampleSecondaryTierManager, raise_in)
@@ -410,7 +410,7 @@ def test_c18_a_tier_call_that_raises_never_reaches_vllm(raise_in: str, monkeypat
 
 @needs_vllm
 def test_namespace_covers_revision_and_layout() -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     def digest(**entry_keys: Any) -> str:
         entry = {"type": "tiering_example", "module_path": MODULE, **entry_keys}
@@ -454,8 +454,8 @@ class _Override:
 def test_namespace_field_of_a_fake_spec_is_refused_naming_it(field: str) -> None:
     from unittest.mock import MagicMock
 
-    from tiering.core.testing import translate
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import translate
+    from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_example"}
     config = testing.offloading_config(extra(entry), worker_kv_bytes_per_block=ROW, engine_id="ns")

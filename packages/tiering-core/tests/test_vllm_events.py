@@ -34,8 +34,8 @@ def _take(manager: Any) -> list[Any]:
 
 
 def test_fs_tier_events_reach_vllms_manager_stored_evicted_vanished(tmp_path: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     root = tmp_path / "kv"
     entry = {
@@ -76,7 +76,7 @@ def test_fs_tier_events_reach_vllms_manager_stored_evicted_vanished(tmp_path: An
 
 
 def test_a_re_announcement_reaches_vllm_as_removals_then_stores(tmp_path: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_fs", "module_path": MODULE, "root": str(tmp_path / "kv"), "enable_kv_events": True}
     extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 32 * ROW, "secondary_tiers": [entry]}
@@ -92,7 +92,7 @@ def test_a_re_announcement_reaches_vllm_as_removals_then_stores(tmp_path: Any) -
 
 
 def test_events_stay_off_unless_the_entry_and_the_engine_ask(tmp_path: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     for enable_entry, enable_engine in ((False, True), (True, False)):
         entry = {
@@ -137,7 +137,7 @@ def test_engine_publishes_our_events_over_zmq_on_localhost(tmp_path: Any) -> Non
     import zmq
     from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
-    from tiering.core.testing.vllm_engine import build_tiny_llama, offloading_transfer_config, prompt_ids, run_engine
+    from tiering.testing.vllm_engine import build_tiny_llama, offloading_transfer_config, prompt_ids, run_engine
 
     model = build_tiny_llama(str(tmp_path / "model"))
     ctx = zmq.Context()

@@ -56,7 +56,7 @@ class Server:
     """One ``vllm serve`` process on 127.0.0.1 (started by this test; stopped with SIGINT, then SIGKILL)."""
 
     def __init__(self, model: str, kv_transfer_config: dict[str, Any], log_path: str) -> None:
-        from tiering.core.testing.vllm_engine import BLOCK_SIZE, ENGINE_ENV
+        from tiering.testing.vllm_engine import BLOCK_SIZE, ENGINE_ENV
 
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -131,7 +131,7 @@ def _metric(text: str, name: str, label_fragment: str) -> float:
 
 
 def test_vllm_serve_restart_serves_the_prompt_from_our_fs_tier(tmp_path: Any) -> None:
-    from tiering.core.testing.vllm_engine import (
+    from tiering.testing.vllm_engine import (
         build_tiny_llama,
         offloading_transfer_config,
         prompt_ids,

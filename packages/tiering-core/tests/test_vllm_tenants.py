@@ -36,7 +36,7 @@ def _entry(kind: str, tmp_path: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", ["example", "fs"])
 def test_tenant_from_kv_transfer_params_isolates_identical_prompts(kind: str, tmp_path: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     with testing.vllm_manager(_extra(_entry(kind, tmp_path)), worker_kv_bytes_per_block=ROW) as (_, manager, d):
         keys = [testing.make_key(i) for i in range(6)]  # one prompt, the same vLLM block hashes for every tenant
@@ -59,8 +59,8 @@ def _probe_ctx(tenant: str) -> Any:
 
 
 def test_a_tenant_that_is_not_a_string_gets_no_tiering(caplog: pytest.LogCaptureFixture, tmp_path: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     with testing.vllm_manager(_extra(_entry("example", tmp_path)), worker_kv_bytes_per_block=ROW) as (_, m, d):
         keys = [testing.make_key(i, seed=b"bad") for i in range(3)]
@@ -111,8 +111,8 @@ def test_vllm_layout_fields_that_joined_text_confused_now_differ() -> None:
 
 def test_a_partly_failed_promotion_of_a_tenant_names_vllms_keys(tmp_path: Any) -> None:
     from tiering.core.policies.tenants import scope_key
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     with testing.vllm_manager(_extra(_entry("example", tmp_path)), worker_kv_bytes_per_block=ROW) as (_, m, d):
         keys = [testing.make_key(i, seed=b"part") for i in range(6)]

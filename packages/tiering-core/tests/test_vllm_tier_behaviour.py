@@ -40,7 +40,7 @@ def entry(kind: str, tmp_path: Any, **extra: Any) -> dict[str, Any]:
 @pytest.fixture
 def primary() -> Iterator[tuple[Any, Any, Any]]:
     """vLLM's spec, its primary view and a flat writable byte view of it (64 rows of ROW bytes)."""
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 64 * ROW, "secondary_tiers": []}
     with testing.vllm_manager(extra, worker_kv_bytes_per_block=ROW) as (spec, manager, driver):
@@ -96,8 +96,8 @@ def settle_lookup(tier: Any, key: bytes) -> Any:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_empty_tier_misses_and_a_store_makes_a_hit(kind: str, tmp_path: Any, primary: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     tier = make_tier(kind, tmp_path, primary)
     try:
@@ -114,7 +114,7 @@ def test_empty_tier_misses_and_a_store_makes_a_hit(kind: str, tmp_path: Any, pri
 @pytest.mark.parametrize("batch", [0, 1, 2, 5])
 @pytest.mark.parametrize("kind", KINDS)
 def test_round_trip_into_other_slots_is_byte_exact(kind: str, batch: int, tmp_path: Any, primary: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     driver = primary[2]
     tier = make_tier(kind, tmp_path, primary)
@@ -139,7 +139,7 @@ def test_round_trip_into_other_slots_is_byte_exact(kind: str, batch: int, tmp_pa
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_load_of_a_missing_block_fails_the_job(kind: str, tmp_path: Any, primary: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     tier = make_tier(kind, tmp_path, primary)
     try:
@@ -152,7 +152,7 @@ def test_load_of_a_missing_block_fails_the_job(kind: str, tmp_path: Any, primary
 
 @pytest.mark.skipif(not HAS_FS, reason="tiering-fs is not installed")
 def test_partly_failed_load_names_the_blocks_that_loaded(tmp_path: Any, primary: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     driver = primary[2]
     tier = make_tier("fs", tmp_path, primary)
@@ -183,7 +183,7 @@ def test_partly_failed_load_names_the_blocks_that_loaded(tmp_path: Any, primary:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_shutdown_reports_or_finishes_every_job(kind: str, tmp_path: Any, primary: Any) -> None:
-    from tiering.core.testing import vllm_driver as testing
+    from tiering.testing import vllm_driver as testing
 
     driver = primary[2]
     tier = make_tier(kind, tmp_path, primary)
@@ -229,8 +229,8 @@ def test_fs_without_a_root_is_refused_naming_the_key(tmp_path: Any, primary: Any
 def test_a_request_asking_for_a_pin_pins_the_blocks_it_stores(tmp_path: Any, primary: Any) -> None:
     import numpy as np
 
-    from tiering.core.testing import vllm_driver as testing
     from tiering.core.vllm import compat
+    from tiering.testing import vllm_driver as testing
 
     tier = make_tier("fs", tmp_path, primary, capacity_bytes=16 * (ROW + 4096), max_pinned_bytes=4 * (ROW + 4096))
     try:

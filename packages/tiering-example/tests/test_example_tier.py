@@ -3,8 +3,8 @@ import logging
 import pytest
 
 from tiering.core import JobMetadata, ReqContext, block_view
-from tiering.core.testing import TierConformanceTests, make_key
 from tiering.example import ExampleSecondaryTierManager
+from tiering.testing import TierConformanceTests, make_key
 
 
 class TestExampleConformance(TierConformanceTests):

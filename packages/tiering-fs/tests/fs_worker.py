@@ -17,8 +17,8 @@ import time
 from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 
 def run_worker(cfg, **popen):

@@ -10,7 +10,6 @@ from fs_worker import run_worker
 
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import (
     BB,
@@ -23,6 +22,7 @@ from tiering.fs.testing import (
     store,
     store_many,
 )
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 # -- restart, capacity -------------------------------------------------------------------
 

@@ -99,7 +99,7 @@ def _hostile_stack(tmp_path):
     from tiering.core.factory import create_secondary_tier
     from tiering.core.primary import allocate_host_buffer
     from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
-    from tiering.core.testing.harness import make_key, store_blocks
+    from tiering.testing.harness import make_key, store_blocks
 
     tier_config = {"type": "fs", "root": str(tmp_path / "kv\x1b[2J\u202eroot")}
     config = {"cpu_bytes_to_use": 8 * 4096, "block_bytes": 4096, "model": HOSTILE, "secondary_tiers": [tier_config]}

@@ -19,13 +19,13 @@ from tiering.core.schema import (
     MissingKeyError,
     TierConfigError,
 )
-from tiering.core.testing import block_payload, make_key
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.errors import RootNotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, CTX, block_files, load, make_spec, store, temp_files
+from tiering.testing import block_payload, make_key
 
 # -- config and construction ----------------------------------------------------------
 

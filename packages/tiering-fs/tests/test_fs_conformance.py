@@ -3,7 +3,7 @@ import uuid
 import fsspec
 import pytest
 
-from tiering.core.testing import TierConformanceTests
+from tiering.testing import TierConformanceTests
 
 
 @pytest.mark.usefixtures("io_path")

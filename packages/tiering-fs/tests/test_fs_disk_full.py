@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tiering.core.testing import make_key
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, loads_exact, make_spec, store
+from tiering.testing import make_key
 
 STORED = BB + TRAILER_BYTES
 MIB = 1 << 20

@@ -13,10 +13,10 @@ from tiering.core import (
     TieringManager,
 )
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key
-from tiering.core.testing.harness import next_job_id
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.testing import BB, CTX, block_files, load, loads_exact, make_spec, store, temp_files
+from tiering.testing import block_payload, make_key
+from tiering.testing.harness import next_job_id
 
 pytestmark = pytest.mark.usefixtures("python_io")
 

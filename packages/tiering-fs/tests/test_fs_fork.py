@@ -4,7 +4,7 @@ import os
 
 from tiering.core.base import ReqContext, block_view
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
-from tiering.core.testing.harness import (
+from tiering.testing.harness import (
     block_payload,
     call_outcomes,
     in_forked_child,

@@ -7,9 +7,9 @@ import pytest
 
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.testing import BB, CTX, hold_every_thread, load, store
+from tiering.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

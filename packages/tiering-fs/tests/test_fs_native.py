@@ -13,12 +13,12 @@ import pytest
 import xxhash
 
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key
 from tiering.fs import FsspecSecondaryTierManager, native
 from tiering.fs.blocks import BlockFiles
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES, temp_namer
 from tiering.fs.testing import BB, CTX, load, make_spec, store, temp_files
+from tiering.testing import block_payload, make_key
 
 LIB, WHY_NOT = native._load()
 needs_lib = pytest.mark.skipif(LIB is None, reason=f"native library not built: {WHY_NOT}")

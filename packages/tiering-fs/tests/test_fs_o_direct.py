@@ -9,12 +9,12 @@ import pytest
 
 from tiering.core.base import block_view
 from tiering.core.format import BlockFormatError
-from tiering.core.testing import block_payload, make_key
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.errors import DirectIONotUsableError
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, load, loads_exact, make_spec, store, store_many
+from tiering.testing import block_payload, make_key
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

@@ -13,9 +13,9 @@ from tiering.core.keys import block_keys, trace_block_key
 from tiering.core.policies.pin_records import parse_marker
 from tiering.core.policies.tenants import scope_key
 from tiering.core.schema import InvalidValueError
-from tiering.core.testing import make_key
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, CTX, block_files, store
+from tiering.testing import make_key
 
 STORED = BB + TRAILER_BYTES
 

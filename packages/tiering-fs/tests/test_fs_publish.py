@@ -13,10 +13,10 @@ from tiering.core import (
     JobMetadata,
 )
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.core.testing.harness import next_job_id
 from tiering.fs.layout import HOST, TRAILER_BYTES
 from tiering.fs.testing import BB, CTX, block_files, load, loads_exact, make_spec, temp_files
+from tiering.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing.harness import next_job_id
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

@@ -16,10 +16,10 @@ from tiering.core import JobMetadata, OffloadingSpec, ReqContext
 from tiering.core.base import block_view
 from tiering.core.events import BlockRemoved, BlockStored, TierCleared
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager, RootNotUsableError
 from tiering.fs.inspection import FsInspector
 from tiering.fs.layout import HOST, TRAILER_BYTES, shard_of, temp_namer
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

@@ -18,11 +18,11 @@ import pytest
 from tiering.cli.main import main
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
-from tiering.core.testing.harness import next_job_id
 from tiering.fs.inspection import FsInspector
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, CTX, store
+from tiering.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing.harness import next_job_id
 
 pytestmark = pytest.mark.usefixtures("io_path")
 

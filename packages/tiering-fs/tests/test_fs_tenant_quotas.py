@@ -12,9 +12,9 @@ from tiering.core import JobMetadata, TieringOffloadingSpec
 from tiering.core.base import ReqContext, block_view
 from tiering.core.policies.tenancy import MARK, tenant_tag
 from tiering.core.policies.tenants import scope_key, scope_keys
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.testing import BB, block_files, make_spec
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 STORED = BB + TRAILER_BYTES
 A, B = ReqContext("a", tenant="a"), ReqContext("b", tenant="b")

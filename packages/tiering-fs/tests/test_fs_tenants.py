@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
 from tiering.core.keys import block_keys
-from tiering.core.testing import block_payload
+from tiering.testing import block_payload
 
 BB = 4096
 TOKENS = 16

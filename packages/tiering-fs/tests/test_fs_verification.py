@@ -16,8 +16,8 @@ from tiering.core import (
 )
 from tiering.core.base import JobMetadata, block_view
 from tiering.core.spec import Namespace
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.fs.testing import BB, CTX, count_calls, hold_every_thread, load, make_spec, store
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 pytestmark = pytest.mark.usefixtures("io_path")
 _ids = itertools.count(10_000)

@@ -141,8 +141,8 @@ def test_the_worker_hands_the_tier_the_tasks_tenant() -> None:
 
     from tiering.core.base import SecondaryTierManager
     from tiering.core.primary.buffer import allocate_host_buffer
-    from tiering.core.testing.harness import make_spec
     from tiering.lmcache.worker import Task, TierWorker
+    from tiering.testing.harness import make_spec
 
     class Recording(SecondaryTierManager):
         tenants: ClassVar[list[str]] = []

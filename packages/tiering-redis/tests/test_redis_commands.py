@@ -13,7 +13,7 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.inspection import inspector_for
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 BLOCK = 4096
 

@@ -10,8 +10,8 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.redis.testing import LocalSentinel, have_redis_server
+from tiering.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 
 pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
 

@@ -13,7 +13,7 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 BLOCK = 64 * 1024
 OBJECT = BLOCK + 128
@@ -26,7 +26,7 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing import block_payload, make_key, wait_for_jobs
 config, salt, n, block = json.loads(sys.argv[1])
 spec = OffloadingSpec({"cpu_bytes_to_use": 32 * block, "block_bytes": block, "model": "redis/fleet"})
 view = allocate_host_buffer(32, block)

@@ -6,7 +6,7 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import ReqContext
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing.harness import load_blocks, make_key, store_blocks, tier_calls_in_forked_child
+from tiering.testing.harness import load_blocks, make_key, store_blocks, tier_calls_in_forked_child
 
 BLOCK = 16 * 1024
 

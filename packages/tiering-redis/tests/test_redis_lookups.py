@@ -7,7 +7,7 @@ from tiering.core import create_secondary_tier
 from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
+from tiering.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 
 CTX = ReqContext("lookups")
 BLOCK = 16 * 1024

@@ -9,7 +9,7 @@ from tiering.core.policies.tenancy import tenant_tag
 from tiering.core.policies.tenants import scope_key, scope_keys
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 BLOCK = 16 * 1024
 OBJECT = BLOCK + 128

@@ -17,9 +17,9 @@ from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.schema import InvalidValueError, UnknownKeyError
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.redis import RedisStartupError
 from tiering.redis.testing import LocalRedis
+from tiering.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 
 BLOCK = 64 * 1024
 SLOTS = 32
@@ -161,7 +161,7 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import make_key, wait_for_jobs
+from tiering.testing import make_key, wait_for_jobs
 config, salt, n, fill, block = json.loads(sys.argv[1])
 spec = OffloadingSpec({"cpu_bytes_to_use": 32 * block, "block_bytes": block, "model": "redis/test"})
 view = allocate_host_buffer(32, block)

@@ -8,7 +8,7 @@ from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing import block_payload, wait_for_jobs
+from tiering.testing import block_payload, wait_for_jobs
 
 BLOCK = 16 * 1024
 OBJ = BLOCK + HEADER_SIZE

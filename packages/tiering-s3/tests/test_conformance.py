@@ -1,6 +1,6 @@
 import pytest
 
-from tiering.core.testing import TierConformanceTests
+from tiering.testing import TierConformanceTests
 
 
 class TestS3Conformance(TierConformanceTests):

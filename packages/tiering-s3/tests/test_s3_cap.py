@@ -15,7 +15,7 @@ from test_s3_faults import hooks, server_error  # noqa: F401  (hooks is a fixtur
 
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
-from tiering.core.testing import block_payload, make_key
+from tiering.testing import block_payload, make_key
 
 JOB_IDS = itertools.count(50_000)
 

@@ -22,10 +22,10 @@ from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.inspection import BlockInfo
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
 from tiering.s3 import S3SecondaryTierManager
 from tiering.s3 import client as s3_client
 from tiering.s3.inspection import S3Inspector
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 BLOCK = 4096
 OBJ = BLOCK + HEADER_SIZE

@@ -17,8 +17,8 @@ from s3_helpers import CTX, OBJ, block_keys, build, load, make_spec, store, wait
 from tiering.core import JobMetadata
 from tiering.core.base import block_view
 from tiering.core.store import deletes as store_deletes
-from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.s3 import client as s3_client
+from tiering.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 
 
 @pytest.fixture

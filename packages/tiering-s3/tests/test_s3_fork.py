@@ -4,7 +4,7 @@ import os
 
 from s3_helpers import build
 
-from tiering.core.testing.harness import load_blocks, make_key, store_blocks, tier_calls_in_forked_child
+from tiering.testing.harness import load_blocks, make_key, store_blocks, tier_calls_in_forked_child
 
 
 def test_c20_forked_child_of_an_s3_tier_fails_fast_and_the_parent_goes_on(s3):

@@ -6,8 +6,8 @@ import time
 from s3_helpers import CTX, OBJ, build, store
 
 from tiering.core.policies.pin_records import parse_marker
-from tiering.core.testing import make_key, wait_for_lookup
 from tiering.s3.inspection import S3Inspector
+from tiering.testing import make_key, wait_for_lookup
 
 
 def markers(env, tier):

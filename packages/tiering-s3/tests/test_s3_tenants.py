@@ -9,7 +9,7 @@ from tiering.core import JobMetadata
 from tiering.core.base import ReqContext, block_view
 from tiering.core.policies.tenancy import tenant_tag
 from tiering.core.policies.tenants import scope_key, scope_keys
-from tiering.core.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing import block_payload, make_key, wait_for_jobs
 
 A, B = ReqContext("a", tenant="a"), ReqContext("b", tenant="b")
 _ids = itertools.count(70_000)

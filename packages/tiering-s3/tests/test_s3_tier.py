@@ -11,8 +11,8 @@ from tiering.core import JobMetadata, SecondaryTierFactory
 from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE, encode_block
 from tiering.core.schema import InvalidTypeError, InvalidValueError, MissingKeyError
-from tiering.core.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 from tiering.s3 import S3SecondaryTierManager, S3StartupError
+from tiering.testing import block_payload, make_key, wait_for_jobs, wait_for_lookup
 
 
 # -- factory and configuration ------------------------------------------------------------

@@ -12,10 +12,10 @@ import pytest
 
 from tiering.core.base import block_view
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
-from tiering.core.testing import requires_tier
-from tiering.core.testing.harness import make_key
 from tiering.sglang.config import Ranks, kv_layout, parse_extra_config, spec_config
 from tiering.sglang.pages import PageGeometry, Staging
+from tiering.testing import requires_tier
+from tiering.testing.harness import make_key
 
 BASE = {"backend_name": "tiering", "module_path": "tiering.sglang.storage", "class_name": "TieringHiCacheStorage"}
 EXAMPLE = {"secondary_tiers": [{"type": "example"}]}

@@ -10,8 +10,8 @@ from tiering.core.format import HEADER_SIZE, encode_header, verify_block
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.schema import ConfigKey, ConfigSchema, InvalidValueError
 from tiering.core.store import PRESENT, BlockNotReadyError, IndexedTier, Medium, ScanResult
-from tiering.core.testing import TierConformanceTests
-from tiering.core.testing.harness import load_blocks, make_key, make_spec, store_blocks, wait_until
+from tiering.testing import TierConformanceTests
+from tiering.testing.harness import load_blocks, make_key, make_spec, store_blocks, wait_until
 
 BB = 4096
 STORED = BB + HEADER_SIZE

@@ -8,7 +8,7 @@ from tiering.core.store.forks import ForkedStackError, ProcessOwner
 from tiering.core.store.index import CapacityIndex
 from tiering.core.store.jobs import JobTracker
 from tiering.core.store.pool import IOPool
-from tiering.core.testing.harness import in_forked_child, load_job, make_key
+from tiering.testing.harness import in_forked_child, load_job, make_key
 
 
 def test_c20_pool_in_a_forked_child_fails_work_at_once_and_the_parent_pool_runs():

@@ -21,8 +21,8 @@ import pytest
 from tiering.core.factory import create_secondary_tier
 from tiering.core.format import HEADER_SIZE
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing import TierConformanceTests
-from tiering.core.testing.harness import load_blocks, make_key, make_spec, store_blocks
+from tiering.testing import TierConformanceTests
+from tiering.testing.harness import load_blocks, make_key, make_spec, store_blocks
 
 DOCS = Path(__file__).resolve().parents[4] / "docs" / "content"
 GUIDE = DOCS / "out-of-tree.md"

@@ -3,7 +3,7 @@
 import pytest
 
 from tiering.core.store import PRESENT, Medium, NotStartedError, ScanResult
-from tiering.core.testing.harness import make_key
+from tiering.testing.harness import make_key
 
 
 class OneAtATime(Medium):

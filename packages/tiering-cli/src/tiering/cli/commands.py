@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from tiering.cli.bench.arguments import positive_size
 from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
-from tiering.cli.terminal import echo, printable
-from tiering.core.configfile import load_config, redact_text
+from tiering.cli.terminal import echo, printable, redact_text
+from tiering.core.configfile import load_config
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.units import duration_argument, size_argument

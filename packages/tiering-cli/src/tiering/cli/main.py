@@ -25,8 +25,8 @@ from tiering.cli.bench.command import add_bench_parser
 from tiering.cli.commands import add_commands, option_pairs
 from tiering.cli.options import check_tier_options, split_tier_options
 from tiering.cli.pin import add_pin_parser
-from tiering.cli.terminal import echo
-from tiering.core.configfile import install_hint, load_config, redact_text
+from tiering.cli.terminal import echo, redact_text
+from tiering.core.configfile import install_hint, load_config
 from tiering.core.factory import (
     CachePolicyFactory,
     check_tier_constructor,

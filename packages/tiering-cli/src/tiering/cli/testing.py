@@ -33,7 +33,7 @@ from tiering.core.factory import create_secondary_tier
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
-from tiering.core.testing.harness import make_key, store_blocks
+from tiering.testing.harness import make_key, store_blocks
 
 Corruption = Literal["flip", "truncate"]
 

@@ -17,7 +17,7 @@ The tree shows the layers (``lint-imports`` checks them, see the root
 - features: :mod:`~tiering.core.policies` (tenants, pins, admission, cost model);
 - runtime: :mod:`~tiering.core.runtime` (the standalone manager, the stack, metrics);
 - integration: :mod:`~tiering.core.vllm`;
-- tools: :mod:`~tiering.core.testing` (conformance suites).
+- tools: :mod:`~tiering.testing` (conformance suites).
 """
 
 from __future__ import annotations

@@ -7,10 +7,6 @@
   binding's spec (``"spec_name": "TieringSpec"``) as tiering's, with one line
   saying so, without importing vLLM; the keys the binding consumes
   (``model_revision``, ``locality``, ...) are checked as the binding's.
-- :func:`redact_text`: every error text the command prints goes through
-  :mod:`tiering.core.redact`, with the secret keys each tier declares in its
-  schema (whole configs go through
-  :func:`tiering.core.factory.redact_offloading_config`).
 - :func:`install_hint`: the published and the from-a-clone install forms.
 """
 
@@ -22,7 +18,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.core import redact
 from tiering.core.factory import SecondaryTierFactory, entry_policies
 from tiering.core.schema import ConfigKey, ConfigSchema
 from tiering.core.units import parse_size
@@ -93,18 +88,6 @@ def install_hint(dist: str, extra: str | None = None) -> str:
     published = f"'{dist}{suffix}'" if extra else dist
     local = f"'./packages/{dist}{suffix}'" if extra else f"./packages/{dist}"
     return f"pip install {published} (from a clone of the repository: pip install {local})"
-
-
-def documentation_url(page: str = "") -> str:
-    """The ``Documentation`` URL of tiering-core's metadata (``[project.urls]``), with ``page`` appended."""
-    from importlib.metadata import PackageNotFoundError, metadata
-
-    try:
-        urls = metadata("tiering-core").get_all("Project-URL") or []
-    except PackageNotFoundError:
-        urls = []
-    base = next((u.split(",", 1)[1].strip() for u in urls if u.lower().startswith("documentation,")), "")
-    return f"{base.rstrip('/')}/{page}" if base else page
 
 
 def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
@@ -254,33 +237,3 @@ def plain_tier_entries(config: dict[str, Any]) -> list[str]:
             line += f"; binding keys {', '.join(sorted(binding))} checked (the binding's and vLLM's, not the tier's)"
         lines.append(line)
     return lines
-
-
-def secret_keys(config: Any) -> frozenset[str]:
-    """The secret key names declared by the schemas of the tiers a config names (installed ones)."""
-    keys: set[str] = set()
-    tiers = config.get("secondary_tiers") if isinstance(config, Mapping) else None
-    for entry in tiers if isinstance(tiers, list) else []:
-        name = entry.get("type") if isinstance(entry, Mapping) else None
-        if not isinstance(name, str) or name not in SecondaryTierFactory.known_names():
-            continue
-        try:
-            schema = SecondaryTierFactory.get_class(name).config_schema
-        except (ImportError, TypeError, ValueError, AttributeError):
-            continue
-        if schema is not None:
-            keys.update(schema.secret_keys)
-    return frozenset(keys)
-
-
-def redact_text(text: object, config: Any = None) -> str:
-    """``str(text)`` without any credential (of ``config``, URL passwords, ``key=value`` secrets)."""
-    return redact.redact_text(text, config, secret_keys(config) if config is not None else ())
-
-
-def tier_location(tier_config: Mapping[str, Any], index: int = 0) -> str | None:
-    """Where a tier entry keeps its blocks (its inspector's location, credentials redacted); None: nowhere."""
-    from tiering.core.inspection import inspector_for
-
-    inspector = inspector_for(tier_config, index)
-    return None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})

@@ -1,6 +1,6 @@
 """The reference secondary tier: key -> bytes in a dict, jobs done synchronously.
 
-It shows the smallest correct tier built on :mod:`tiering.core.toolkit`:
+It shows the smallest correct tier built on the block store's machinery (:mod:`tiering.core.store`):
 declare the config keys once (:attr:`config_schema`), copy bytes out of / into
 ``primary_kv_view``, report every job exactly once from the next
 ``get_finished`` call through a :class:`~tiering.core.store.jobs.JobTracker`, fail

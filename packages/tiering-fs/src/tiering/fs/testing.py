@@ -3,10 +3,10 @@
 The fs tier's own tests use them (their ``conftest.py`` imports the fixtures);
 so can the tests of anything built on the tier. Blocks are ``BB`` bytes
 (16 KiB) unless a test says otherwise; payloads are
-:func:`~tiering.core.testing.harness.block_payload` of the key, so a load can be
+:func:`~tiering.testing.harness.block_payload` of the key, so a load can be
 checked byte for byte.
 
-Requires pytest, like :mod:`tiering.core.testing` (``pip install 'tiering-core[testing]'``); without it,
+Requires pytest, like :mod:`tiering.testing` (``pip install tiering-testing`` brings both); without it,
 importing this module raises an ``ImportError`` naming that extra.
 """
 
@@ -29,14 +29,14 @@ try:
 except ImportError as exc:  # the fixtures are pytest's: say which extra brings it
     raise ImportError(
         f"tiering.fs.testing (test fixtures) runs under pytest, which is not installed: "
-        f"{install_hint('tiering-core', 'testing')}",
+        f"{install_hint('tiering-testing')}",
         name="pytest",
     ) from exc
 
 from tiering.core.base import OffloadKey, block_view
 from tiering.core.primary import allocate_host_buffer
-from tiering.core.testing.harness import block_payload, next_job_id, wait_for_jobs
 from tiering.fs import FsspecSecondaryTierManager, native
+from tiering.testing.harness import block_payload, next_job_id, wait_for_jobs
 
 BB = 16 * 1024
 """Bytes of one block in these helpers (16 KiB)."""

@@ -10,7 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tiering.core.runtime.throttle import parse_throttle
+from tiering.cli.bench.throttle import parse_throttle
 from tiering.core.units import size_argument
 
 
@@ -53,7 +53,7 @@ def positive_size(text: str) -> int:
 
 
 def throttle_argument(text: str) -> tuple[float, float | None]:
-    """An argparse type: ``--throttle LATENCY_S[,BANDWIDTH]`` (:func:`tiering.core.runtime.throttle.parse_throttle`)."""
+    """An argparse type: ``--throttle LATENCY_S[,BANDWIDTH]`` (:func:`tiering.cli.bench.throttle.parse_throttle`)."""
     try:
         return parse_throttle(text)
     except ValueError as exc:

@@ -35,6 +35,7 @@ from tiering.cli.bench.progress import Progress
 from tiering.cli.bench.replay import Replayer, VerificationError
 from tiering.cli.bench.report import describe_stack, format_header, format_report
 from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.cli.bench.throttle import ThrottledTier
 from tiering.cli.bench.ttft import format_ttft_rows, modelled_ttft
 from tiering.cli.bench.workload import (
     DEFAULT_TRACE,
@@ -47,12 +48,12 @@ from tiering.cli.bench.workload import (
     tenant_rule,
 )
 from tiering.cli.bench.workspace import workspace
+from tiering.cli.terminal import documentation_url, redact_text, tier_location
 from tiering.core.capabilities import PinnableTier
-from tiering.core.configfile import documentation_url, install_hint, load_config, redact_text, tier_location
+from tiering.core.configfile import install_hint, load_config
 from tiering.core.factory import redact_offloading_config
 from tiering.core.primary.memory import format_bytes
 from tiering.core.runtime.manager import TieringManager
-from tiering.core.runtime.throttle import ThrottledTier
 
 DEFAULT_REQUESTS = 2000
 LABEL = "tiering bench"

@@ -5,5 +5,5 @@
 - :mod:`~tiering.core.runtime.stack`: the primary tier, secondary tiers, manager and handlers a spec describes;
 - :mod:`~tiering.core.runtime.guard`: :class:`GuardedTier`, no exception of a tier escapes;
 - :mod:`~tiering.core.runtime.metrics` / :mod:`~tiering.core.runtime.prometheus`: counters and their exporter;
-- :mod:`~tiering.core.runtime.throttle`: a tier made slow on purpose (benchmarks, cost-model tests).
+- :mod:`~tiering.cli.bench.throttle`: a tier made slow on purpose (benchmarks, cost-model tests).
 """

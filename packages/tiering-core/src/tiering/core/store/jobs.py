@@ -100,11 +100,6 @@ class JobState:
         return self.meta.job_id
 
     @property
-    def is_load(self) -> bool:
-        """True for a load (promotion), False for a store."""
-        return self.meta.is_promotion
-
-    @property
     def failed_at(self) -> int | None:
         """Lowest block index recorded as failed so far, None while none failed (read without locking)."""
         return self._failed_at
@@ -356,11 +351,6 @@ class JobTracker:
         """A snapshot of the in-flight jobs' states."""
         with self._lock:
             return list(self._jobs.values())
-
-    def has_unreported(self) -> bool:
-        """Whether any job is in flight or finished and not yet taken."""
-        with self._lock:
-            return bool(self._jobs) or bool(self._finished)
 
     def stats(self) -> dict[str, int]:
         """``in_flight_jobs``, ``store_jobs_failed``, ``load_jobs_failed``, the per-cause block failures, ``forks``.

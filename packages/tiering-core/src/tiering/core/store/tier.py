@@ -1,7 +1,6 @@
 """The indexed block store: a secondary tier whose backend supplies only a :class:`~tiering.core.store.medium.Medium`.
 
-:class:`IndexedTier` owns everything a persistent tier does around its
-medium, built from the tier toolkit (:mod:`tiering.core.toolkit`):
+:class:`IndexedTier` owns everything a persistent tier does around its medium:
 
 - the :class:`~tiering.core.store.index.CapacityIndex`: which blocks exist,
   their bytes against the cap (the "capacity >= one block" check names the
@@ -15,9 +14,8 @@ medium, built from the tier toolkit (:mod:`tiering.core.toolkit`):
   start-up scan and rescans (:mod:`~tiering.core.store.scans`);
 - jobs, counters, KV events, ``stats()`` and the shutdown order.
 
-A backend subclasses it: it declares :attr:`config_schema`, builds its medium
-in :meth:`IndexedTier.open_medium` and may add stats; the constructor does
-the rest.
+A backend subclasses it: it declares :attr:`config_schema`, builds its medium in
+:meth:`IndexedTier.open_medium` and may add stats; the constructor does the rest.
 """
 
 from __future__ import annotations

@@ -21,6 +21,6 @@ import), :mod:`~tiering.core.vllm.translate` (vLLM's spec -> tiering's),
 :mod:`~tiering.core.vllm.names` (which tier a ``type`` selects),
 :mod:`~tiering.core.vllm.tiers` (the names vLLM resolves),
 :mod:`~tiering.core.vllm.spec` and :mod:`~tiering.core.vllm.worker` (the
-spec and its CPU worker), :mod:`~tiering.core.testing.vllm_driver` (test helpers).
+spec and its CPU worker), :mod:`~tiering.testing.vllm_driver` (test helpers).
 Importing this package imports nothing from vLLM.
 """

@@ -12,7 +12,7 @@ backend needs ``head_dim >= 32`` and a block size that is a multiple of 32.
 
 Command line (what :func:`run_engine` runs)::
 
-    python -m tiering.core.testing.vllm_engine REQUEST.json RESULT.json
+    python -m tiering.testing.vllm_engine REQUEST.json RESULT.json
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def run_engine(
             json.dump(request, f)
         proc_env = {**os.environ, **ENGINE_ENV, **(env or {})}
         proc = subprocess.run(
-            [sys.executable, "-m", "tiering.core.testing.vllm_engine", req_path, out_path],
+            [sys.executable, "-m", "tiering.testing.vllm_engine", req_path, out_path],
             capture_output=True,
             text=True,
             timeout=timeout_s,

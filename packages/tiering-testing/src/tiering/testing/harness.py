@@ -1,7 +1,7 @@
 """Drive a secondary tier directly, without the manager: keys, payloads, jobs, waits.
 
 Runtime code (no pytest): benchmarks (``scripts/bench_*.py``), the CLI and
-the test suites (:mod:`tiering.core.testing`) share these helpers. Keys and
+the test suites (:mod:`tiering.testing`) share these helpers. Keys and
 payloads are deterministic, so a loaded block can be checked byte for byte
 against what was stored.
 """

@@ -21,7 +21,7 @@ from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTier
 from tiering.core.factory import create_secondary_tier
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
-from tiering.core.testing.harness import (
+from tiering.testing.harness import (
     DEFAULT_TIMEOUT_S,
     block_payload,
     fill_slots,

@@ -4,13 +4,13 @@ import time
 
 import pytest
 
+from tiering.cli.bench.throttle import ThrottledTier, parse_throttle
 from tiering.core import ReqContext, TieringOffloadingSpec
 from tiering.core.base import block_view
 from tiering.core.policies.costmodel import SEED_JOBS
 from tiering.core.runtime.manager import TieringManager
 from tiering.core.runtime.metrics import snapshot
-from tiering.core.runtime.throttle import ThrottledTier, parse_throttle
-from tiering.core.testing import block_payload, make_key, requires_tier, wait_until
+from tiering.testing import block_payload, make_key, requires_tier, wait_until
 
 pytestmark = requires_tier("example")
 

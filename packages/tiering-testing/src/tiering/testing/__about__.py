@@ -1,0 +1,3 @@
+"""Version of the tiering-testing distribution (the hatch version source)."""
+
+__version__ = "0.1.0"
