@@ -41,6 +41,9 @@ def block_view(primary_kv_view: memoryview, block_id: int) -> memoryview:
     return primary_kv_view[block_id : block_id + 1].cast("B")
 
 
+PRIMARY = -1
+"""The source index of blocks that were already in the primary tier (secondary tiers count from 0)."""
+
 TIER_PARAMETERS = frozenset({"self", "offloading_spec", "primary_kv_view", "tier_type"})
 """Constructor parameters of :class:`SecondaryTierManager` the factory fills itself: never config keys."""
 

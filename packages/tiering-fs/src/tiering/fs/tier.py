@@ -22,9 +22,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tiering.core.inspection import TierInspector
 from tiering.core.schema import ConfigSchema
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store import IndexedTier, StoreSettings
@@ -32,6 +31,9 @@ from tiering.fs.config import FS_SCHEMA, FsConfig
 from tiering.fs.layout import TRAILER_BYTES
 from tiering.fs.medium import FsMedium
 from tiering.fs.native import NATIVE_MIN_SHARE
+
+if TYPE_CHECKING:
+    from tiering.core.inspection import TierInspector
 
 
 class FsspecSecondaryTierManager(IndexedTier):

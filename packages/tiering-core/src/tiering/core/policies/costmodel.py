@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tiering.core.primary.tier import PRIMARY
+from tiering.core.base import PRIMARY
 from tiering.core.schema import ConfigKey, ConfigSchema, TierConfigError
 
 COST_SCHEMA = ConfigSchema(
@@ -285,7 +285,7 @@ class LoadCostModel:
         """How many leading blocks of a found prefix to load.
 
         Args:
-            sources: per block of the prefix, :data:`~tiering.core.primary.tier.PRIMARY` or
+            sources: per block of the prefix, :data:`~tiering.core.base.PRIMARY` or
                 the index of the secondary tier that would serve it.
 
         Returns:

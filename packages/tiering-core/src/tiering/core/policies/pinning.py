@@ -25,7 +25,6 @@ from typing import Any
 
 from tiering.core.base import OffloadKey, ReqContext, SecondaryTierManager
 from tiering.core.capabilities import PinnableTier
-from tiering.core.keys import block_keys
 from tiering.core.units import parse_duration
 
 logger = logging.getLogger(__name__)
@@ -43,6 +42,8 @@ def prefix_keys(token_ids: Sequence[int], block_size: int) -> list[OffloadKey]:
     Raises:
         ValueError: ``block_size`` is not positive, or the prompt has no full block.
     """
+    from tiering.core.keys import block_keys  # pins by token ids: the command and the API, not the engine path
+
     keys = block_keys(token_ids, block_size)
     if not keys:
         raise ValueError(f"{len(token_ids)} token ids make no full block of {block_size} tokens: nothing to pin")

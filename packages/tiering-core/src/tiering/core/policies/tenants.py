@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.policies.tenancy import scope_key
-from tiering.core.primary.tier import Allocation
+
+if TYPE_CHECKING:
+    from tiering.core.primary.tier import Allocation
 
 __all__ = [
     "DEFAULT_TENANT",

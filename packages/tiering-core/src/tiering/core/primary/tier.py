@@ -11,9 +11,6 @@ from tiering.core.events import KVEvent, KVEventLog
 from tiering.core.primary.buffer import allocate_host_buffer, as_block_view
 from tiering.core.primary.policy import CachePolicy
 
-PRIMARY = -1
-"""The source index of blocks that were already in the primary tier (secondary tiers count from 0)."""
-
 
 @dataclasses.dataclass
 class _Slot:

@@ -2,11 +2,9 @@
 
 :class:`IndexedTier` owns everything a persistent tier does around its medium:
 
-- the :class:`~tiering.core.store.index.CapacityIndex`: which blocks exist,
-  their bytes against the cap (the "capacity >= one block" check names the
-  key), tenants' quotas and TTLs, pins;
-- ``lookup``: index first, then the medium by ``lookup_fallback`` (``stat``
-  on the scheduler thread, ``async`` through a lookup cache, ``off``);
+- the :class:`~tiering.core.store.index.CapacityIndex`: which blocks exist, their bytes against the cap
+  (the "capacity >= one block" check names the key), tenants' quotas and TTLs, pins;
+- ``lookup``: index first, then the medium by ``lookup_fallback`` (``stat``, ``async``, ``off``);
 - ``submit_store`` / ``submit_load`` on an I/O pool (:mod:`~tiering.core.store.stores`,
   :mod:`~tiering.core.store.loads`), reserving on the I/O thread (default) or
   on the scheduler thread (:attr:`IndexedTier.reserve_on_scheduler`);
@@ -23,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager, block_view
 from tiering.core.events import KVEventLog
@@ -35,11 +33,13 @@ from tiering.core.store.hooks import PinBook, PinningTier, TenantPolicy, note_te
 from tiering.core.store.index import CapacityIndex, KeyState
 from tiering.core.store.jobs import SHUTDOWN, JobReporting, JobState, JobTracker
 from tiering.core.store.loads import Loads
-from tiering.core.store.lookup_cache import LookupCache
 from tiering.core.store.medium import Medium
 from tiering.core.store.pool import IOPool
 from tiering.core.store.scans import Rescanner, Scans
 from tiering.core.store.settings import StoreSettings, config_values
+
+if TYPE_CHECKING:
+    from tiering.core.store.lookup_cache import LookupCache
 from tiering.core.store.stats import Counters, failure_totals
 from tiering.core.store.stores import Stores
 
@@ -193,6 +193,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
 
     def make_lookup_cache(self) -> LookupCache:
         """The lookup cache of ``lookup_fallback: "async"`` (default: resolved on the read threads, 1 s negatives)."""
+        from tiering.core.store.lookup_cache import LookupCache  # only tiers with lookup_fallback async use it
+
         return LookupCache(self._resolve, lambda fn: self.pool.submit_call("read", fn), negative_ttl_s=1.0)
 
     def _counter_names(self, medium: Medium) -> list[str]:

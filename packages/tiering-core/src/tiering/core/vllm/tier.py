@@ -47,8 +47,7 @@ from tiering.core.base import ReqContext as TieringReqContext
 from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.configfile import WRAPPER_KWARGS
 from tiering.core.events import HeldKeys
-from tiering.core.factory import check_tier_keys
-from tiering.core.policies.admission import refuse_admission
+from tiering.core.factory import POLICY_KEYS, check_tier_keys, entry_policies
 from tiering.core.policies.pinning import RequestPins
 from tiering.core.policies.tenants import scope_key, scope_keys, tenant_from_params
 from tiering.core.runtime.guard import GuardedTier
@@ -131,7 +130,8 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             raise TypeError(
                 "TieringSecondaryTier is a base class; use a tier from tiering.core.vllm.tiers, e.g. tiering_fs"
             )
-        refuse_admission(tier_kwargs, f"secondary tier {tier_type!r}", "vLLM's own manager")
+        if POLICY_KEYS & tier_kwargs.keys():
+            entry_policies().refuse_admission(tier_kwargs, f"secondary tier {tier_type!r}", "vLLM's own manager")
         locality = tier_kwargs.pop("locality", None)
         # vLLM's own tiers take exactly Locality's values ("LOCAL", "REMOTE") and raise its ValueError.
         self.locality = Locality(locality) if locality is not None else None
