@@ -7,7 +7,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "packages" / "tiering-core" / "src" / "tiering" / "core"
-DISTRIBUTIONS = sorted(p.name.removeprefix("tiering-") for p in (REPO / "packages").iterdir() if p.name != "tiering-core")
+DISTRIBUTIONS = sorted(p.name.removeprefix("tiering-") for p in (REPO / "packages").iterdir())
+DISTRIBUTIONS.remove("core")
 TOOLS = ("cli", "testing")
 """Distributions of tools (the command, the test suites): every other one is a tier or an engine adapter."""
 BACKENDS = [d for d in DISTRIBUTIONS if d not in TOOLS]

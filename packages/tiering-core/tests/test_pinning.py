@@ -7,6 +7,7 @@ import pytest
 
 from tiering.core import CPUPrimaryTier, LRUCachePolicy, OffloadingSpec, ReqContext, TieringManager
 from tiering.core.base import SecondaryTierManager
+from tiering.core.capabilities import PinnableTier, can_pin
 from tiering.core.keys import block_keys
 from tiering.core.policies.pinning import PIN_PARAM, RequestPins, pin_in_tiers, prefix_keys, request_pin_ttl
 
@@ -28,6 +29,13 @@ class PinRecorder(SecondaryTierManager):
         self.pins.append((list(keys), ttl_s))
         self.pinned.set()
         return self.answer
+
+    def unpin(self, keys):
+        pass
+
+    @property
+    def pinning(self):
+        return True
 
     def lookup(self, key, ctx):
         return False
@@ -70,8 +78,8 @@ def test_the_example_tier_cannot_pin():
     spec = OffloadingSpec({"cpu_bytes_to_use": 4 * BLOCK, "block_bytes": BLOCK})
     primary = CPUPrimaryTier(4, BLOCK, LRUCachePolicy(4))
     tier = ExampleSecondaryTierManager(spec, primary.kv_view, "example")
-    assert tier.pin(block_keys(list(range(16)), 16), 60) is False
-    tier.unpin(block_keys(list(range(16)), 16))  # no-op, no error
+    assert not isinstance(tier, PinnableTier) and not can_pin(tier)
+    assert pin_in_tiers([tier], block_keys(list(range(16)), 16), 60) == [False]
 
 
 def test_prefix_keys_are_the_block_keys_of_the_full_blocks():

@@ -13,7 +13,9 @@ def test_the_distribution_requires_core_and_pytest():
 def test_core_ships_no_test_code():
     import tiering.core
 
-    assert not (__import__("pathlib").Path(tiering.core.__file__).parent / "testing").exists()
+    old = __import__("pathlib").Path(tiering.core.__file__).parent / "testing"
+    assert [p.name for p in old.iterdir() if p.suffix == ".py"] == ["__init__.py"]  # the deprecated alias only
+    assert "alias(__name__" in (old / "__init__.py").read_text()
 
 
 def test_the_old_import_path_warns_and_gives_the_same_suite():

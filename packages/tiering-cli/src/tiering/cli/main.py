@@ -180,7 +180,7 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
 
 def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> None:
     """Probe or open entry ``secondary_tiers[index]`` and print what was found; errors unlabelled."""
-    from tiering.core.capabilities import Probeable
+    from tiering.core.capabilities import Probeable, ReportsProbe
     from tiering.core.inspection import inspector_for
     from tiering.core.primary.memory import format_bytes
 
@@ -204,7 +204,7 @@ def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> No
     tier = create_secondary_tier(tier_config, view, spec, index=index)
     try:
         echo(f"{head}: ok{tail}")
-        for line in tier.probe_report() if isinstance(tier, Probeable) else []:
+        for line in tier.probe_report() if isinstance(tier, ReportsProbe) else []:
             echo(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
     finally:
         tier.shutdown()

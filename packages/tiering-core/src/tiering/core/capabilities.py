@@ -15,6 +15,7 @@ capability             who offers it
 :class:`EventSource`   tiers that announce stored / removed blocks (KV events)
 :class:`Inspectable`   persistent tier classes: ``tiering ls / stat / gc / verify``
 :class:`Probeable`     tier classes with a side-effect-free ``tiering check --probe``
+:class:`ReportsProbe`  built tiers that say what their start-up probe found
 :class:`LocalTier`     tier classes that can live in a local directory (``tiering bench``)
 =====================  ===========================================================
 """
@@ -36,6 +37,7 @@ __all__ = [
     "LocalTier",
     "PinnableTier",
     "Probeable",
+    "ReportsProbe",
     "can_pin",
     "take_events",
 ]
@@ -101,8 +103,13 @@ class Probeable(Protocol):
         """
         ...
 
+
+@runtime_checkable
+class ReportsProbe(Protocol):
+    """A built tier that says what its start-up probe found (``tiering check --probe`` prints it)."""
+
     def probe_report(self) -> list[str]:
-        """What a built tier's start-up probe found, one line each (server limits, fallbacks)."""
+        """One line each (server limits, fallbacks); never a credential."""
         ...
 
 

@@ -7,7 +7,9 @@
   ``wait_for_jobs``, ``wait_until``...), re-exported from the runtime module
   :mod:`tiering.testing.harness` so that benchmarks need no pytest.
 
-The distribution tiering-testing (``pip install tiering-testing``, which brings pytest)::
+The distribution tiering-testing (``pip install tiering-testing``, which brings pytest);
+the helpers import without pytest (a benchmark needs none), the suite and
+:func:`requires_tier` on first use::
 
     from tiering.testing import TierConformanceTests
 
@@ -19,10 +21,8 @@ The distribution tiering-testing (``pip install tiering-testing``, which brings 
 
 from __future__ import annotations
 
-import pytest
+from typing import TYPE_CHECKING, Any
 
-from tiering.core.factory import SecondaryTierFactory
-from tiering.testing.conformance import TierConformanceTests
 from tiering.testing.harness import (
     DEFAULT_TIMEOUT_S,
     block_payload,
@@ -40,13 +40,19 @@ from tiering.testing.harness import (
     wait_until,
 )
 
+if TYPE_CHECKING:
+    from tiering.testing.conformance import TierConformanceTests, requires_tier
 
-def requires_tier(name: str) -> pytest.MarkDecorator:
-    """A skip marker for tests that need the secondary tier ``name`` installed."""
-    return pytest.mark.skipif(
-        name not in SecondaryTierFactory.known_names(),
-        reason=f"tier {name!r} is not installed in this environment",
-    )
+
+def __getattr__(name: str) -> Any:
+    """The pytest parts (:class:`TierConformanceTests`, :func:`requires_tier`), imported on first use (PEP 562)."""
+    if name in ("TierConformanceTests", "requires_tier"):
+        from tiering.testing import conformance
+
+        value = getattr(conformance, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager, block_view
-from tiering.core.factory import create_secondary_tier
+from tiering.core.factory import SecondaryTierFactory, create_secondary_tier
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.testing.harness import (
@@ -226,3 +226,11 @@ class TierConformanceTests:
 
     def test_tier_type_is_injected(self, tier: SecondaryTierManager, tier_config: dict[str, Any]) -> None:
         assert tier.tier_type == tier_config["type"]
+
+
+def requires_tier(name: str) -> pytest.MarkDecorator:
+    """A skip marker for tests that need the secondary tier ``name`` installed."""
+    return pytest.mark.skipif(
+        name not in SecondaryTierFactory.known_names(),
+        reason=f"tier {name!r} is not installed in this environment",
+    )

@@ -5,11 +5,9 @@
 - the :class:`~tiering.core.store.index.CapacityIndex`: which blocks exist, their bytes against the cap
   (the "capacity >= one block" check names the key), tenants' quotas and TTLs, pins;
 - ``lookup``: index first, then the medium by ``lookup_fallback`` (``stat``, ``async``, ``off``);
-- ``submit_store`` / ``submit_load`` on an I/O pool (:mod:`~tiering.core.store.stores`,
-  :mod:`~tiering.core.store.loads`), reserving on the I/O thread (default) or
-  on the scheduler thread (:attr:`IndexedTier.reserve_on_scheduler`);
-- the delete path with retries (:mod:`~tiering.core.store.deletes`), the
-  start-up scan and rescans (:mod:`~tiering.core.store.scans`);
+- ``submit_store`` / ``submit_load`` on an I/O pool (:mod:`~tiering.core.store.stores`, :mod:`~tiering.core.store.loads`),
+  reserving on the I/O thread (default) or the scheduler's (:attr:`IndexedTier.reserve_on_scheduler`);
+- the delete path with retries (:mod:`~tiering.core.store.deletes`), scans (:mod:`~tiering.core.store.scans`);
 - jobs, counters, KV events, ``stats()`` and the shutdown order.
 
 A backend subclasses it: it declares :attr:`config_schema`, builds its medium in
