@@ -5,7 +5,7 @@
 - the :class:`~tiering.core.store.index.CapacityIndex`: which blocks exist, their bytes against the cap
   (the "capacity >= one block" check names the key), tenants' quotas and TTLs, pins;
 - ``lookup``: index first, then the medium by ``lookup_fallback`` (``stat``, ``async``, ``off``);
-- ``submit_store`` / ``submit_load`` on an I/O pool (:mod:`~tiering.core.store.stores`, :mod:`~tiering.core.store.loads`),
+- ``submit_store`` / ``submit_load`` on an I/O pool (:mod:`~tiering.core.store.stores`, ``loads``),
   reserving on the I/O thread (default) or the scheduler's (:attr:`IndexedTier.reserve_on_scheduler`);
 - the delete path with retries (:mod:`~tiering.core.store.deletes`), scans (:mod:`~tiering.core.store.scans`);
 - jobs, counters, KV events, ``stats()`` and the shutdown order.
