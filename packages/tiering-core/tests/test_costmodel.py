@@ -3,8 +3,8 @@
 import pytest
 
 from tiering.core import TieringOffloadingSpec
+from tiering.core.base import PRIMARY
 from tiering.core.policies.costmodel import REPROBE_S, SEED_JOBS, LoadCostConfig, LoadCostModel, LoadTimeModel
-from tiering.core.primary.tier import PRIMARY
 
 MIB = 1 << 20
 BLOCK = 16 * 1024

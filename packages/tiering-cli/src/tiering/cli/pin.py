@@ -85,9 +85,11 @@ def cmd_pin(args: argparse.Namespace) -> int:
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
-                can_pin = isinstance(tier, PinnableTier) and "pinned_blocks" in tier.stats()
+                can_pin = "pinned_blocks" in tier.stats()
                 if isinstance(tier, PinnableTier):
                     tier.unpin(keys)
+                else:
+                    can_pin = False
                 state = f"pins of {len(keys)} blocks ended" if can_pin else "cannot pin (nothing to unpin)"
                 echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
             return 0

@@ -171,9 +171,9 @@ def stored_blocks(where: Mapping[str, Any]) -> int:
     if "directory" in where:
         suffix = str(where.get("suffix", ""))
         return sum(f.endswith(suffix) for _, _, files in os.walk(str(where["directory"])) for f in files)
-    from tiering.core.factory import SecondaryTierFactory
+    from tiering.core.inspection import inspector_for
 
-    inspector = SecondaryTierFactory.get_class(str(where["tier"])).inspector(dict(where["config"]))
+    inspector = inspector_for({"type": str(where["tier"]), **dict(where["config"])})
     if inspector is None:
         raise ValueError(f"tier {where['tier']!r} has no inspector: its stored blocks cannot be counted")
     return sum(1 for digest in inspector.namespaces() for _ in inspector.blocks(digest))
