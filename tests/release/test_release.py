@@ -209,33 +209,33 @@ def test_refuses_empty_unreleased(repo: Path) -> None:
 
 def test_refuses_core_bump_outside_backend_range(repo: Path) -> None:
     for pkg in ("tiering-core", "tiering-example", "tiering-fs", "tiering-s3"):
-        set_version(repo, pkg, "0.1.0")
+        set_version(repo, pkg, "0.2.0" if pkg == "tiering-core" else "0.1.0")
     pyproject = repo / "packages/tiering-fs/pyproject.toml"
     text = pyproject.read_text(encoding="utf-8")
-    pyproject.write_text(text.replace('"tiering-core>=0.1,<0.2"', '"tiering-core>=0.1,<0.3"'), encoding="utf-8")
-    git(repo, "commit", "-q", "-am", "fs admits 0.2")
+    pyproject.write_text(text.replace('"tiering-core>=0.2,<0.3"', '"tiering-core>=0.2,<0.4"'), encoding="utf-8")
+    git(repo, "commit", "-q", "-am", "fs admits 0.3")
     proc = run_script("bump", "core", "minor", "--repo", str(repo))
     assert proc.returncode == 2
-    assert "tiering-example requires tiering-core>=0.1,<0.2; widen it to admit 0.2.0" in proc.stderr
-    assert "tiering-s3 requires tiering-core>=0.1,<0.2; widen it to admit 0.2.0" in proc.stderr
-    assert "tiering-fs requires" not in proc.stderr  # its range admits 0.2.0
-    assert '__version__ = "0.1.0"' in about_of(repo / "packages/tiering-core").read_text(encoding="utf-8")
+    assert "tiering-example requires tiering-core>=0.2,<0.3; widen it to admit 0.3.0" in proc.stderr
+    assert "tiering-s3 requires tiering-core>=0.2,<0.3; widen it to admit 0.3.0" in proc.stderr
+    assert "tiering-fs requires" not in proc.stderr  # its range admits 0.3.0
+    assert '__version__ = "0.2.0"' in about_of(repo / "packages/tiering-core").read_text(encoding="utf-8")
     assert git(repo, "tag", "--list") == ""
     # a patch release stays inside every range
     proc = run_script("bump", "core", "patch", "--repo", str(repo))
     assert proc.returncode == 0, proc.stderr
-    assert git(repo, "tag", "--list") == "tiering-core-v0.1.1"
+    assert git(repo, "tag", "--list") == "tiering-core-v0.2.1"
 
 
 def test_refuses_backend_whose_range_excludes_current_core(repo: Path) -> None:
-    set_version(repo, "tiering-core", "0.1.0")
+    set_version(repo, "tiering-core", "0.2.0")
     pyproject = repo / "packages/tiering-fs/pyproject.toml"
     text = pyproject.read_text(encoding="utf-8")
-    pyproject.write_text(text.replace('"tiering-core>=0.1,<0.2"', '"tiering-core>=0.2,<0.3"'), encoding="utf-8")
-    git(repo, "commit", "-q", "-am", "fs needs 0.2")
+    pyproject.write_text(text.replace('"tiering-core>=0.2,<0.3"', '"tiering-core>=0.3,<0.4"'), encoding="utf-8")
+    git(repo, "commit", "-q", "-am", "fs needs 0.3")
     proc = run_script("bump", "fs", "patch", "--repo", str(repo))
     assert proc.returncode == 2
-    assert "tiering-fs requires tiering-core>=0.2,<0.3, which does not admit the current tiering-core 0.1.0" in (
+    assert "tiering-fs requires tiering-core>=0.3,<0.4, which does not admit the current tiering-core 0.2.0" in (
         proc.stderr
     )
 
@@ -327,7 +327,7 @@ def tree(tmp_path: Path) -> Path:
         set_version(dest, pkg, "0.1.0")
     text = (dest / "packages/tiering-example/pyproject.toml").read_text(encoding="utf-8")
     assert 'example = "tiering.example:ExampleSecondaryTierManager"' in text
-    assert '"tiering-core>=0.1,<0.2"' in text
+    assert '"tiering-core>=0.2,<0.3"' in text
     return dest
 
 

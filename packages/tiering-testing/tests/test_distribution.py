@@ -1,4 +1,4 @@
-"""The suites' dependencies are declared: tiering-testing brings pytest, and a tier's fixtures name it when missing."""
+"""The suites' dependencies are declared: tiering-testing brings pytest; the old import path still works, warned."""
 
 import subprocess
 import sys
