@@ -13,12 +13,12 @@ For each wheel it checks that
   package's ``__about__.py``;
 - its METADATA ``Project-URL`` entries are the package's ``[project.urls]``
   (every package declares some);
-- tiering-core ships the replay traces (:data:`SHIPPED_DATA`) with their
+- tiering-cli ships the replay traces (:data:`SHIPPED_DATA`) with their
   Apache-2.0 licence and attribution, identical to the tree's files;
-- for a backend: ``entry_points.txt`` declares the ``tiering.tiers`` entry point
-  of the package's ``pyproject.toml``, naming a class of the package that the
-  wheel ships; and its METADATA ``Requires-Dist`` on tiering-core admits the
-  current core version;
+- for a tier's distribution (one whose ``pyproject.toml`` declares a ``tiering.tiers``
+  entry point): ``entry_points.txt`` declares that entry point, naming a class of the
+  package that the wheel ships; for every distribution but core: its METADATA
+  ``Requires-Dist`` on tiering-core admits the current core version;
 - the matching sdist ``<name>-<version>.tar.gz`` is there too;
 - a package with a native part (:data:`NATIVE_FILES`: tiering-fs's batch block
   I/O library) ships the library and its licence in the wheel, which is then
@@ -58,7 +58,7 @@ from packaging.version import InvalidVersion, Version
 
 TRACE_DATA = "tiering/cli/bench/data"
 SHIPPED_DATA = {
-    CORE: [
+    "tiering-cli": [
         f"{TRACE_DATA}/mooncake_conversation_trace.jsonl",
         f"{TRACE_DATA}/mooncake_synthetic_trace.jsonl",
         f"{TRACE_DATA}/LICENSE-APACHE-2.0",
@@ -254,11 +254,12 @@ def check_wheel(wheel: Path, packages: dict[str, Package], core: Version) -> tup
                 f"METADATA Version {meta.get('Version')} != {package.about.name} version {package.version} "
                 "(stale or foreign build? rebuild with scripts/build.py)"
             )
-        if not package.is_core:
+        if package.entry_points:  # a tier's distribution (adapters and tools provide no tier)
             ep_problems, ep_summary = _entry_point_problems(zf, info, package)
             problems += ep_problems
             if ep_summary:
                 summary.append(ep_summary)
+        if not package.is_core:
             reqs = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
             core_reqs = [r for r in reqs if canonicalize_name(r.name) == CORE and not r.marker]
             if not core_reqs:

@@ -100,6 +100,10 @@ def repo(tmp_path: Path) -> Path:
 # --- bump.py ------------------------------------------------------------------------------
 
 
+TIERS = ("example", "fs", "s3", "redis")
+"""The distributions that provide a tier (a ``tiering.tiers`` entry point); the others are adapters and tools."""
+
+
 def test_real_packages_are_releasable() -> None:
     rel = load_script("_release")
     bump = load_script("bump")
@@ -112,7 +116,10 @@ def test_real_packages_are_releasable() -> None:
         if not package.is_core:
             assert package.core_specifier is not None, f"{package.dist} does not depend on tiering-core"
             assert rel.admits(package.core_specifier, core), f"{package.dist} does not admit core {core}"
-            assert package.entry_points, f"{package.dist} declares no tiering.tiers entry point"
+            if package.short in TIERS:
+                assert package.entry_points, f"{package.dist} declares no tiering.tiers entry point"
+            else:  # an engine adapter or a tool provides no tier
+                assert not package.entry_points, f"{package.dist} declares a tiering.tiers entry point"
 
 
 @pytest.mark.parametrize(
@@ -271,7 +278,7 @@ def make_wheel(
     namespace_init: bool = False,
     py_typed: bool = True,
     entry_point: str | None = "default",
-    core_requirement: str | None = "tiering-core<0.2,>=0.1",
+    core_requirement: str | None = "tiering-core<0.3,>=0.2",
     sdist: bool = True,
     urls: bool = True,
     data: dict[str, bytes] | None = None,
@@ -294,8 +301,8 @@ def make_wheel(
         tomllib = load_script("_release").tomllib
         project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
         meta += "".join(f"Project-URL: {label}, {url}\n" for label, url in project.get("urls", {}).items())
-    if data is None and dist == "tiering-core":
-        data_dir = ROOT / "packages/tiering-core/src/tiering/cli/bench/data"
+    if data is None and dist == "tiering-cli":
+        data_dir = ROOT / "packages/tiering-cli/src/tiering/cli/bench/data"
         data = {f"tiering/cli/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir()}
     cls = {"example": "ExampleSecondaryTierManager"}.get(short, "SomeTier")
     with zipfile.ZipFile(wheel, "w") as zf:
@@ -323,8 +330,8 @@ def make_wheel(
 def tree(tmp_path: Path) -> Path:
     """A copy of the packages' release files with fixed versions (no git needed)."""
     dest = copy_tree(tmp_path / "tree")
-    for pkg in ("tiering-core", "tiering-example"):
-        set_version(dest, pkg, "0.1.0")
+    set_version(dest, "tiering-core", "0.2.0")
+    set_version(dest, "tiering-example", "0.1.0")
     text = (dest / "packages/tiering-example/pyproject.toml").read_text(encoding="utf-8")
     assert 'example = "tiering.example:ExampleSecondaryTierManager"' in text
     assert '"tiering-core>=0.2,<0.3"' in text
@@ -338,11 +345,11 @@ def check(tree: Path, dist: Path) -> subprocess.CompletedProcess[str]:
 def test_check_dist_accepts_good_wheels(tree: Path, tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     make_wheel(dist, "tiering-example", "0.1.0")
-    make_wheel(dist, "tiering-core", "0.1.0", entry_point=None, core_requirement=None)
+    make_wheel(dist, "tiering-core", "0.2.0", entry_point=None, core_requirement=None)
     proc = check(tree, dist)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok   tiering_example-0.1.0-py3-none-any.whl" in proc.stdout
-    assert "ok   tiering_core-0.1.0-py3-none-any.whl" in proc.stdout
+    assert "ok   tiering_core-0.2.0-py3-none-any.whl" in proc.stdout
     assert "example = tiering.example:ExampleSecondaryTierManager" in proc.stdout
 
 
@@ -354,7 +361,7 @@ def test_check_dist_accepts_good_wheels(tree: Path, tmp_path: Path) -> None:
         ({"entry_point": None}, "the tiering.tiers entry point is missing"),
         ({"entry_point": "example = tiering.example:OtherTier"}, "pyproject.toml declares"),
         ({"py_typed": False}, "tiering/example/py.typed marker missing"),
-        ({"core_requirement": "tiering-core>=0.2,<0.3"}, "does not admit the current tiering-core 0.1.0"),
+        ({"core_requirement": "tiering-core>=0.3,<0.4"}, "does not admit the current tiering-core 0.2.0"),
         ({"core_requirement": None}, "no unconditional Requires-Dist on tiering-core"),
         ({"sdist": False}, "no sdist tiering_example-0.1.0.tar.gz"),
         ({"urls": False}, "METADATA Project-URL {} != [project.urls]"),
@@ -390,19 +397,20 @@ def test_check_dist_entry_point_class_must_exist(tree: Path, tmp_path: Path) -> 
         (None, "mooncake_synthetic_trace.jsonl", "mooncake_synthetic_trace.jsonl differs from"),
     ],
 )
-def test_check_dist_core_ships_traces_with_licence_and_attribution(
+def test_check_dist_cli_ships_traces_with_licence_and_attribution(
     tree: Path, tmp_path: Path, drop: str | None, change: str | None, message: str
 ) -> None:
-    data_dir = ROOT / "packages/tiering-core/src/tiering/cli/bench/data"
-    shutil.copytree(data_dir, tree / "packages/tiering-core/src/tiering/cli/bench/data")
+    data_dir = ROOT / "packages/tiering-cli/src/tiering/cli/bench/data"
+    shutil.copytree(data_dir, tree / "packages/tiering-cli/src/tiering/cli/bench/data")
     data = {f"tiering/cli/bench/data/{f.name}": f.read_bytes() for f in data_dir.iterdir() if f.name != drop}
     if change:
         data[f"tiering/cli/bench/data/{change}"] = b"something else\n"
     dist = tmp_path / "dist"
-    make_wheel(dist, "tiering-core", "0.1.0", entry_point=None, core_requirement=None, data=data)
+    set_version(tree, "tiering-cli", "0.1.0")
+    make_wheel(dist, "tiering-cli", "0.1.0", entry_point=None, data=data)
     proc = check(tree, dist)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL tiering_core-0.1.0-py3-none-any.whl" in proc.stdout
+    assert "FAIL tiering_cli-0.1.0-py3-none-any.whl" in proc.stdout
     assert message in proc.stdout
 
 
@@ -469,9 +477,9 @@ def test_compat_skips_in_one_line_while_core_has_one_version(repo: Path) -> None
     proc = run_script("compat", "--repo", str(repo))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("compat: skipped: tiering-core 0.1.0 is the only core version")
+    assert len(lines) == 1 and lines[0].startswith("compat: skipped: tiering-core 0.2.0 is the only core version")
     compat = load_script("compat")
-    assert compat.single_core_version(repo) == Version("0.1.0")
+    assert compat.single_core_version(repo) == Version("0.2.0")
     git(repo, "tag", "tiering-core-v0.0.9")
     assert compat.single_core_version(repo) is None  # a second version exists: the compat run is real
 
