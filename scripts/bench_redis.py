@@ -8,7 +8,9 @@ once, ``max_connections`` = --connections, ``pipeline_blocks`` = --pipeline)
 and through a raw loop: --connections threads, each sending its share of the
 blocks as pipelines of --pipeline ``SET`` (the slot's bytes) / ``GET`` (copied
 into the slot), over a redis-py pool of the same size. Passes alternate which
-path runs first; the server is flushed between passes. Printed: the median
+path runs first; the server is flushed between passes. The tier, like the raw
+loop's pool, lives through every pass of a block size (its connections stay
+open), each pass with new keys; --fresh-tier builds one per pass. Printed: the median
 GB/s of each path, the median of the per-pass (paired) ratios tier / raw
 and how many pairs meet the 0.9 target, so a pass slowed by other load on
 the machine shows as one outlier pair, not as a skewed ratio. Then a lookup of 4096 keys
@@ -110,19 +112,25 @@ def bench_size(url: str, block_bytes: int, n: int, args: argparse.Namespace) -> 
     pool = redis.ConnectionPool.from_url(url, max_connections=args.connections)
     flusher = redis.Redis.from_url(url)
     times: dict[str, list[float]] = {"tier store": [], "raw store": [], "tier load": [], "raw load": []}
+    # One tier for every pass, as the raw loop keeps one pool: both paths' connections stay open (and their TCP
+    # windows grown) from pass to pass. --fresh-tier builds a new tier (new connections) for each pass instead.
+    kept = None if args.fresh_tier else make_tier(url, spec, view, args, startup_scan=False)
     for r in range(args.rounds):
         for path in ("tier", "raw") if r % 2 == 0 else ("raw", "tier"):
             flusher.flushall()
             if path == "tier":
-                tier = make_tier(url, spec, view, args, startup_scan=False)
-                keys = [make_key(i, f"r{r}".encode()) for i in range(n)]
+                tier = kept or make_tier(url, spec, view, args, startup_scan=False)
+                keys = [make_key(i, f"r{r}".encode()) for i in range(n)]  # new keys: no store is skipped
                 times["tier store"].append(tier_pass(tier, keys, n, args.job_blocks, load=False))
                 times["tier load"].append(tier_pass(tier, keys, n, args.job_blocks, load=True))
-                tier.shutdown()
+                if kept is None:
+                    tier.shutdown()
             else:
                 names = [f"raw:{r}:{i}" for i in range(n)]
                 times["raw store"].append(raw_pass(pool, view, names, args, load=False))
                 times["raw load"].append(raw_pass(pool, view, names, args, load=True))
+    if kept is not None:
+        kept.shutdown()
     flusher.flushall()
     total = n * block_bytes
     gbs = {k: total / statistics.median(v) / 1e9 for k, v in times.items()}
@@ -200,6 +208,7 @@ def main() -> None:
     parser.add_argument("--url", help="an existing server (default: start a local redis-server)")
     parser.add_argument("--rounds", type=int, default=9, help="passes per block size (each: tier and raw)")
     parser.add_argument("--verbose", action="store_true", help="print every pass's paired ratio")
+    parser.add_argument("--fresh-tier", action="store_true", help="a new tier (new connections) for every pass")
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--pipeline", type=int, default=8, help="blocks per pipeline")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per tier job")

@@ -78,7 +78,7 @@ def module_lines(names: list[str]) -> int:
 
 
 def vllm_driver() -> Any:
-    """The vLLM scheduler driver of either layout (``tiering.testing.vllm_driver`` or the older path)."""
+    """The vLLM scheduler driver of either layout (``tiering.testing.vllm_driver`` or its old import path)."""
     for name in ("tiering.testing.vllm_driver", "tiering.core.vllm.testing"):
         try:
             return importlib.import_module(name)

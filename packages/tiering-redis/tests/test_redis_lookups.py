@@ -1,6 +1,7 @@
 """Lookups against real servers: a scheduler step's 4,096 unknown keys resolve by the next round; ACLs; cluster."""
 
 import itertools
+import threading
 import time
 
 from tiering.core import create_secondary_tier
@@ -74,11 +75,46 @@ def test_4096_unknown_keys_resolve_by_the_second_scheduler_round(redis_server, p
             assert [answers[k] for k in keys] == [True] * 16 + [False] * (4096 - 16)
             stats = reader.stats()
             assert stats["lookup_probes"] == 4096  # each key asked once
-            assert stats["lookup_batches"] <= 64  # batches of <= 1,024 keys (smaller when a round stalls)
+            assert stats["lookup_batches"] <= 64  # one batch per round (smaller ones when a round stalls)
             reader.shutdown()
             rounds.append(n)
         assert sorted(rounds)[1] <= 2 and max(rounds) <= 3, rounds
     finally:
+        writer.shutdown()
+
+
+def test_a_rounds_4096_lookups_take_one_existence_check_and_the_next_round_answers_every_key(redis_server, prefix):
+    """Counted in rounds and round trips, not time: the keys one scheduler round asks go in one ``STRLEN`` request.
+
+    The tier's I/O threads are held busy while round 1 asks, so its resolution starts only once the round is
+    over (as when the scheduler asks faster than a thread frees up); round 2, asked once that resolution is
+    done, answers every key. Batches of 1,024 keys took four round trips one after the other for such a round,
+    and left keys unanswered at the next scheduler step.
+    """
+    writer, view = make_tier({"url": redis_server.url, "prefix": prefix})
+    reader, _ = make_tier({"url": redis_server.url, "prefix": prefix, "startup_scan": False})
+    gate = threading.Event()
+    try:
+        stored = [make_key(i, b"one-check") for i in range(16)]
+        assert store(writer, view, stored)
+        keys = stored + [make_key(i, b"one-check-absent") for i in range(4096 - 16)]
+        for _ in range(reader.pool.n_read_threads + reader.pool.n_write_threads):
+            reader.pool.submit_call("read", lambda: gate.wait(60))
+        before = reader.stats()
+        assert [reader.lookup(k, CTX) for k in keys] == [None] * 4096  # round 1: every key goes to the server
+        gate.set()
+        deadline = time.monotonic() + 60
+        while reader.stats()["lookup_probes_pending"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stats = reader.stats()
+        assert stats["lookup_probes_pending"] == 0
+        assert stats["lookup_batches"] - before["lookup_batches"] == 1
+        assert stats["pipelines"] - before["pipelines"] == 1  # one STRLEN request for the 4,096 keys
+        assert [reader.lookup(k, CTX) for k in keys] == [True] * 16 + [False] * (4096 - 16)  # round 2: all answered
+        assert reader.stats()["lookup_probes"] == 4096  # each key asked of the server once
+    finally:
+        gate.set()
+        reader.shutdown()
         writer.shutdown()
 
 

@@ -133,12 +133,15 @@ class RedisMedium(Medium):
         if stopping():
             return [NotStartedError() for _ in keys]
         views = [slot(b) for b in block_ids]
-        headers = [encode_header(self._digest_bytes, key, view) for key, view in zip(keys, views, strict=True)]
+        digest = self._digest_bytes
         ttls = [self.ttl_s if self.tenants is None else self.tenants.ttl_seconds(k, self.ttl_s) for k in keys]
         try:
             self.conn.round_trip()
             names = [self.block_key(key).encode() for key in keys]
-            replies = set_nx_many(self.client, self.is_cluster, names, headers, views, ttls)
+            # Each header (the payload's checksum) is computed as its block is sent: the first block goes out
+            # at once rather than after every block of the share was hashed.
+            replies = set_nx_many(self.client, self.is_cluster, names, lambda i: encode_header(digest, keys[i],
+                                  views[i]), views, ttls)  # fmt: skip
         except Exception as exc:
             self.conn.count_error(exc, f"store of {len(keys)} blocks")
             return [exc for _ in keys]

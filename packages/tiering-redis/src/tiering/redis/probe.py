@@ -262,7 +262,7 @@ class PrimaryWatch:
         self._on_change = on_change
         self._recheck = False  # set after connection trouble: was the server restarted meanwhile?
         self._lock = threading.Lock()
-        self._next = 0.0  # monotonic time of the next check
+        self._next = time.monotonic() + RUN_ID_CHECK_S  # the next check (the probe just learnt the primaries)
 
     def suspect(self) -> None:
         """A request failed in a way a change of primary explains: the next :meth:`check` asks at once."""

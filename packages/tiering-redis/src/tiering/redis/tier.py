@@ -26,6 +26,11 @@ from tiering.core.store.lookup_cache import LookupCache
 from tiering.redis.config import SCHEMA, RedisSettings
 from tiering.redis.medium import RedisMedium
 
+LOOKUP_BATCH = 8192
+"""Most keys of one pipelined existence check. A scheduler step's lookups (thousands of keys) gather into one
+check once it stopped asking: taking batches while it still asks (both threads then take turns holding the GIL)
+left keys of a 4,096-key step unresolved at its next step."""
+
 _STILL_THERE = ("forgotten", "evicted")
 """Reasons a key leaves the index while its block stays counted right (kept on the server, or the fleet took it)."""
 
@@ -83,7 +88,7 @@ class RedisSecondaryTierManager(IndexedTier):
             self._resolve,
             lambda fn: self.pool.submit_call("read", fn),
             negative_ttl_s=self.config["lookup_negative_ttl_s"],
-            max_batch=1024,  # resolved while the scheduler still asks; the rest right after its round
+            max_batch=LOOKUP_BATCH,
             max_pending=65536,
             gather_s=0.001,  # a scheduler step's lookups (a few microseconds apart) gather into full batches
             parallel=1,

@@ -1,15 +1,17 @@
 """Pipelines packed by hand on a redis-py connection: block stores without copying the block, fast reply reading.
 
-redis-py's pipeline packs every command into new ``bytes``: with hiredis it
-first copies a ``memoryview`` argument into ``bytes``, then
-``hiredis.pack_command`` copies the whole command again, and each command
-costs about 10 us of Python. For a block store the value is the 128-byte
-header followed by the primary slot's bytes, so :func:`set_nx_parts` writes
-the RESP framing around them and hands the slot's ``memoryview`` itself to
-``sendall`` (the kernel's copy into the socket is the only one).
-:func:`read_replies` reads a batch of replies with one :class:`hiredis.Reader`
-fed from the socket in large chunks (about 0.3 us per reply), or through
-redis-py's ``read_response`` when hiredis is not installed.
+redis-py's pipeline costs about 10 us of Python per command. For a block
+store the value is the 128-byte header followed by the primary slot's
+bytes, so :func:`set_nx_parts` writes the RESP framing around them and the
+slot's ``memoryview`` itself goes to the socket (the kernel's copy into the
+socket is the only one). :func:`set_nx_many` computes each block's header
+(its payload checksum) just before that block is sent, so the connection
+carries the first block while the others are still to be hashed, and sends
+each block with one ``sendmsg`` (the framing of the block before joined to
+this one's). :func:`read_replies` reads a batch of replies with one
+:class:`hiredis.Reader` fed from the socket in 64 KiB chunks (about 0.3 us
+per reply; a larger receive buffer costs an ``mmap`` / ``munmap`` pair per
+call), or through redis-py's ``read_response`` when hiredis is not installed.
 
 Everything runs on a connection taken from the client's own pool, so
 authentication, TLS, ``socket_timeout`` and the pool's size are redis-py's;
@@ -23,13 +25,14 @@ a cluster goes through redis-py's cluster pipeline, which routes per slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tiering.core.format import HEADER_SIZE, BlockFormatError, TruncatedBlockError, verify_block
+from tiering.redis.sends import send_groups
 
 try:
     import hiredis
@@ -57,7 +60,10 @@ def _raise_if_replica(conn: Any, replies: Sequence[Any]) -> None:
             raise NowReplicaError(str(reply))
 
 
-Chunk = bytes | memoryview
+Chunk = bytes | memoryview  # (the same as tiering.redis.sends.Chunk)
+
+_RECV_BYTES = 1 << 16
+"""Bytes asked of one ``recv`` of replies: below glibc's ``mmap`` threshold, so a receive maps no memory."""
 
 
 def set_nx_parts(name: bytes, header: bytes, payload: memoryview, ttl_s: int | None) -> list[Chunk]:
@@ -124,15 +130,16 @@ def read_replies(conn: Any, n: int) -> list[Any]:
     reader = hiredis.Reader(replyError=ResponseError)
     out = []
     while len(out) < n:
-        reader.feed(_received(sock.recv, 1 << 20, f"{n} replies"))
+        reader.feed(_received(sock.recv, _RECV_BYTES, f"{n} replies"))
         while (reply := reader.gets()) is not False:
             out.append(reply)
     return out
 
 
-def run_on_connection(client: Any, parts: Sequence[Chunk], n: int) -> list[Any]:
+def run_on_connection(client: Any, parts: Sequence[Chunk] | Callable[[Any], None], n: int) -> list[Any]:
     """Send ``parts`` (``n`` packed commands) on one pooled connection of ``client``; its ``n`` replies.
 
+    ``parts`` may also be a function that sends the commands itself (``parts(conn)``, once per attempt).
     Retried on connection errors and timeouts by the client's ``Retry`` (its
     backoff between attempts); the connection is disconnected after a failure,
     so no unread reply is ever left on a pooled connection.
@@ -145,7 +152,10 @@ def run_on_connection(client: Any, parts: Sequence[Chunk], n: int) -> list[Any]:
     try:
 
         def attempt() -> list[Any]:
-            conn.send_packed_command(list(parts))
+            if callable(parts):
+                parts(conn)
+            else:
+                conn.send_packed_command(list(parts))
             replies = read_replies(conn, n)
             _raise_if_replica(conn, replies)
             return replies
@@ -294,27 +304,41 @@ def set_nx_many(
     client: Any,
     is_cluster: bool,
     names: Sequence[bytes],
-    headers: Sequence[bytes],
+    header_of: Callable[[int], bytes],
     payloads: Sequence[memoryview],
     ttls: Sequence[int | None],
 ) -> list[Any]:
     """``SET name header+payload NX [EX ttl]`` of every block in one round trip; one reply (or error) per block.
 
-    A single server or Sentinel primary: packed by hand (:func:`set_nx_parts`, the payload not copied); a
-    cluster: redis-py's cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
+    ``header_of(i)`` is block ``i``'s header (called once per block and attempt, in order). A single server or
+    Sentinel primary: packed by hand, one ``sendmsg`` per block (:func:`~tiering.redis.sends.send_groups`, the
+    payload not copied); a cluster: redis-py's cluster pipeline (it routes per slot and follows ``MOVED`` / ``ASK``).
 
     Raises:
         redis.exceptions.RedisError: the whole request failed (every attempt of the client's ``Retry``).
     """
     if is_cluster:
         pipe = client.pipeline(transaction=False)
-        for name, header, payload, ttl in zip(names, headers, payloads, ttls, strict=True):
-            pipe.set(name, b"".join((header, payload)), nx=True, ex=ttl)
+        for i, (name, payload, ttl) in enumerate(zip(names, payloads, ttls, strict=True)):
+            pipe.set(name, b"".join((header_of(i), payload)), nx=True, ex=ttl)
         return list(pipe.execute(raise_on_error=False))
-    parts: list[Chunk] = []
-    for name, header, payload, ttl in zip(names, headers, payloads, ttls, strict=True):
-        parts += set_nx_parts(name, header, payload, ttl)
-    return run_on_connection(client, parts, len(names))
+    return run_on_connection(client, lambda conn: send_groups(conn, _set_nx_groups(names, header_of, payloads, ttls)),
+                             len(names))  # fmt: skip
+
+
+def _set_nx_groups(
+    names: Sequence[bytes],
+    header_of: Callable[[int], bytes],
+    payloads: Sequence[memoryview],
+    ttls: Sequence[int | None],
+) -> Iterator[list[Chunk]]:
+    """The chunks of each ``SET NX`` (the framing of the one before joined to its own), each header made when due."""
+    carry: Chunk = b""
+    for i, (name, payload, ttl) in enumerate(zip(names, payloads, ttls, strict=True)):
+        head, body, tail = set_nx_parts(name, header_of(i), payload, ttl)
+        yield [b"".join((carry, head)), body]
+        carry = tail
+    yield [carry]
 
 
 def get_many(

@@ -169,7 +169,7 @@ class Stores:
         """Write a share reserved on the scheduler thread (its victims are being deleted already)."""
         tasks = [(state, i) for state, i, _ in items]
         keys = [state.meta.keys[i] for state, i in tasks]
-        reservations = [dataclasses.replace(res, victims=()) for _, _, res in items]
+        reservations = [dataclasses.replace(res, victims=()) if res.victims else res for _, _, res in items]
         if self._is_stopping():
             self.index.commit_many(
                 [(k, False) for k, r in zip(keys, reservations, strict=True) if r.admit is Admit.RESERVED]

@@ -244,12 +244,13 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
 
     def _resolve(self, keys: Sequence[OffloadKey]) -> dict[OffloadKey, bool]:
         """Background existence check of ``lookup_fallback="async"`` (the lookup cache's resolver)."""
-        whole = self.stored_block_bytes
         with self.index.reading() as ticket:
-            sizes = self.blocks.sizes(keys)
-            self.index.adopt_many([(k, whole) for k, size in zip(keys, sizes, strict=True) if size == whole], ticket)
-        self._trim_known()
-        return {k: self.index.lookup(k, touch=False) is KeyState.RESIDENT for k in keys}
+            found = [k for k, n in zip(keys, self.blocks.sizes(keys), strict=True) if n == self.stored_block_bytes]
+            adopted = self.index.adopt_many([(k, self.stored_block_bytes) for k in found], ticket)
+        self._trim_known()  # what it forgets is invalidated in the lookup cache (this answer for it is dropped)
+        if adopted < len(found):  # some were removed meanwhile: the index says which (else no round per key)
+            found = [k for k in found if self.index.lookup(k, touch=False) is KeyState.RESIDENT]
+        return dict.fromkeys(keys, False) | dict.fromkeys(found, True)  # absent on the medium: False
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` most recently used in the tier's LRU record (and the medium's, where it keeps one)."""
