@@ -203,7 +203,8 @@ def main() -> None:
     payloads = [os.urandom(object_bytes) for _ in range(args.objects)]
     warmup = [os.urandom(object_bytes) for _ in range(min(args.objects, 2 * args.batch))]
     names = [OURS, FS] + ([] if args.no_native else [NATIVE])
-    o_direct = {"auto": "auto", "true": True, "false": False}[args.o_direct]
+    o_direct_values: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}
+    o_direct = o_direct_values[args.o_direct]
     print(
         f"{args.objects} objects of {object_bytes} bytes ({object_bytes * args.objects / 2**20:.0f} MiB), "
         f"tasks of {args.batch}, {args.rounds} rounds, our fs tier's o_direct {args.o_direct}, "
@@ -237,14 +238,16 @@ def main() -> None:
             per = ", ".join(f"{x:.2f}x" for x in ratios)
             print(f"ours / {theirs}, {kind}: {per} (median {statistics.median(ratios):.2f}x)")
     ours = rounds[0][OURS]
-    gib = ours["staging_bytes"] / 2**30
-    populate = [rd[OURS]["populate_s"] for rd in rounds]
-    print(
-        f"\nfirst touch, paid once at start: our staging buffer of {ours['staging_bytes'] / 2**20:.0f} MiB faulted in "
-        f"in {statistics.median(populate) * 1e3:.0f} ms (median of {len(populate)}), "
-        f"{statistics.median(populate) / gib:.2f} s per GiB; adapter start "
-        + ", ".join(f"{n} {statistics.median(rd[n]['start_s'] for rd in rounds) * 1e3:.0f} ms" for n in names)
-    )
+    starts = ", ".join(f"{n} {statistics.median(rd[n]['start_s'] for rd in rounds) * 1e3:.0f} ms" for n in names)
+    if ours["staging_bytes"]:
+        populate = statistics.median(rd[OURS]["populate_s"] for rd in rounds)
+        print(
+            f"\nfirst touch, paid once at start: our staging buffer of {ours['staging_bytes'] / 2**20:.0f} MiB "
+            f"faulted in in {populate * 1e3:.0f} ms (median of {len(rounds)}), "
+            f"{populate / (ours['staging_bytes'] / 2**30):.2f} s per GiB; adapter start {starts}"
+        )
+    else:
+        print(f"\nour adapter reports no staging buffer (not faulted in at start); adapter start {starts}")
     touch = first_touch(payloads)
     total = object_bytes * args.objects
     print(

@@ -375,9 +375,7 @@ def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) 
     finally:
         adapter.close()
     # A vLLM stack over the same root, same model and row size, asked for the very same key.
-    spec = OffloadingSpec(
-        {"cpu_bytes_to_use": 4 * ROW_BYTES, "block_bytes": ROW_BYTES}
-    )
+    spec = OffloadingSpec({"cpu_bytes_to_use": 4 * ROW_BYTES, "block_bytes": ROW_BYTES})
     view = memoryview(bytearray(spec.cpu_bytes_to_use)).cast("B", (4, spec.block_bytes))
     vllm_tier = FsspecSecondaryTierManager(spec, view, "fs", root=str(tmp_path))
     try:

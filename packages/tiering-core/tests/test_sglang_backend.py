@@ -246,48 +246,6 @@ def test_concurrent_calls_share_a_small_staging_buffer(fs_tier: list[dict[str, A
     made.close()
 
 
-# -- SGLang's own storage-backend test (Mooncake's), retargeted ------------------------------------------
-MOONCAKE_TEST = "storage/mooncake_store/test_mooncake_store.py"
-
-
-def mooncake_test_functions(tiers: list[dict[str, Any]]) -> dict[str, Any]:
-    """The module functions of SGLang's Mooncake test, compiled from its source, with MooncakeStore -> ours."""
-    import ast
-    import importlib.util
-    import logging
-    import os
-
-    spec = importlib.util.find_spec("sglang")
-    assert spec is not None and spec.origin is not None
-    path = os.path.join(os.path.dirname(spec.origin), "srt", "mem_cache", MOONCAKE_TEST)
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), filename=path)
-    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-
-    def ours(config: HiCacheStorageConfig) -> TieringHiCacheStorage:
-        extra = {**MODULE, "interface_v1": 1, "tiering": {"secondary_tiers": tiers}}
-        return TieringHiCacheStorage(dataclasses.replace(config, extra_config=extra), {})
-
-    namespace: dict[str, Any] = {
-        "torch": torch,
-        "uuid": uuid,
-        "logger": logging.getLogger("mooncake-test"),
-        "HiCacheStorageConfig": HiCacheStorageConfig,
-        "MooncakeStore": ours,
-    }
-    exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), namespace)
-    return namespace
-
-
-@pytest.mark.parametrize(("mla", "rank", "size"), [(False, 0, 1), (True, 0, 1), (False, 1, 4)])
-def test_sglang_mooncake_batch_operation_against_tiering(
-    mla: bool, rank: int, size: int, fs_tier: list[dict[str, Any]]
-) -> None:
-    funcs = mooncake_test_functions(fs_tier)
-    config = funcs["make_hicache_storage_config"](is_mla_model=mla, tp_rank=rank, tp_size=size)
-    funcs["test_batch_operation"](config)
-
-
 def test_page_methods_come_from_sglang_source() -> None:
     methods = sglang_methods("pool_host/mha.py", "MHATokenToKVPoolHost", ("get_page_buffer_meta",))
     assert methods["get_page_buffer_meta"].__code__.co_filename.endswith("sglang/srt/mem_cache/pool_host/mha.py")

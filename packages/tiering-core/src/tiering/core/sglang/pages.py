@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from tiering.core.base import OffloadKey
 from tiering.core.format import MAX_KEY_BYTES
 
-
 VALUE_MAGIC = bytes.fromhex("9e3779b97f4a7c15")
 """First half of a short value's trailer (8 bytes; the second half is the value's length, uint64 LE)."""
 

@@ -29,6 +29,7 @@ stores recreate the directory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -142,7 +143,7 @@ class TierStack:
                     directory,
                 )
                 if callable(reset):
-                    self._guard(f"reset ({tier.tier_type})", lambda r=reset: r(False), None)
+                    self._guard(f"reset ({tier.tier_type})", functools.partial(reset, False), None)
 
     # -- the blocking calls ---------------------------------------------------------------------
     def leading_run(self, keys: Sequence[OffloadKey]) -> int:

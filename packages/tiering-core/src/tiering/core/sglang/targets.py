@@ -84,16 +84,15 @@ def _address_page(what: str, key: str, address: Any, size: Any, page_bytes: int)
     return address, size
 
 
-def flat_pages(
-    what: str, keys: Any, tensors: Any, locations: Any, sizes: Any, page_bytes: int
-) -> FlatPages:
+def flat_pages(what: str, keys: Any, tensors: Any, locations: Any, sizes: Any, page_bytes: int) -> FlatPages:
     """Check a flat call's arguments: page tensors (``tensors``) or addresses and sizes (``locations``, ``sizes``).
 
     Args:
         what: the call, for messages.
         keys: the call's keys (a list of str).
         tensors: one page tensor per key (``batch_set``'s ``values``, ``batch_get``'s targets), or None.
-        locations, sizes: one address and one byte count per key (Mooncake's form), or None.
+        locations: one address per key (Mooncake's form), or None.
+        sizes: one byte count per key, with ``locations``.
         page_bytes: bytes of one page.
 
     Raises:
