@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
-"""Benchmark our fs tier as an LMCache L2 adapter against LMCache's own fs adapter, in one run.
+"""Benchmark our fs tier as an LMCache L2 adapter against LMCache's own fs adapters (Python and C++), paired.
 
-Both adapters are built by LMCache's own factory from the config a user
+Every adapter is built by LMCache's own factory from the config a user
 writes (``--l2-adapter`` JSON) and driven through ``L2AdapterInterface`` as
-LMCache's storage controllers drive them: every task is submitted at once,
-completions are collected from the event fds. Per adapter: store N objects
-(random bytes) in tasks of ``--batch`` objects, ``os.sync``, drop the page
-cache (root only; otherwise the loads are warm and the script says so),
-look them all up, load them into fresh L1-style buffers and compare every
-byte with what was stored. Prints GB/s (1e9 bytes/s of object payload) and
-the ratio ours / LMCache's, and what the one copy our adapter makes per
-object (between LMCache's buffer and the tier's staging row) costs: the
-time of copying every object once, against our load time.
+LMCache's storage controllers drive it: every task is submitted at once,
+completions are collected from the event fds.
 
-    python scripts/bench_lmcache.py --objects 256 --object-mib 4 --batch 16
+**Steady state** (the figures to compare): per round, each adapter in turn
+(the order rotates from round to round) gets a fresh directory, is built,
+and first runs a warm-up pass (store and load of other objects, so that
+every buffer on the path has been used once); then the timed pass: store N
+objects (random bytes) in tasks of ``--batch`` objects, ``os.sync``, drop the
+page cache (as root; else the loads are warm and the script says so), look
+every object up, load them all into L1-style buffers that were written
+before (as LMCache's L1 arena is), and compare every byte. One adapter
+instance serves the whole round, as in a running server. Prints GB/s (1e9
+bytes/s of object payload) per round, the ratios ours / theirs per round
+and their medians.
+
+**First-touch cost** (paid once): what our adapter pays at start to fault in
+its staging buffer (``staging_populate_s`` of ``report_status``, per GiB),
+and, as the reason, one copy of every object into a freshly mapped buffer
+against the same copy into a mapped one.
+
+    python scripts/bench_lmcache.py --objects 64 --object-mib 2 --batch 16 --rounds 3
 
 Needs the ``lmcache`` hatch environment (``hatch run lmcache:bench``).
 """
@@ -21,8 +31,11 @@ Needs the ``lmcache`` hatch environment (``hatch run lmcache:bench``).
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
+import resource
 import shutil
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -31,6 +44,8 @@ from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_class
 
 from tiering.lmcache.driver import lookup_and_lock, memory_obj, object_key, wait_for
+
+OURS, FS, NATIVE = "tiering fs (plugin)", "LMCache fs", "LMCache fs_native (C++)"
 
 
 def drop_caches() -> bool:
@@ -47,13 +62,12 @@ def build(config: dict[str, Any]) -> Any:
     return create_l2_adapter(get_l2_adapter_config_class(config["type"]).from_dict(config))
 
 
-OURS, THEIRS = "tiering fs (plugin)", "LMCache fs"
-
-
-def config(name: str, root: str, object_bytes: int, o_direct: bool | str = "auto") -> dict[str, Any]:
+def config(name: str, root: str, object_bytes: int, o_direct: bool | str, native_odirect: bool) -> dict[str, Any]:
     """The ``--l2-adapter`` JSON of adapter ``name`` over a fresh directory under ``root``."""
-    if name == THEIRS:
+    if name == FS:
         return {"type": "fs", "base_path": os.path.join(root, "lmcache")}
+    if name == NATIVE:
+        return {"type": "fs_native", "base_path": os.path.join(root, "native"), "use_odirect": native_odirect}
     os.makedirs(os.path.join(root, "tiering"))  # the fs tier uses a root, it does not create one
     return {
         "type": "plugin",
@@ -91,101 +105,159 @@ def run_all(adapter: Any, kind: str, batches: list[tuple[list[Any], list[Any]]],
     return [results[i] for i in ids]
 
 
-def bench(name: str, config: dict[str, Any], payloads: list[bytes], batch: int) -> dict[str, float]:
-    keys = [object_key(i) for i in range(len(payloads))]
-    total = sum(map(len, payloads))
-    adapter = build(config)
-    try:
-        sources = [memory_obj(p) for p in payloads]
-        chunks = [(keys[i : i + batch], sources[i : i + batch]) for i in range(0, len(keys), batch)]
-        t0 = time.perf_counter()
-        stored = run_all(adapter, "store", chunks)
-        os.sync()
-        store_s = time.perf_counter() - t0
-        if not all(r.is_successful() for r in stored):
-            raise SystemExit(f"{name}: a store task failed")
-    finally:
-        adapter.close()
-    cold = drop_caches()
-    adapter = build(config)  # a fresh process's view: nothing cached in the adapter
-    try:
-        hits = lookup_and_lock(adapter, keys)
-        if hits != list(range(len(keys))):
-            raise SystemExit(f"{name}: {len(keys) - len(hits)} object(s) not found after the store")
-        targets = [memory_obj(len(p)) for p in payloads]
-        chunks = [(keys[i : i + batch], targets[i : i + batch]) for i in range(0, len(keys), batch)]
-        t0 = time.perf_counter()
-        loaded = run_all(adapter, "load", chunks)
-        load_s = time.perf_counter() - t0
-        adapter.submit_unlock(keys)
-        if sum(map(len, loaded)) != len(keys):
-            raise SystemExit(f"{name}: {len(keys) - sum(map(len, loaded))} object(s) failed to load")
-        bad = sum(bytes(t.byte_array) != p for t, p in zip(targets, payloads, strict=True))
-        if bad:
-            raise SystemExit(f"{name}: {bad} object(s) loaded with other bytes than stored")
-    finally:
-        adapter.close()
-    return {"store_gbs": total / store_s / 1e9, "load_gbs": total / load_s / 1e9, "cold": float(cold)}
+def one_pass(
+    name: str, adapter: Any, first: int, payloads: list[bytes], targets: list[Any], batch: int
+) -> tuple[float, float, bool]:
+    """Store, sync, drop the page cache, look up, load and verify ``payloads`` under keys ``first``...
 
-
-def copy_seconds(payloads: list[bytes]) -> float:
-    """Seconds to copy every payload once into a staging row (the adapter's one copy per object)."""
-    row = memoryview(bytearray(max(map(len, payloads))))
-    row[: len(payloads[0])] = payloads[0]  # the row's pages mapped, as the adapter's staging rows are
+    Returns:
+        Store seconds (until ``os.sync`` returned), load seconds, whether the page cache was dropped.
+    """
+    keys = [object_key(first + i) for i in range(len(payloads))]
+    sources = [memory_obj(p) for p in payloads]
+    chunks = [(keys[i : i + batch], sources[i : i + batch]) for i in range(0, len(keys), batch)]
     t0 = time.perf_counter()
-    for payload in payloads:
-        row[: len(payload)] = payload
-    return time.perf_counter() - t0
+    stored = run_all(adapter, "store", chunks)
+    os.sync()
+    store_s = time.perf_counter() - t0
+    if not all(r.is_successful() for r in stored):
+        raise SystemExit(f"{name}: a store task failed")
+    cold = drop_caches()
+    hits = lookup_and_lock(adapter, keys)
+    if hits != list(range(len(keys))):
+        raise SystemExit(f"{name}: {len(keys) - len(hits)} object(s) not found after the store")
+    chunks = [(keys[i : i + batch], targets[i : i + batch]) for i in range(0, len(keys), batch)]
+    t0 = time.perf_counter()
+    loaded = run_all(adapter, "load", chunks)
+    load_s = time.perf_counter() - t0
+    adapter.submit_unlock(keys)
+    if sum(map(len, loaded)) != len(keys):
+        raise SystemExit(f"{name}: {len(keys) - sum(map(len, loaded))} object(s) failed to load")
+    bad = sum(bytes(t.byte_array) != p for t, p in zip(targets, payloads, strict=True))
+    if bad:
+        raise SystemExit(f"{name}: {bad} object(s) loaded with other bytes than stored")
+    return store_s, load_s, cold
+
+
+def bench(name: str, cfg: dict[str, Any], payloads: list[bytes], warmup: list[bytes], batch: int) -> dict[str, Any]:
+    """One adapter's round: build, warm-up pass, timed pass. GB/s, and the adapter's start-up seconds."""
+    total = sum(map(len, payloads))
+    # L1-style targets written once before (LMCache's L1 arena is mapped long before a load lands in it).
+    targets = [memory_obj(bytes(len(p))) for p in payloads]
+    t0 = time.perf_counter()
+    adapter = build(cfg)
+    start_s = time.perf_counter() - t0
+    try:
+        status = adapter.report_status()
+        one_pass(name, adapter, 1_000_000, warmup, targets[: len(warmup)], batch)
+        store_s, load_s, cold = one_pass(name, adapter, 0, payloads, targets, batch)
+    finally:
+        adapter.close()
+    return {
+        "store": total / store_s / 1e9,
+        "load": total / load_s / 1e9,
+        "cold": cold,
+        "start_s": start_s,
+        "populate_s": status.get("staging_populate_s"),
+        "staging_bytes": status.get("staging_bytes"),
+    }
+
+
+def first_touch(payloads: list[bytes]) -> dict[str, float]:
+    """One copy of every payload into rows of a freshly mapped buffer, then again into the now mapped rows."""
+    row_bytes = max(map(len, payloads))
+    buffer = mmap.mmap(-1, row_bytes * len(payloads), flags=mmap.MAP_PRIVATE)
+    view = memoryview(buffer)
+    out: dict[str, float] = {}
+    try:
+        for label in ("fresh", "mapped"):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.perf_counter()
+            for i, payload in enumerate(payloads):
+                view[i * row_bytes : i * row_bytes + len(payload)] = payload
+            out[f"{label}_s"] = time.perf_counter() - t0
+            out[f"{label}_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    finally:
+        view.release()
+        buffer.close()
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--objects", type=int, default=128, help="objects stored and loaded per adapter")
+    parser.add_argument("--objects", type=int, default=64, help="objects stored and loaded per adapter and round")
     parser.add_argument("--object-mib", type=float, default=2.0, help="object size, MiB (LMCache's chunk object)")
     parser.add_argument("--batch", type=int, default=16, help="objects per store / load task")
-    parser.add_argument("--dir", default=None, help="directory for both roots (default: a temporary one)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per adapter, the best one is shown")
+    parser.add_argument("--dir", default=None, help="directory for the roots (default: a temporary one)")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds (each adapter once per round)")
     parser.add_argument(
         "--o-direct",
         choices=("auto", "true", "false"),
         default="auto",
         help="our fs tier's o_direct (auto: O_DIRECT on a local root; LMCache's fs adapter uses the page cache)",
     )
+    parser.add_argument("--native-odirect", action="store_true", help="LMCache's fs_native adapter with use_odirect")
+    parser.add_argument("--no-native", action="store_true", help="leave LMCache's fs_native (C++) adapter out")
     args = parser.parse_args()
     object_bytes = int(args.object_mib * 1024 * 1024)
     payloads = [os.urandom(object_bytes) for _ in range(args.objects)]
-    total_mib = object_bytes * args.objects / 2**20
+    warmup = [os.urandom(object_bytes) for _ in range(min(args.objects, 2 * args.batch))]
+    names = [OURS, FS] + ([] if args.no_native else [NATIVE])
+    o_direct_values: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}
+    o_direct = o_direct_values[args.o_direct]
     print(
-        f"{args.objects} objects of {object_bytes} bytes ({total_mib:.0f} MiB), tasks of {args.batch}, "
-        f"our fs tier's o_direct {args.o_direct}"
+        f"{args.objects} objects of {object_bytes} bytes ({object_bytes * args.objects / 2**20:.0f} MiB), "
+        f"tasks of {args.batch}, {args.rounds} rounds, our fs tier's o_direct {args.o_direct}, "
+        f"load average {os.getloadavg()[0]:.1f} at start"
     )
-    results: dict[str, dict[str, float]] = {}
-    for _ in range(args.repeat):
-        for name in (OURS, THEIRS):
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        results: dict[str, dict[str, Any]] = {}
+        for name in order:
             base = tempfile.mkdtemp(prefix="bench-lmcache-", dir=args.dir)
             try:
-                o_direct = {"auto": "auto", "true": True, "false": False}[args.o_direct]
-                result = bench(name, config(name, base, object_bytes, o_direct), payloads, args.batch)
+                cfg = config(name, base, object_bytes, o_direct, args.native_odirect)
+                results[name] = bench(name, cfg, payloads, warmup, args.batch)
             finally:
                 shutil.rmtree(base, ignore_errors=True)
-            best = results.setdefault(name, result)
-            for key in ("store_gbs", "load_gbs"):
-                best[key] = max(best[key], result[key])
-    print("| adapter | store GB/s | load GB/s (verified) |\n|---|---:|---:|")
-    for name, r in results.items():
-        print(f"| {name} | {r['store_gbs']:.2f} | {r['load_gbs']:.2f} |")
-    ours, theirs = results[OURS], results[THEIRS]
-    print(
-        f"ratio ours / LMCache's: store {ours['store_gbs'] / theirs['store_gbs']:.2f}x, "
-        f"load {ours['load_gbs'] / theirs['load_gbs']:.2f}x"
-    )
+        rounds.append(results)
+        line = ", ".join(f"{n}: store {results[n]['store']:.2f} load {results[n]['load']:.2f}" for n in order)
+        print(f"round {r + 1} (order {' / '.join(order)}), GB/s: {line}")
+    print("\nsteady state, GB/s per round (store / load, every load verified):")
+    print("| adapter | " + " | ".join(f"round {r + 1}" for r in range(len(rounds))) + " | median |")
+    print("|---|" + "---:|" * (len(rounds) + 1))
+    for name in names:
+        cells = [f"{rd[name]['store']:.2f} / {rd[name]['load']:.2f}" for rd in rounds]
+        med = f"{statistics.median(rd[name]['store'] for rd in rounds):.2f} / "
+        med += f"{statistics.median(rd[name]['load'] for rd in rounds):.2f}"
+        print(f"| {name} | " + " | ".join(cells) + f" | {med} |")
+    for theirs in names[1:]:
+        for kind in ("store", "load"):
+            ratios = [rd[OURS][kind] / rd[theirs][kind] for rd in rounds]
+            per = ", ".join(f"{x:.2f}x" for x in ratios)
+            print(f"ours / {theirs}, {kind}: {per} (median {statistics.median(ratios):.2f}x)")
+    ours = rounds[0][OURS]
+    starts = ", ".join(f"{n} {statistics.median(rd[n]['start_s'] for rd in rounds) * 1e3:.0f} ms" for n in names)
+    if ours["staging_bytes"]:
+        populate = statistics.median(rd[OURS]["populate_s"] for rd in rounds)
+        print(
+            f"\nfirst touch, paid once at start: our staging buffer of {ours['staging_bytes'] / 2**20:.0f} MiB "
+            f"faulted in in {populate * 1e3:.0f} ms (median of {len(rounds)}), "
+            f"{populate / (ours['staging_bytes'] / 2**30):.2f} s per GiB; adapter start {starts}"
+        )
+    else:
+        print(f"\nour adapter reports no staging buffer (not faulted in at start); adapter start {starts}")
+    touch = first_touch(payloads)
     total = object_bytes * args.objects
-    copy_s = min(copy_seconds(payloads) for _ in range(3))
     print(
-        f"one staging copy of every object: {copy_s * 1e3:.1f} ms ({total / copy_s / 1e9:.1f} GB/s), "
-        f"{100 * copy_s / (total / ours['load_gbs'] / 1e9):.0f}% of our load time"
+        f"one copy of every object into a freshly mapped buffer: {touch['fresh_s'] * 1e3:.0f} ms "
+        f"({total / touch['fresh_s'] / 1e9:.2f} GB/s, {touch['fresh_faults']:.0f} page faults); into the same rows "
+        f"once mapped: {touch['mapped_s'] * 1e3:.0f} ms ({total / touch['mapped_s'] / 1e9:.2f} GB/s, "
+        f"{touch['mapped_faults']:.0f} faults)"
     )
-    if not all(r["cold"] for r in results.values()):
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    if not all(res["cold"] for rd in rounds for res in rd.values()):
         print("note: page cache not dropped (not root): loads are warm")
 
 

@@ -26,10 +26,10 @@ from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_clas
 
 from tiering.lmcache.adapter import TieringL2Adapter
 from tiering.lmcache.driver import load, lookup_and_lock, memory_obj, object_key, store
-from tiering.lmcache.keys import ROW_HEADER_BYTES, encode_key
+from tiering.lmcache.keys import encode_key, row_bytes
 
 OBJECT_BYTES = 16 * 1024
-ROW_BYTES = OBJECT_BYTES + ROW_HEADER_BYTES  # what the tier holds (and usage counts) per object
+ROW_BYTES = row_bytes(OBJECT_BYTES)  # what the tier holds (and usage counts) per object
 HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
 HAS_REDIS = importlib.util.find_spec("tiering.redis") is not None
 
@@ -375,9 +375,7 @@ def test_c01_an_lmcache_object_is_never_served_to_another_engine(tmp_path: Any) 
     finally:
         adapter.close()
     # A vLLM stack over the same root, same model and row size, asked for the very same key.
-    spec = OffloadingSpec(
-        {"cpu_bytes_to_use": 4 * (OBJECT_BYTES + ROW_HEADER_BYTES), "block_bytes": OBJECT_BYTES + ROW_HEADER_BYTES}
-    )
+    spec = OffloadingSpec({"cpu_bytes_to_use": 4 * ROW_BYTES, "block_bytes": ROW_BYTES})
     view = memoryview(bytearray(spec.cpu_bytes_to_use)).cast("B", (4, spec.block_bytes))
     vllm_tier = FsspecSecondaryTierManager(spec, view, "fs", root=str(tmp_path))
     try:

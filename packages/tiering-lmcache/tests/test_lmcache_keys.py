@@ -18,6 +18,7 @@ from tiering.lmcache.keys import (
     key_salt_tag,
     namespace_config,
     pack_row,
+    row_bytes,
     row_payload,
     salt_of,
     salt_tag,
@@ -89,8 +90,8 @@ def test_object_key_known_answer() -> None:
 
 def test_namespace_names_the_engine_apart_from_vllm() -> None:
     ours = OffloadingSpec({"cpu_bytes_to_use": 1 << 20, **namespace_config(4096)}).namespace
-    vllm_like = OffloadingSpec({"cpu_bytes_to_use": 1 << 20, "block_bytes": 4096 + ROW_HEADER_BYTES}).namespace
-    assert ours.model == ENGINE and ours.kv_layout == KV_LAYOUT and ours.block_bytes == 4096 + ROW_HEADER_BYTES
+    vllm_like = OffloadingSpec({"cpu_bytes_to_use": 1 << 20, "block_bytes": row_bytes(4096)}).namespace
+    assert ours.model == ENGINE and ours.kv_layout == KV_LAYOUT and ours.block_bytes == row_bytes(4096) == 8192
     assert ours.digest != vllm_like.digest
 
 

@@ -34,7 +34,7 @@ from lmcache.v1.multiprocess.server import run_cache_server
 
 from tiering.lmcache.adapter import TieringL2Adapter
 from tiering.lmcache.driver import object_key
-from tiering.lmcache.keys import ROW_HEADER_BYTES
+from tiering.lmcache.keys import row_bytes
 
 OBJECT_BYTES = 64 * 1024
 
@@ -99,7 +99,7 @@ def test_mp_server_on_cpu_stores_to_and_prefetches_from_our_adapter(tmp_path: An
             objects[key].tensor.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
         manager.finish_write(keys)
         # One row (the object and its 8-byte length) per object, under LMCache's default salt.
-        rows = {"": 6 * (OBJECT_BYTES + ROW_HEADER_BYTES)}
+        rows = {"": 6 * row_bytes(OBJECT_BYTES)}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             usage = adapters[0].get_usage()

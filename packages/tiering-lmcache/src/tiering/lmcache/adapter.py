@@ -6,6 +6,10 @@ task id, and completion is signalled on three event fds. Here those calls
 only queue work for the :class:`~tiering.lmcache.worker.TierWorker`,
 one thread that owns the tier and moves objects through a host staging
 buffer of ``staging_objects`` rows, so LMCache's threads never wait on I/O.
+The buffer is faulted in once when the adapter starts
+(:class:`~tiering.lmcache.staging.StagingBuffer`), so no store or load
+pays a first touch of its pages, and its rows are whole multiples of 4 KiB
+at page-aligned addresses, so a tier can move them with ``O_DIRECT``.
 
 A store copies each object from LMCache's L1 buffer into a staging row
 (:func:`~tiering.lmcache.keys.pack_row`); a load lets the tier read and
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import mmap
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +51,7 @@ from tiering.core.factory import create_secondary_tier
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
 from tiering.lmcache.keys import encode_key, namespace_config
 from tiering.lmcache.params import AdapterParams, parse_params
+from tiering.lmcache.staging import StagingBuffer
 from tiering.lmcache.usage import SaltUsage, scan_keys
 from tiering.lmcache.worker import Task, TierWorker
 
@@ -90,9 +94,9 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         config = namespace_config(self.params.object_bytes)
         self.block_bytes: int = config["block_bytes"]
         rows = self.params.staging_objects
-        # Page-aligned anonymous memory, so tiers that read with O_DIRECT can use the rows as they are.
-        self._buffer = mmap.mmap(-1, rows * self.block_bytes)
-        self._view = memoryview(self._buffer).cast("B", (rows, self.block_bytes))
+        # Page-aligned, pre-faulted rows of whole 4 KiB pages: O_DIRECT tiers use them as they are.
+        self.staging = StagingBuffer(rows, self.block_bytes)
+        self._view = self.staging.view
         spec = TieringOffloadingSpec(
             {**config, "cpu_bytes_to_use": rows * self.block_bytes, "secondary_tiers": [dict(self.params.tier)]}
         )
@@ -100,8 +104,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         try:
             self.tier: TieringTier = create_secondary_tier(self.params.tier, self._view, spec)
         except BaseException:
-            self._view.release()
-            self._buffer.close()
+            self.staging.close()
             raise
         self._store_efd = create_event_notifier()
         self._lookup_efd = create_event_notifier()
@@ -120,15 +123,17 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             self.tier,
             self._view,
             lookup_timeout_s=self.params.lookup_timeout_s,
+            object_bytes=self.params.object_bytes,
             on_complete=self._complete,
             on_removed=self._removed,
             on_tick=self._expire_locks,
         )
         logger.info(
-            "tiering L2 adapter: tier %r, rows of %d bytes, %d staging rows, namespace %s",
+            "tiering L2 adapter: tier %r, rows of %d bytes, %d staging rows (faulted in in %.3f s), namespace %s",
             self.params.tier["type"],
             self.block_bytes,
             rows,
+            self.staging.populate_s,
             self.namespace.digest,
         )
         threading.Thread(target=self._restore_usage, name="tiering-lmcache-scan", daemon=True).start()
@@ -230,7 +235,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def get_usage(self) -> Any:
         """Bytes the tier holds (its ``resident_bytes``, recovered on restart), its cap, and bytes per cache salt.
 
-        ``bytes_by_cache_salt`` counts one row (``object_bytes`` + 8) per
+        ``bytes_by_cache_salt`` counts one row (:func:`~tiering.lmcache.keys.row_bytes`) per
         object the tier holds: those this process stored and those the tier
         held at start (counted again from their keys once listed), minus
         those the tier removed since. A tier without ``resident_bytes``
@@ -248,7 +253,11 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         )
 
     def report_status(self) -> dict[str, Any]:
-        """Health (the worker thread is alive), locks held and expired, errors, and the tier's stats."""
+        """Health (the worker thread is alive), locks held and expired, errors, the staging buffer, the tier's stats.
+
+        ``staging_bytes`` is the staging buffer's size and ``staging_populate_s`` the seconds its pages took to
+        fault in at start (paid once).
+        """
         with self._lock:
             locks, expired = len(self._locks), self._locks_expired
         return {
@@ -259,6 +268,8 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             "locked_keys": locks,
             "locks_expired": expired,
             "errors": self._worker.errors,
+            "staging_bytes": self.staging.nbytes,
+            "staging_populate_s": round(self.staging.populate_s, 6),
             "tier_stats": self._tier_stats(),
         }
 
@@ -276,8 +287,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):
             efd.close()
         try:
-            self._view.release()
-            self._buffer.close()
+            self.staging.close()
         except BufferError:
             logger.debug("tiering L2 adapter: the tier still exports the staging buffer")
 

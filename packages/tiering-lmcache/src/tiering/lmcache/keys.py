@@ -12,9 +12,10 @@ blocks live apart from every other engine's even in a shared root or
 bucket.
 
 An LMCache object's size varies (a last, partial chunk is smaller); a tier
-stores fixed ``block_bytes`` rows. A row is an 8-byte little-endian payload
-length followed by the payload and zero padding; the tier's checksum covers
-the whole row, the length included.
+stores fixed ``block_bytes`` rows (:func:`row_bytes`). A row is an 8-byte
+little-endian payload length followed by the payload and zero padding up to
+a whole number of :data:`ROW_ALIGN` bytes, so that a row can move with
+``O_DIRECT``; the tier's checksum covers the whole row, the length included.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ DIGEST_BYTES = 32
 
 PLAIN_SALT_BYTES = 31
 """Longest cache salt (UTF-8 bytes) written into the key as it is; a longer one is hashed."""
+
+ROW_ALIGN = 4096
+"""Rows are padded to a multiple of this many bytes: the alignment ``O_DIRECT`` asks of a transfer's
+size, offset and buffer on the devices in use (4 KiB logical blocks; 512-byte devices accept it
+too), and the fs tier's own ``O_DIRECT`` alignment."""
 
 _PLAIN, _HASHED = b"\x01", b"\x02"
 _DOMAIN = b"tiering/lmcache/object-key/v1\x00"
@@ -111,6 +117,14 @@ def encode_key(key: Any) -> OffloadKey:
     return OffloadKey(digest.digest() + salt_tag(key.cache_salt))
 
 
+def row_bytes(object_bytes: int) -> int:
+    """Bytes of the row holding an object of up to ``object_bytes`` bytes: the length, the object, zero padding.
+
+    The smallest multiple of :data:`ROW_ALIGN` that holds :data:`ROW_HEADER_BYTES` + ``object_bytes``.
+    """
+    return -(-(object_bytes + ROW_HEADER_BYTES) // ROW_ALIGN) * ROW_ALIGN
+
+
 def namespace_config(object_bytes: int) -> dict[str, Any]:
     """The offloading-config keys that make the namespace of an LMCache adapter.
 
@@ -119,32 +133,34 @@ def namespace_config(object_bytes: int) -> dict[str, Any]:
 
     Returns:
         ``model`` (the engine name: the model is in every key), ``kv_dtype``
-        and ``kv_layout`` (the row format) and ``block_bytes`` (the row size).
+        and ``kv_layout`` (the row format) and ``block_bytes`` (the row size, :func:`row_bytes`).
     """
     return {
         "model": ENGINE,
         "kv_dtype": "opaque",
         "kv_layout": KV_LAYOUT,
         "block_size": 1,
-        "block_bytes": object_bytes + ROW_HEADER_BYTES,
+        "block_bytes": row_bytes(object_bytes),
     }
 
 
-def pack_row(row: memoryview, payload: memoryview) -> None:
+def pack_row(row: memoryview, payload: memoryview, object_bytes: int | None = None) -> None:
     """Write ``payload`` into ``row`` as length + payload + zero padding.
 
     Args:
         row: a flat writable row of ``block_bytes`` bytes.
         payload: the object's bytes (flat, format ``"B"``).
+        object_bytes: the largest payload accepted (the adapter's ``object_bytes``); default
+            (None): all the row holds after the length.
 
     Raises:
-        ValueError: the payload does not fit the row (sizes named).
+        ValueError: the payload is larger than ``object_bytes`` or than the row holds (sizes named).
     """
     size = len(payload)
-    if size > len(row) - ROW_HEADER_BYTES:
+    limit = len(row) - ROW_HEADER_BYTES if object_bytes is None else min(object_bytes, len(row) - ROW_HEADER_BYTES)
+    if size > limit:
         raise ValueError(
-            f"LMCache object of {size} bytes does not fit object_bytes {len(row) - ROW_HEADER_BYTES}; "
-            "raise adapter_params.object_bytes"
+            f"LMCache object of {size} bytes does not fit object_bytes {limit}; raise adapter_params.object_bytes"
         )
     _LENGTH.pack_into(row, 0, size)
     end = ROW_HEADER_BYTES + size

@@ -9,7 +9,7 @@ the keys of its namespace (:func:`scan_keys`, the tier's inspector: a
 directory walk, a bucket listing, a Redis scan), keeps those the tier still
 holds, and counts them again (:meth:`SaltUsage.restored`).
 
-Each object counts one row (``object_bytes`` + 8 bytes, what the tier
+Each object counts one row (:func:`~tiering.lmcache.keys.row_bytes`, what the tier
 stores for it, a last partial chunk included), as LMCache's raw-block
 adapter counts its slots.
 """
@@ -31,7 +31,7 @@ class SaltUsage:
     """Rows held per cache salt, key by key. Not thread safe: the adapter calls it under its lock.
 
     Args:
-        row_bytes: bytes counted per object (the tier's row, ``object_bytes`` + 8).
+        row_bytes: bytes counted per object (the tier's row, :func:`~tiering.lmcache.keys.row_bytes`).
     """
 
     def __init__(self, row_bytes: int) -> None:

@@ -93,6 +93,7 @@ class TierWorker:
         tier: the tiering tier, built over ``view``.
         view: the staging buffer, ``(rows, block_bytes)``, format ``"B"``.
         lookup_timeout_s: how long a lookup waits on keys the tier does not know yet.
+        object_bytes: the largest object a store accepts (default: all a row holds).
         on_complete: called once per task, on the worker thread, when it is
             done (or failed at stop or after an internal error).
         on_removed: called with the keys the tier reports removed (its evictions).
@@ -105,11 +106,13 @@ class TierWorker:
         view: memoryview,
         *,
         lookup_timeout_s: float,
+        object_bytes: int | None = None,
         on_complete: Callable[[Task], None],
         on_removed: Callable[[list[OffloadKey]], None],
         on_tick: Callable[[], None],
     ) -> None:
         self.tier, self._view, self._lookup_timeout_s = tier, view, lookup_timeout_s
+        self._object_bytes = object_bytes
         self._on_complete, self._on_removed, self._on_tick = on_complete, on_removed, on_tick
         self.errors = 0  # internal errors and tier calls that raised (written by the worker thread only)
         self._incoming: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
@@ -226,7 +229,7 @@ class TierWorker:
         kept_i, kept_r = [], []
         for index, row in zip(indices, rows, strict=True):
             try:
-                pack_row(self._row(row), flat(task.objects[index]))
+                pack_row(self._row(row), flat(task.objects[index]), self._object_bytes)
             except ValueError as exc:
                 logger.error("tiering L2 adapter: store task %d: %s", task.task_id, exc)
                 task.failed = True

@@ -154,7 +154,7 @@ class Ranks:
         pp_rank, pp_size: pipeline-parallel stage and stages.
         cp_rank, cp_size: attention context-parallel rank and size.
         is_mla: the KV cache is replicated across TP ranks (MLA): one copy for
-            all of them, written by rank 0 only.
+            all of them (SGLang lets only rank 0, its storage writer, back pages up).
     """
 
     tp_rank: int = 0
@@ -167,7 +167,7 @@ class Ranks:
 
     @property
     def writer(self) -> bool:
-        """Whether this rank writes pages (every rank, but only rank 0 with MLA)."""
+        """Whether this rank is SGLang's storage writer (every rank; only rank 0 with MLA): it clears the namespace."""
         return not self.is_mla or self.tp_rank == 0
 
 

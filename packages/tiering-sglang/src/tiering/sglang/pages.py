@@ -16,11 +16,20 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 import threading
 from collections.abc import Sequence
 
 from tiering.core.base import OffloadKey
 from tiering.core.format import MAX_KEY_BYTES
+
+VALUE_MAGIC = bytes.fromhex("9e3779b97f4a7c15")
+"""First half of a short value's trailer (8 bytes; the second half is the value's length, uint64 LE)."""
+
+VALUE_TRAILER_BYTES = 16
+"""Bytes a short value's trailer takes at the end of its block: a value is at most a page less this."""
+
+_TRAILER = struct.Struct("<8sQ")
 
 
 def page_key(key: str) -> OffloadKey:
@@ -150,18 +159,49 @@ class Staging:
         return self._base + slot * self.page_bytes
 
     def gather(self, slot: int, segments: Sequence[tuple[int, int]]) -> None:
-        """Copy a page's segments (``(address, bytes)``, in order) into ``slot``."""
+        """Copy a page's segments (``(address, bytes)``, in order) into ``slot``.
+
+        Segments of less than a page are a short value: zeros, then the trailer, fill the slot's rest.
+
+        Raises:
+            ValueError: the segments hold more than a page, or a short value too long for its trailer.
+        """
+        total = sum(size for _, size in segments)
+        if total > self.page_bytes or self.page_bytes - VALUE_TRAILER_BYTES < total < self.page_bytes:
+            raise ValueError(f"{total} bytes do not fit a page of {self.page_bytes} (or at most a page less 16)")
         offset = self.address(slot)
         for address, size in segments:
             ctypes.memmove(offset, address, size)
             offset += size
+        if total < self.page_bytes:
+            ctypes.memset(offset, 0, self.page_bytes - total - VALUE_TRAILER_BYTES)
+            trailer = _TRAILER.pack(VALUE_MAGIC, total)
+            ctypes.memmove(self.address(slot) + self.page_bytes - VALUE_TRAILER_BYTES, trailer, VALUE_TRAILER_BYTES)
 
-    def scatter(self, slot: int, segments: Sequence[tuple[int, int]]) -> None:
-        """Copy ``slot`` out to a page's segments (``(address, bytes)``, in order)."""
+    def stored_length(self, slot: int) -> int:
+        """Bytes of the value in ``slot``: a short value's length (its trailer), else ``page_bytes``."""
+        if self.page_bytes <= VALUE_TRAILER_BYTES:
+            return self.page_bytes
+        tail = ctypes.string_at(self.address(slot) + self.page_bytes - VALUE_TRAILER_BYTES, VALUE_TRAILER_BYTES)
+        magic, length = _TRAILER.unpack(tail)
+        if magic == VALUE_MAGIC and 0 < length <= self.page_bytes - VALUE_TRAILER_BYTES:
+            return int(length)
+        return self.page_bytes
+
+    def scatter(self, slot: int, segments: Sequence[tuple[int, int]]) -> bool:
+        """Copy ``slot`` out to a page's segments (``(address, bytes)``, in order).
+
+        Returns:
+            False (nothing copied) when the slot holds a value of another length than the segments
+            (:meth:`stored_length`): a short value asked as a page, a page as a short value.
+        """
+        if self.stored_length(slot) != sum(size for _, size in segments):
+            return False
         offset = self.address(slot)
         for address, size in segments:
             ctypes.memmove(address, offset, size)
             offset += size
+        return True
 
     def close(self) -> None:
         """Release the buffer's views (call once no tier uses them any more)."""

@@ -15,13 +15,24 @@ into them); then they are released, exactly once.
 Several tiers: a store goes to every tier that does not hold the page (a page
 counts as stored when at least one tier holds it afterwards); a load reads
 each page from the first tier that holds it.
+
+A tier answers lookups from its index. When a tier's namespace directory on
+a local filesystem (an fs tier's) is removed from outside, that index
+would go on saying True for pages with no file, and a store would skip
+them; so every call first checks that each such directory is still there
+(one ``stat``), and a tier whose directory is gone forgets every block at
+once (``reset(keep=False)`` of the block store), before it answers: no
+lookup is True, no store skipped, for a page that is not there. Its next
+stores recreate the directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -66,6 +77,9 @@ class TierStack:
         self._context = ReqContext("sglang-hicache")
         self.errors = 0
         """Exceptions raised by tiers and swallowed (each logged)."""
+        self._dirs = [_local_namespace_dir(tier) for tier in self.tiers]
+        self._gone = [False] * len(self.tiers)  # directory seen missing, tier reset; cleared once it is back
+        self._media_lock = threading.Lock()  # one caller decides a reset: never two for one removal
 
     # -- calls into the tiers, one at a time ----------------------------------------------------
     def _guard(self, what: str, call: Callable[[], T], default: T) -> T:
@@ -110,9 +124,31 @@ class TierStack:
             answers.append(answer)
         return None if None in answers else False
 
+    def check_media(self) -> None:
+        """Reset each tier whose local namespace directory was removed from outside (once per removal)."""
+        with self._media_lock:
+            for idx, directory in enumerate(self._dirs):
+                if directory is None:
+                    continue
+                present = os.path.isdir(directory)
+                if present or self._gone[idx]:
+                    self._gone[idx] = not present
+                    continue
+                self._gone[idx] = True
+                tier = self.tiers[idx]
+                reset = getattr(tier, "reset", None)
+                logger.warning(
+                    "tiering: %s tier's directory %s was removed from outside; its index forgets every page",
+                    tier.tier_type,
+                    directory,
+                )
+                if callable(reset):
+                    self._guard(f"reset ({tier.tier_type})", functools.partial(reset, False), None)
+
     # -- the blocking calls ---------------------------------------------------------------------
     def leading_run(self, keys: Sequence[OffloadKey]) -> int:
         """How many of ``keys``, from the first, some tier holds (undecided lookups asked again until the timeout)."""
+        self.check_media()
         done = 0
         deadline = time.monotonic() + self.timeout_s
         delay = _POLL_FIRST_S
@@ -138,6 +174,7 @@ class TierStack:
             still owns ``slots`` (False: a job outlived the timeout; the slots
             are released when it is reported).
         """
+        self.check_media()
         held = [False] * len(keys)
         jobs: dict[int, list[int]] = {}
         for tier in self.tiers:
@@ -168,6 +205,7 @@ class TierStack:
             Per key whether its slot now holds its verified bytes, and whether
             the caller still owns ``slots`` (see :meth:`store`).
         """
+        self.check_media()
         sources: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             for idx, tier in enumerate(self.tiers):
@@ -239,3 +277,10 @@ class TierStack:
             self.staging.close()
         except BufferError:
             logger.debug("a tier still exports the staging buffer; it is freed with the tier")
+
+
+def _local_namespace_dir(tier: SecondaryTierManager) -> str | None:
+    """The tier's namespace directory when it lies on a local filesystem (an fs tier's), else None."""
+    directory = getattr(tier, "namespace_dir", None)
+    local = getattr(getattr(tier, "backend", None), "is_local", False)
+    return directory if isinstance(directory, str) and local is True else None

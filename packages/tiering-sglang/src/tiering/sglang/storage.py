@@ -12,8 +12,10 @@ SGLang calls, each blocking, with up to 128 pages, from several threads:
   ``batch_set_v1(...)`` (``interface_v1``: 1): pages move between the
   host pool's page buffers (``get_page_buffer_meta``) and the tiers through
   the staging buffer; a page whose bytes the tier cannot verify is False;
-- ``get`` / ``set`` / ``batch_get`` / ``batch_set`` / ``exists`` (without
-  ``interface_v1``): flat page tensors, as SGLang's file backend takes them.
+- ``get`` / ``set`` / ``batch_get`` / ``batch_set`` / ``exists``: flat page
+  tensors, as SGLang's file backend takes them (without ``interface_v1``),
+  or Mooncake's addresses and byte counts, up to a page each, under either
+  setting (:mod:`tiering.sglang.targets`).
 
 ``clear()`` removes every page of this backend's namespace from every tier
 and starts the tiers afresh; ``get_stats()`` gives SGLang's
@@ -21,9 +23,15 @@ and starts the tiers afresh; ``get_stats()`` gives SGLang's
 
 Every answer SGLang expects as a list of bools is one, never None, even when
 a tier raises (a TypeError on SGLang's storage thread would stop its L3 tier
-without a word). With MLA (KV replicated across TP ranks) only rank 0 writes;
-the other ranks read the same pages. Models with extra host pools (Mamba,
-SWA, indexer: SGLang's ``register_mem_host_pool_v2``) are refused at start.
+without a word); no call raises, whatever it is given: a misuse (a stacked
+tensor, a list of lists) is a failure (False, or None where SGLang reads
+None as "nothing loaded") with one logged error. With MLA (KV replicated
+across TP ranks) every rank shares one namespace: SGLang lets only its
+storage writer (rank 0) back pages up, and a page some tier holds already
+is never written again, whichever rank asks. A local root removed from
+outside is noticed by the next call (:mod:`tiering.sglang.stack`).
+Models with extra host pools (Mamba, SWA, indexer: SGLang's
+``register_mem_host_pool_v2``) are refused at start.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from tiering.sglang.calls import CallGate, CallMetrics
 from tiering.sglang.config import BackendConfig, Ranks, parse_extra_config, spec_config
 from tiering.sglang.pages import PageGeometry, Staging, page_key
 from tiering.sglang.stack import TierStack
+from tiering.sglang.targets import answer_count, flat_pages, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +177,9 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """The number of leading ``keys`` some tier holds (0 on any error)."""
         with self._gate.call():
             stack = self.stack if self.refused is None else None
-            if stack is None or not keys:
-                return 0
             try:
+                if stack is None or len(keys) == 0:
+                    return 0
                 return stack.leading_run([page_key(k) for k in keys])
             except Exception:
                 logger.exception("tiering batch_exists failed; answered 0")
@@ -191,7 +200,7 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         with self._gate.call():
             stack = self._ready("batch_get_v1", True)
             if stack is None:
-                return [False] * len(keys)
+                return [False] * answer_count(keys)
             return self._pages(stack, keys, host_indices, load=True)
 
     def batch_set_v1(
@@ -200,15 +209,13 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         """Store the host pool pages at ``host_indices`` under ``keys``.
 
         Returns:
-            Per key, True when some tier holds the page afterwards. With MLA a
-            rank other than 0 writes nothing and answers True (rank 0 writes the shared copy).
+            Per key, True when some tier holds the page afterwards (a page held already is not
+            written again: with MLA every rank shares the pages, whichever rank wrote them).
         """
-        if not self.ranks.writer:
-            return [True] * len(keys)
         with self._gate.call():
             stack = self._ready("batch_set_v1", True)
             if stack is None:
-                return [False] * len(keys)
+                return [False] * answer_count(keys)
             return self._pages(stack, keys, host_indices, load=False)
 
     def _pages(self, stack: TierStack, keys: list[str], host_indices: torch.Tensor, *, load: bool) -> list[bool]:
@@ -221,8 +228,8 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             pages = self.geometry.segments(pointers, sizes, len(keys))
             return self._run(stack, [page_key(k) for k in keys], pages, load)
         except Exception:
-            logger.exception("tiering %s of %d pages failed", "load" if load else "store", len(keys))
-            return [False] * len(keys)
+            logger.exception("tiering %s of %d pages failed", "load" if load else "store", answer_count(keys))
+            return [False] * answer_count(keys)
 
     def _run(
         self, stack: TierStack, keys: Sequence[OffloadKey], pages: list[list[tuple[int, int]]], load: bool
@@ -246,10 +253,10 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             if load:
                 loaded, owned = stack.load(keys, slots)
-                for slot, segments, good in zip(slots, pages, loaded, strict=True):
-                    if good and owned:
-                        stack.staging.scatter(slot, segments)
-                return [good and owned for good in loaded]
+                return [
+                    good and owned and stack.staging.scatter(slot, segments)
+                    for slot, segments, good in zip(slots, pages, loaded, strict=True)
+                ]
             for slot, segments in zip(slots, pages, strict=True):
                 stack.staging.gather(slot, segments)
             stored, owned = stack.store(keys, slots)
@@ -259,63 +266,79 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 stack.staging.release(slots)
 
     # -- flat-page interface ----------------------------------------------------------------------
-    def _flat(self, what: str, targets: Sequence[Any], keys: list[str], load: bool) -> list[bool]:
-        """Move flat pages to or from the tiers; per key whether it moved.
+    def _flat(
+        self, what: str, load: bool, keys: Any, tensors: Any = None, locations: Any = None, sizes: Any = None
+    ) -> list[bool] | None:
+        """Move flat pages (page tensors, or addresses and sizes) to or from the tiers.
 
-        A target is a contiguous CPU tensor of one page (SGLang's file
-        backend's form) or an ``(address, bytes)`` pair (Mooncake's form).
+        Returns:
+            Per key whether it moved; None for a call SGLang's interfaces do not allow
+            (:func:`~tiering.sglang.targets.flat_pages`; one error logged).
         """
         with self._gate.call():
-            stack = self._ready(what, False)
-            if stack is None or self.geometry is None:
-                return [False] * len(keys)
-            page_bytes = self.geometry.page_bytes
+            stack, geometry = self.stack, self.geometry
+            if self.refused is not None or stack is None or geometry is None:
+                self._ready(what, self.config.interface_v1)  # logs why
+                return [False] * answer_count(keys)
             try:
-                if len(targets) != len(keys):
-                    raise ValueError(f"{what}: {len(keys)} keys but {len(targets)} pages")
-                pages = [[_flat_page(what, k, target, page_bytes)] for k, target in zip(keys, targets, strict=True)]
-                return self._run(stack, [page_key(k) for k in keys], pages, load)
+                call = flat_pages(what, keys, tensors, locations, sizes, geometry.page_bytes)
+            except ValueError as exc:
+                logger.error("tiering %s refused: %s", what, exc)
+                return None
+            # Addresses carry bytes the backend does not interpret: either interface takes them.
+            if self._ready(what, self.config.interface_v1 if call.addresses else False) is None:
+                return [False] * len(call.keys)
+            try:
+                return self._run(stack, [page_key(k) for k in call.keys], [[page] for page in call.pages], load)
             except Exception:
-                logger.exception("tiering %s of %d pages failed", what, len(keys))
-                return [False] * len(keys)
+                logger.exception("tiering %s of %d pages failed", what, len(call.keys))
+                return [False] * len(call.keys)
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
-        """Read ``key`` into ``target_location``.
+        """Read ``key`` into ``target_location``: a page tensor, or an address of ``target_sizes`` bytes.
 
         Returns:
             For a tensor target, the tensor, or None when the page is absent or
-            unverified; for an address target (with ``target_sizes`` bytes), True or False.
+            unverified; for an address target, True or False.
         """
-        if isinstance(target_location, int):
-            return self._flat("get", [(target_location, target_sizes)], [key], True)[0]
-        return target_location if self._flat("get", [target_location], [key], True)[0] else None
+        if is_int(target_location):
+            ok = self._flat("get", True, [key], locations=[target_location], sizes=[target_sizes])
+            return bool(ok and ok[0])
+        ok = self._flat("get", True, [key], tensors=[target_location])
+        return target_location if ok and ok[0] else None
 
     def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> Any:
-        """:meth:`get` for each key: a list of tensors (None where absent), or for address targets the leading run."""
-        locations = list(target_locations or [None] * len(keys))
-        if locations and isinstance(locations[0], int):
-            ok = self._flat("batch_get", list(zip(locations, target_sizes or [], strict=False)), keys, True)
-            return next((i for i, good in enumerate(ok) if not good), len(ok))
-        ok = self._flat("batch_get", locations, keys, True)
-        return [loc if good else None for loc, good in zip(locations, ok, strict=True)]
+        """:meth:`get` for each key: a list of tensors (None where absent), or for address targets the leading run.
+
+        None for a call SGLang's interfaces do not allow (a stacked tensor, a list of lists; logged).
+        """
+        first = target_locations[0] if isinstance(target_locations, (list, tuple)) and target_locations else None
+        if target_sizes is not None or is_int(first):
+            ok = self._flat("batch_get", True, keys, locations=target_locations, sizes=target_sizes)
+            return None if ok is None else next((i for i, good in enumerate(ok) if not good), len(ok))
+        ok = self._flat("batch_get", True, keys, tensors=target_locations)
+        return None if ok is None else [loc if good else None for loc, good in zip(target_locations, ok, strict=True)]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         """Store ``value`` (a flat page tensor), or the ``target_sizes`` bytes at address ``target_location``."""
-        if value is None and isinstance(target_location, int):
+        if value is None and is_int(target_location):
             return self.batch_set([key], None, [target_location], [target_sizes])
         return self.batch_set([key], [value])
 
     def batch_set(
         self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
     ) -> bool:
-        """Store flat pages (tensors, or addresses and sizes) under ``keys``; True when some tier holds every one."""
-        if not self.ranks.writer:
-            return True
+        """Store flat pages (tensors, or addresses and sizes) under ``keys``; True when some tier holds every one.
+
+        False, with one logged error, for a call SGLang's interfaces do not allow.
+        """
         if values is None and target_locations is not None:
-            targets: list[Any] = list(zip(target_locations, target_sizes or [], strict=False))
+            ok = self._flat("batch_set", False, keys, locations=target_locations, sizes=target_sizes)
         else:
-            targets = [v.contiguous() if v is not None else None for v in (values or [None] * len(keys))]
-        return all(self._flat("batch_set", targets, keys, False))
+            if isinstance(values, (list, tuple)):  # a page made contiguous is a copy, held until the call ends
+                values = [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
+            ok = self._flat("batch_set", False, keys, tensors=values)
+        return ok is not None and all(ok)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def clear(self) -> bool:
@@ -371,23 +394,6 @@ class TieringHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             stack, self.stack, self.spec = self.stack, None, None  # no clear brings the tiers back
         if stack is not None:
             stack.shutdown()
-
-
-def _flat_page(what: str, key: str, target: Any, page_bytes: int) -> tuple[int, int]:
-    """The ``(address, bytes)`` of one flat page target (a tensor or an address pair).
-
-    Raises:
-        ValueError: not a contiguous CPU tensor or an address pair, or not ``page_bytes`` long.
-    """
-    if isinstance(target, tuple):
-        address, size = target
-    elif isinstance(target, torch.Tensor) and target.device.type == "cpu" and target.is_contiguous():
-        address, size = int(target.data_ptr()), target.numel() * target.element_size()
-    else:
-        raise ValueError(f"{what}: page of key {key!r} is not a contiguous CPU tensor or an (address, bytes) pair")
-    if not isinstance(address, int) or size != page_bytes:
-        raise ValueError(f"{what}: page of key {key!r} is {size!r} bytes, pages are {page_bytes}")
-    return address, size
 
 
 __all__ = ["TieringHiCacheStorage"]
