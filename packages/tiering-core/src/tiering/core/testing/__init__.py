@@ -3,6 +3,6 @@
 This path is removed in the next release.
 """
 
-from tiering.core._moved import alias
+from tiering.core._moved import forward
 
-alias(__name__, "tiering.testing", "tiering-testing")
+__getattr__ = forward(__name__, "tiering.testing", "tiering-testing")
