@@ -161,3 +161,25 @@ def test_tier_built_from_wheel_passes_a_round_trip(tmp_path, request):
 
 def test_python_version_is_a_supported_one():
     assert sys.version_info[:2] >= (3, 10)
+
+
+ADAPTERS = ("sglang", "lmcache")
+
+
+@pytest.mark.skipif(os.environ.get("TIERING_IT_BACKENDS") != "all", reason="the adapters are installed with 'all' only")
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_an_adapter_wheel_imports_without_its_engine_and_its_old_path_warns(adapter):
+    """tiering-sglang / tiering-lmcache from their wheels: no engine imported, the old import path forwards, warned."""
+    code = (
+        "import sys, warnings\n"
+        f"import tiering.{adapter}\n"
+        f"assert '{adapter}' not in sys.modules, 'the engine was imported'\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    import tiering.core.{adapter} as old\n"
+        f"assert old.__doc__ and tiering.{adapter}.__doc__\n"
+        "print(caught[0].message)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"tiering.core.{adapter} moved to tiering.{adapter} (distribution tiering-{adapter})" in out.stdout
