@@ -253,3 +253,25 @@ def test_c27_a_store_waits_for_room_held_by_writes_in_flight_at_most_the_room_wa
     assert store_blocks(tier, view, [key])
     stats = tier.stats()
     assert stats["used_bytes"] == STORED and stats["reserved_bytes"] == 0 and len(tier.blocks.data) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_c30_stores_succeed_again_once_deletes_stop_failing_without_waiting_for_a_rescan(open_store, mode):
+    tier, view = open_store(capacity_bytes=2 * STORED, **mode)
+    tier.deletes.retry_pauses_s = (60.0,)  # no timed retry round comes within the test: only the stores may retry
+    medium = tier.blocks
+    assert store_blocks(tier, view, [make_key(i, b"old") for i in range(2)])
+    medium.fail_deletes = True  # the faults: every eviction's delete fails, its bytes stay counted
+    assert not store_blocks(tier, view, [make_key(2, b"during")])
+    assert not store_blocks(tier, view, [make_key(3, b"during")])
+    assert tier.stats()["store_failed_no_space"] >= 1
+    medium.fail_deletes = False  # the faults end
+    deadline = time.monotonic() + 30
+    stored = 0
+    while not stored:
+        assert time.monotonic() < deadline, "no store succeeded after the faults ended"
+        stored = store_blocks(tier, view, [make_key(4, b"after")])
+    assert tier.stats()["scans"] == 1  # the start-up scan only: no rescan freed the room
+    wait_until(lambda: tier.stats()["pending_delete_bytes"] == 0)
+    assert medium.peak == 2 and list(medium.data) == [make_key(4, b"after")]  # the failed deletes went too
+    assert tier.stats()["used_bytes"] == STORED

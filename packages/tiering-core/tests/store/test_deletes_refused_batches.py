@@ -7,6 +7,8 @@ s3 suite covers the same on a real server (``test_c21_a_batch_refused_after_star
 import threading
 import time
 
+import pytest
+
 from tiering.core.base import OffloadKey
 from tiering.core.store import Medium
 from tiering.core.store.deletes import Deletes
@@ -108,4 +110,41 @@ def test_c21_single_deletes_spread_over_the_threads_also_while_they_are_busy():
         assert medium.most >= 2  # the eight single deletes overlapped once the threads were free
     finally:
         medium.gate.set()
+        deletes.close()
+
+
+class RaisingMedium(RefusingMedium):
+    """Inline deletes in batches; removing a key that starts with b"bad" raises."""
+
+    delete_threads = 0
+    delete_batch = 100
+
+    def __init__(self, batch_raises):
+        super().__init__()
+        self.batch_raises = batch_raises
+        self.removed = []
+
+    def remove_many(self, keys):
+        if self.batch_raises and len(keys) > 1 and any(k.startswith(b"bad") for k in keys):
+            raise OSError("the batch request failed")  # a batch medium: one raising key fails its whole request
+        return Medium.remove_many(self, keys)  # the default: remove() per key
+
+    def remove(self, key):
+        if key.startswith(b"bad"):
+            raise OSError(f"remove of {key.hex()} failed")
+        self.removed.append(key)
+        return True
+
+
+@pytest.mark.parametrize("batch_raises", [False, True], ids=["per-key-remove-raises", "batch-call-raises"])
+def test_c30_a_raising_remove_fails_only_its_own_key_in_a_batch_delete(batch_raises):
+    medium, ledger = RaisingMedium(batch_raises), Ledger()
+    deletes = Deletes(medium, ledger, Counters(("bad_blocks_removed",)), lambda keys: None)
+    good, bad = victims(b"ok", 6), victims(b"bad", 1)
+    try:
+        deletes.delete([*good[:3], *bad, *good[3:]], "eviction")
+        settle(ledger, 7)
+        assert dict(ledger.outcomes) == {**{v.key: True for v in good}, bad[0].key: False}
+        assert sorted(medium.removed) == sorted(v.key for v in good)
+    finally:
         deletes.close()

@@ -15,6 +15,7 @@ block on the medium and may be called from several threads at once.
 from __future__ import annotations
 
 import errno
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Any, Final
 from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
 from tiering.core.toolkit.pins import PinMedium
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "LOAD_CAUSES",
@@ -250,8 +253,16 @@ class Medium(ABC):
 
         An override may answer None for keys it did not attempt because the medium refused the batch
         and :attr:`delete_batch` is lower now: the store sends those again in batches of the new size.
+        A :meth:`remove` that raises fails only its own key (False, logged); the rest of the batch is tried.
         """
-        return [self.remove(key) for key in keys]
+        return [self._remove_or_false(key) for key in keys]
+
+    def _remove_or_false(self, key: OffloadKey) -> bool:
+        try:
+            return self.remove(key)
+        except Exception as exc:
+            logger.warning("%s: delete of %s raised: %s", self.label, key.hex(), exc)
+            return False
 
     @abstractmethod
     def scan(self, stopping: Callable[[], bool]) -> ScanResult:

@@ -139,12 +139,20 @@ class Stores:
                 items.append((state, i, res))
         if settled and not pooled:
             self.pool.submit_call("write", lambda: self.deletes.delete(settled, "eviction"))
+        if any(not ok for _, ok, _ in now) and self.index.failed_delete_bytes:  # failed deletes hold the room
+            if pooled:
+                self.deletes.retry_for_room()
+            else:
+                self.pool.submit_call("write", self._retry_deletes_for_room)
         if present := sum(1 for _, ok, _ in now if ok):
             self.counters.inc("stores_already_present", present)
         if now:
             state.record(now)
         if items:
             self.pool.submit("write", self._reserved_batch, items, self._reserved_failed, merge=True)
+
+    def _retry_deletes_for_room(self) -> None:
+        self.deletes.retry_for_room()
 
     def is_queued(self, key: OffloadKey) -> bool:
         """Whether a store of ``key`` is queued and not reserved yet (no lock: one atomic ``in``)."""
@@ -240,9 +248,16 @@ class Stores:
         After the bound the store fails ``no_space``.
         """
         deadline = time.monotonic() + self.room_wait_s
+        retried = False
         while True:
             res = self.index.reserve(key, self.stored_block_bytes)
             self.deletes.delete(res.victims, "eviction")
+            if res.admit is Admit.NO_SPACE and not res.can_wait and not retried:
+                # Failed deletes may hold the room: retried now, so a medium that stopped failing is noticed
+                # by this store, not by the next rescan; inline, they are done when this returns.
+                retried = self.deletes.retry_for_room()
+                if retried:
+                    continue
             if res.admit is Admit.RESERVED and not res.ready and not self._room_for([key], deadline)[0]:
                 self.index.commit(key, False)  # the room was not freed after all: refuse rather than exceed the cap
                 return Admit.NO_SPACE
