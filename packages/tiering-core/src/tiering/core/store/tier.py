@@ -33,7 +33,7 @@ from tiering.core.store.deletes import Deletes
 from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings, config_values
+from tiering.core.store.settings import StoreSettings, block_size_problem, config_values
 from tiering.core.store.stores import Stores
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
@@ -104,7 +104,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
         values = config_values(self.config)
-        self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
+        self._check_sizes(values)  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
         try:
             if medium.stored_block_bytes != self.stored_block_bytes:
@@ -198,14 +198,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         causes = [f"store_failed_{c}" for c in medium.store_causes] + [f"load_failed_{c}" for c in medium.load_causes]
         return [*_COUNTERS, *medium.counters, *causes]
 
-    def _check_capacity(self, cap: int | None) -> None:
-        if cap is not None and cap < self.stored_block_bytes:
-            raise InvalidValueError(
-                self.tier_type,
-                "capacity_bytes",
-                f"capacity_bytes {cap} is smaller than one stored block ({self.stored_block_bytes} bytes = "
-                f"{self.block_bytes} block + {self.block_overhead_bytes} header)",
-            )
+    def _check_sizes(self, values: Mapping[str, Any]) -> None:
+        """Refuse a cap, pin bound or tenant quota under one stored block (:func:`block_size_problem`)."""
+        if (found := block_size_problem(values, self.stored_block_bytes)) is not None:
+            raise InvalidValueError(self.tier_type, *found)
 
     # -- lookups ----------------------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
