@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tiering.core.base import OffloadKey
+from tiering.core.harness import wait_until
 from tiering.core.store import Medium
 from tiering.core.store.deletes import Deletes
 from tiering.core.toolkit import Counters, Victim
@@ -24,7 +25,7 @@ class RefusingMedium(Medium):
     delete_batch = 1000
 
     def __init__(self):
-        self.lock, self.running, self.most = threading.Lock(), 0, 0
+        self.lock, self.running, self.most, self.holding = threading.Lock(), 0, 0, 0
         self.gate = threading.Event()  # keys starting with b"hold" wait for it (keeps the delete threads busy)
 
     def remove_many(self, keys):
@@ -35,7 +36,9 @@ class RefusingMedium(Medium):
 
     def remove(self, key):
         if key.startswith(b"hold"):
-            return self.gate.wait(5)
+            with self.lock:
+                self.holding += 1
+            return self.gate.wait(30)
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
@@ -101,8 +104,8 @@ def test_c21_single_deletes_spread_over_the_threads_also_while_they_are_busy():
         deletes.delete(victims(b"v", 2), "eviction")  # the medium refuses batches from now on
         settle(ledger, 2)
         medium.most = 0
-        deletes.delete(victims(b"hold", 4), "eviction")  # all four delete threads busy
-        time.sleep(0.1)
+        deletes.delete(victims(b"hold", 4), "eviction")
+        wait_until(lambda: medium.holding == 4)  # all four delete threads busy
         deletes.delete(victims(b"w", 8), "eviction")  # queued meanwhile: one unit each, not one unit of eight
         medium.gate.set()
         settle(ledger, 14)
