@@ -27,6 +27,7 @@ from typing import Any
 from tiering.core.base import OffloadKey
 from tiering.core.keys import trace_block_key
 from tiering.core.pinning import pin_in_tiers, prefix_keys
+from tiering.core.store.settings import inspecting
 from tiering.core.tenants import scope_keys
 from tiering.core.terminal import echo
 from tiering.core.toolkit.pins import MAX_PIN_EXPIRY_S
@@ -82,7 +83,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
         raise ValueError("no keys to pin")
     if not args.unpin and args.ttl is None:
         raise ValueError("give --ttl DURATION (e.g. 1h) or --unpin")
-    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    with inspecting():  # read-only: the command writes pin records only, never evicts, expires or trims a block
+        tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):

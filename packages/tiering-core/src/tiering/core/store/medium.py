@@ -139,6 +139,8 @@ class Medium(ABC):
         server_evicts: the medium drops blocks on its own (a server's LRU): the store does not cap
             it; it forgets index entries beyond :attr:`known_limit_bytes` instead of deleting them.
         known_limit_bytes: with ``server_evicts``, the most bytes the medium can hold (0: unknown).
+        read_only: set by the store before the first scan when it was opened for inspection: :meth:`scan`
+            must then remove nothing (no stale temporary, no damaged block) and only list.
     """
 
     stored_block_bytes: int
@@ -151,6 +153,7 @@ class Medium(ABC):
     delete_batch: int = 1000
     server_evicts: bool = False
     known_limit_bytes: int = 0
+    read_only: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Medium:
         # Without either member of a pair every block would fail at run time: refuse the medium when

@@ -7,6 +7,8 @@ flight keeps its state): keys the index held that the medium no longer has
 were removed by another process and are forgotten; other writers'
 temporaries count against the cap until the next scan; failed deletes are
 retried; then the store evicts down to its cap (and past tenants' TTLs).
+A store opened for inspection (:attr:`Medium.read_only`) only reconciles:
+nothing is evicted, expired, retried or accounted for.
 """
 
 from __future__ import annotations
@@ -86,10 +88,11 @@ class Scans:
             born = {OffloadKey(k): mtime for k, (_, mtime) in oldest_first}  # a tenant's TTL counts from the store
             report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket, born)
         self._forget(report.vanished, "vanished")
-        self._account_temps(result.temp_bytes)
-        self.deletes.reset_retries()
-        self.deletes.retry_failed()  # failed deletes go again first: their bytes are still there
-        self.deletes.delete(self.index.evict_to_cap(), "eviction")
+        if not self.medium.read_only:  # opened for inspection: no block is evicted, expired or deleted
+            self._account_temps(result.temp_bytes)
+            self.deletes.reset_retries()
+            self.deletes.retry_failed()  # failed deletes go again first: their bytes are still there
+            self.deletes.delete(self.index.evict_to_cap(), "eviction")
         self.counters.add({"scans": 1, **result.counters})
         self.last_scan_s = time.monotonic() - started
         (self._log.info if first else self._log.debug)(

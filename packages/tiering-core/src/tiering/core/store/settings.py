@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tiering.core.toolkit.tenancy import TenantPolicy, tenant_tag
 
-__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "block_size_problem", "config_values"]
+__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "block_size_problem", "config_values", "inspecting", "is_inspecting"]
+
+_INSPECTING: contextvars.ContextVar[bool] = contextvars.ContextVar("tiering_inspecting", default=False)
+
+
+@contextlib.contextmanager
+def inspecting() -> Iterator[None]:
+    """Open every tier built in this context read-only (the inspection commands use it).
+
+    Such a tier never changes a block: no eviction down to its cap (whatever cap its config's defaults
+    carry), no TTL expiry, no retry of failed deletes, no removal of stale temporaries or damaged files
+    at its scans (a medium honours :attr:`~tiering.core.store.medium.Medium.read_only`), no namespace
+    record written. Pins and stats still work: ``tiering pin`` writes only pin records.
+    """
+    token = _INSPECTING.set(True)
+    try:
+        yield
+    finally:
+        _INSPECTING.reset(token)
+
+
+def is_inspecting() -> bool:
+    """Whether tiers built now open read-only (:func:`inspecting`)."""
+    return _INSPECTING.get()
+
 
 LOOKUP_FALLBACKS = ("stat", "async", "off")
 """How a lookup of a key missing from the index asks the medium (see :class:`StoreSettings`)."""

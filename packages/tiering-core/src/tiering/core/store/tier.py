@@ -33,7 +33,7 @@ from tiering.core.store.deletes import Deletes
 from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings, block_size_problem, config_values
+from tiering.core.store.settings import StoreSettings, block_size_problem, config_values, is_inspecting
 from tiering.core.store.stores import Stores
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
 from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
@@ -106,6 +106,7 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         values = config_values(self.config)
         self._check_sizes(values)  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
+        medium.read_only = medium.read_only or is_inspecting()  # opened for inspection: changes no block
         try:
             if medium.stored_block_bytes != self.stored_block_bytes:
                 raise ValueError(f"{medium.label}: stores {medium.stored_block_bytes} bytes per block, expected "
@@ -119,7 +120,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
 
     def _start(self, medium: Medium, s: StoreSettings) -> None:
         """Build the toolkit parts around ``medium`` and run (or start) the start-up scan."""
-        medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
+        if not medium.read_only:  # an inspection writes nothing
+            medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
         self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.index_tenants())
