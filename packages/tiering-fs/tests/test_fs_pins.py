@@ -238,3 +238,15 @@ def test_c29_a_marker_with_a_longer_expiry_than_is_written_now_is_read_as_a_satu
     tier.pins.refresh()
     assert tier.pins.expiry(key) == MAX_PIN_EXPIRY_S
     assert list(inspector_for({"type": "fs", "root": str(tmp_path)}).foreign()) == []
+
+
+def test_c28_tiering_pin_keys_of_the_default_tenant_never_pin_another_tenants_block(tmp_path, capsys):
+    config = _config(tmp_path, max_pinned_bytes="100KiB")
+    theirs = scope_key("B", trace_block_key(1))  # tenant B's stored form of block 1
+    assert main(["pin", config, "--ttl", "1h", "--keys", theirs.hex()]) == 0  # the default tenant, forging it
+    capsys.readouterr()
+    [pinned] = [parse_marker(p.name)[0] for p in markers(tmp_path)]
+    assert pinned != theirs and pinned == scope_key("", theirs)  # escaped: not B's block
+    assert main(["pin", config, "--ttl", "1h", "--keys", trace_block_key(1).hex(), "--tenant", "B"]) == 0
+    capsys.readouterr()
+    assert theirs in {parse_marker(p.name)[0] for p in markers(tmp_path)}  # B pins its own as before

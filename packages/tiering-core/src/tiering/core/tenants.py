@@ -16,7 +16,10 @@ prefix hash. Tiers never re-key: the tenant of a stored block is read back
 from its name (per-tenant quotas and TTL, usage after a restart), and pins,
 results and events all carry this one form. The default tenant keeps the
 engine's key unchanged, so blocks stored before tenants existed stay
-readable. The tag is 16 bytes because a request names its own tenant: a
+readable; a default-tenant key that begins like a stored form (``MARK``) is
+escaped under a tag no tenant has, so no caller choosing its keys (the
+Python API, ``tiering pin --keys``, LMCache's keys) can name another
+tenant's block. The tag is 16 bytes because a request names its own tenant: a
 caller must not be able to search names for one whose tag is another
 tenant's.
 """
@@ -29,7 +32,7 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.primary.tier import Allocation
-from tiering.core.toolkit.tenancy import scope_key
+from tiering.core.toolkit.tenancy import MARK, scope_key
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -54,8 +57,8 @@ MAX_TENANT_CHARS = 1024
 
 def scope_keys(tenant: str, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
     """:func:`scope_key` of each of ``keys``, in order (a new list; ``keys`` itself for the default tenant)."""
-    if not tenant:
-        return list(keys)
+    if not tenant and not any(key.startswith(MARK) for key in keys):
+        return list(keys)  # the engine's keys as they are (one shaped like a stored form is escaped)
     return [scope_key(tenant, key) for key in keys]
 
 
@@ -110,7 +113,7 @@ def caller_allocation(
         scoped: :func:`scope_keys` of ``keys``.
         keys: the caller's keys.
     """
-    if not tenant:
+    if not tenant and list(scoped) == list(keys):
         return alloc
     names = dict(zip(scoped, keys, strict=True))
     return dataclasses.replace(

@@ -199,7 +199,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         ctx = self._context(job.req_context)
         keys = [TieringOffloadKey(bytes(k)) for k in job.keys]
         scoped = scope_keys(ctx.tenant, keys)
-        if ctx.tenant and job.is_promotion:
+        if job.is_promotion and scoped != list(job.keys):
             self._vllm_keys[int(job.job_id)] = dict(zip(scoped, job.keys, strict=True))
         return JobMetadata(
             job_id=int(job.job_id),
