@@ -22,6 +22,7 @@ from tiering.core.costmodel import COST_KEYS, LoadCostConfig
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
+from tiering.core.tenant_auth import TenantAuth
 from tiering.core.units import SIZE_EXAMPLES, parse_size
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ SPEC_KEYS = frozenset(
         "eviction_policy",
         "cache_policy_module_path",
         "secondary_tiers",
+        "tenant_secret",
     }
     | COST_KEYS
 )
@@ -253,6 +255,7 @@ class TieringOffloadingSpec(OffloadingSpec):
             )
         self.eviction_policy: str = policy
         self.load_cost = LoadCostConfig.from_config(extra_config)
+        self.tenant_auth = TenantAuth.from_config(extra_config)  # refuses a bad tenant_secret before anything starts
 
     def create_primary(self, buffer: memoryview | None = None) -> CPUPrimaryTier:
         """Build the CPU primary tier with the configured policy (:func:`tiering.core.stack.build_primary`)."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.primary.tier import Allocation
+from tiering.core.tenant_auth import TenantAuth
 from tiering.core.toolkit.tenancy import MARK, scope_key
 
 __all__ = [
@@ -75,7 +76,7 @@ def check_tenant(value: Any, where: str) -> str:
     return value
 
 
-def tenant_from_params(params: Mapping[str, Any] | None) -> str:
+def tenant_from_params(params: Mapping[str, Any] | None, auth: TenantAuth | None = None) -> str:
     """The tenant a vLLM request names in its ``kv_transfer_params`` (``{"tenant": "acme"}``).
 
     vLLM hands offloading tiers only the request id and ``kv_transfer_params``
@@ -83,19 +84,30 @@ def tenant_from_params(params: Mapping[str, Any] | None) -> str:
     tenant travels in ``kv_transfer_params``: the OpenAI server's request
     field of that name, or ``SamplingParams(extra_args={"kv_transfer_params": ...})``.
 
+    With ``auth`` enforcing a ``tenant_secret`` (:mod:`tiering.core.tenant_auth`) the entry must be
+    ``name:signature``; the name is returned.
+
     Returns:
         The tenant; :data:`DEFAULT_TENANT` when ``params`` is None or has no
         ``"tenant"`` entry (or it is None).
 
     Raises:
         ValueError: the entry is not a string or is too long (see :func:`check_tenant`).
+        TenantRefusedError: (a ``ValueError``) ``auth`` refuses the entry: unsigned or wrongly signed.
     """
     if not params:
         return DEFAULT_TENANT
     value = params.get(TENANT_PARAM)
     if value is None:
         return DEFAULT_TENANT
-    return check_tenant(value, f"kv_transfer_params[{TENANT_PARAM!r}]")
+    where = f"kv_transfer_params[{TENANT_PARAM!r}]"
+    value = check_tenant(value, where)
+    if auth is None or not auth.enforced:
+        return value
+    try:
+        return auth.resolve(value)
+    except ValueError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def caller_allocation(

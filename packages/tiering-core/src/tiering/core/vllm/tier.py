@@ -49,6 +49,7 @@ from tiering.core.base import SecondaryTierManager as TieringTierManager
 from tiering.core.factory import check_tier_keys
 from tiering.core.guard import GuardedTier
 from tiering.core.pinning import RequestPins
+from tiering.core.tenant_auth import TenantAuth
 from tiering.core.tenants import scope_key, scope_keys, tenant_from_params
 from tiering.core.toolkit.events import HeldKeys
 from tiering.core.vllm.compat import (
@@ -167,6 +168,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         # Blocks that would take longer to load from this tier than to recompute are answered MISS.
         spec = self.tiering_spec
         self._gate = LoadGate(spec.extra_config, spec.block_bytes, spec.block_size)
+        self._tenant_auth = TenantAuth.from_config(spec.extra_config)  # tenants signed with tenant_secret, if set
         self._contexts: dict[str, TieringReqContext] = {}
         self._refused: set[str] = set()  # requests whose tenant is unusable: no tiering for them
         self._vllm_keys: dict[int, dict[TieringOffloadKey, Any]] = {}  # promotions of a tenant: scoped -> vLLM key
@@ -186,7 +188,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         if ctx is None:
             params = req_context.kv_transfer_params
             try:
-                tenant = tenant_from_params(params)
+                tenant = tenant_from_params(params, self._tenant_auth)
             except ValueError as exc:
                 logger.error("request %r: %s; no tiering for this request", req_context.req_id, exc)
                 self._refused.add(req_context.req_id)
