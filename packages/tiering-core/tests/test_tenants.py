@@ -126,7 +126,7 @@ def test_caller_allocation_names_the_callers_keys() -> None:
         [keys[2]],
         [other],
     )
-    assert caller_allocation("", alloc, scoped, keys) is alloc
+    assert caller_allocation("", alloc, keys, keys) is alloc  # the default tenant's engine keys are their stored form
 
 
 # -- the manager: the primary tier is shared, its blocks are not ----------------------------------

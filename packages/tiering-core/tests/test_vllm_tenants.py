@@ -138,3 +138,29 @@ def test_a_partly_failed_promotion_of_a_tenant_names_vllms_keys(tmp_path: Any) -
         assert list(result.successful_keys) == keys[:3] + keys[4:]  # vLLM's keys, not the tier's scoped ones
         assert d.read(keys[:3], ctx) == [testing.payload(k, d.row_bytes) for k in keys[:3]]
         d.finish([ctx])
+
+
+def test_with_tenant_secret_only_a_signed_tenant_gets_its_hits(caplog: pytest.LogCaptureFixture, tmp_path: Any) -> None:
+    from tiering.core.policies.tenant_auth import sign_tenant
+    from tiering.testing import vllm_driver as testing
+
+    secret = "gateway-secret-0123456789abcdef"
+    extra = {**_extra(_entry("example", tmp_path)), "tenant_secret": secret}
+    with testing.vllm_manager(extra, worker_kv_bytes_per_block=ROW) as (_, manager, d):
+        keys = [testing.make_key(i, seed=b"signed") for i in range(4)]
+        acme = {"tenant": sign_tenant(secret, "acme")}
+        d.finish(d.store([keys], lambda k: testing.payload(k, d.row_bytes), acme))
+        d.evict_all()  # every hit below would come from the tiering tier
+        forged = sign_tenant("not-the-gateway-secret-0123", "acme")
+        for params in ({"tenant": "acme"}, {"tenant": forged}):  # a client naming acme without the secret
+            caplog.clear()
+            ctx = d.new_context("load", params)
+            assert d.lookup([keys], [ctx]).hits == [0], params
+            d.finish([ctx])
+            refused = [r for r in caplog.records if "no tiering for this request" in r.getMessage()]
+            assert len(refused) == 1 and secret not in caplog.text, params
+        ctx = d.new_context("load", acme)
+        assert d.lookup([keys], [ctx]).hits == [4]
+        assert d.read(keys, ctx) == [testing.payload(k, d.row_bytes) for k in keys]
+        d.finish([ctx])
+        assert manager.secondary_tiers[0].tier.stats()["resident_blocks"] == 4

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 import signal
 import time
 
@@ -9,8 +10,9 @@ import pytest
 from fs_worker import run_worker
 
 from tiering.cli.main import main
+from tiering.core.inspection import inspector_for
 from tiering.core.keys import block_keys, trace_block_key
-from tiering.core.policies.pin_records import parse_marker
+from tiering.core.policies.pin_records import MAX_PIN_EXPIRY_S, parse_marker
 from tiering.core.policies.tenants import scope_key
 from tiering.core.schema import InvalidValueError
 from tiering.fs.layout import TRAILER_BYTES
@@ -96,7 +98,7 @@ def test_pin_expires_by_itself_and_unpin_ends_it(tmp_path, open_tier):
 
 
 def test_restart_keeps_pins_and_a_crashed_pinner_leaves_none_forever(tmp_path, open_tier):
-    worker = run_worker({"root": str(tmp_path), "block_bytes": BB, "n": 4, "salt": "crash", "pin_ttl_s": 6,
+    worker = run_worker({"root": str(tmp_path), "block_bytes": BB, "n": 4, "salt": "crash", "pin_ttl_s": 600,
                          "tier": {"capacity_bytes": 10 * STORED, "max_pinned_bytes": 4 * STORED}})  # fmt: skip
     assert worker.stdout.readline().strip() == "ready"
     assert worker.stdout.readline().strip() == "stored"
@@ -110,7 +112,8 @@ def test_restart_keeps_pins_and_a_crashed_pinner_leaves_none_forever(tmp_path, o
     assert tier.stats()["pinned_blocks"] == 4  # another process's pins, read from the disk
     fill(tier, view, b"flood", 30)
     assert [tier.lookup(k, CTX) for k in pinned] == [True] * 4
-    time.sleep(max(0.0, min(parse_marker(p.name)[1] for p in markers(tmp_path)) - time.time()) + 0.2)
+    later = max(parse_marker(p.name)[1] for p in markers(tmp_path)) + 1.0
+    tier.pins.clock = lambda: later  # the test's clock: past every pin's expiry, however long the work above took
     tier.pins.refresh()
     fill(tier, view, b"flood-2", 30)
     assert [tier.lookup(k, CTX) for k in pinned] == [False] * 4
@@ -196,3 +199,54 @@ def test_tiering_pin_on_a_tier_that_cannot_pin_says_so_without_a_traceback(tmp_p
     assert [parse_marker(p.name)[0] for p in markers(tmp_path)] == [scope_key("acme", trace_block_key(1))]
     assert main(["pin", str(config), "--unpin", "--hash-ids", "1", "--tenant", "acme"]) == 0
     assert "example: cannot pin (nothing to unpin)" in capsys.readouterr().out and markers(tmp_path) == []
+
+
+def test_c29_a_pin_of_any_ttl_saturates_at_the_latest_expiry_and_every_reader_parses_it(tmp_path, open_tier):
+    tier, view = open_tier(tmp_path, capacity_bytes=4 * STORED, max_pinned_bytes=2 * STORED)
+    key = make_key(0, b"forever")
+    assert store(tier, view, [key])
+    assert tier.pin([key], 10**15)  # seconds: far past what a 16-digit millisecond expiry could hold
+    [marker] = markers(tmp_path)
+    assert parse_marker(marker.name) == (key, MAX_PIN_EXPIRY_S)
+    tier.shutdown()
+    again, view = open_tier(tmp_path, capacity_bytes=4 * STORED, max_pinned_bytes=2 * STORED)
+    assert again.stats()["pinned_blocks"] == 1 and again.pins.protects(key)
+    fill(again, view, b"flood", 8)
+    assert again.lookup(key, CTX) is True  # held through a flood, as any pin
+    assert list(inspector_for({"type": "fs", "root": str(tmp_path)}).foreign()) == []
+
+
+def test_c29_tiering_pin_with_a_huge_ttl_pins_until_the_latest_expiry_and_stat_counts_it(tmp_path, capsys):
+    config = _config(tmp_path, max_pinned_bytes="100KiB")
+    assert main(["pin", config, "--ttl", "2000000000w", "--hash-ids", "0,1"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned 2 blocks until 9999-12-31 23:59:59 UTC" in out
+    assert [parse_marker(p.name)[1] for p in markers(tmp_path)] == [MAX_PIN_EXPIRY_S] * 2
+    assert main(["stat", config]) == 0
+    assert re.search(r"^\s*pins_pending\s+2$", capsys.readouterr().out, re.MULTILINE)  # read back by the stat's tier
+    assert main(["ls", "--root", str(tmp_path / "kv")]) == 0
+    assert "foreign entries" not in capsys.readouterr().out
+
+
+def test_c29_a_marker_with_a_longer_expiry_than_is_written_now_is_read_as_a_saturated_pin(tmp_path, open_tier):
+    tier, view = open_tier(tmp_path, capacity_bytes=4 * STORED, max_pinned_bytes=2 * STORED)
+    key = make_key(1, b"old-marker")
+    assert store(tier, view, [key])
+    assert tier.pin([key], 60)
+    folder = markers(tmp_path)[0].parent
+    (folder / f"{key.hex()}.1234567890123456789.pin").write_bytes(b"")  # 19 digits, as an older version wrote
+    tier.pins.refresh()
+    assert tier.pins.expiry(key) == MAX_PIN_EXPIRY_S
+    assert list(inspector_for({"type": "fs", "root": str(tmp_path)}).foreign()) == []
+
+
+def test_c28_tiering_pin_keys_of_the_default_tenant_never_pin_another_tenants_block(tmp_path, capsys):
+    config = _config(tmp_path, max_pinned_bytes="100KiB")
+    theirs = scope_key("B", trace_block_key(1))  # tenant B's stored form of block 1
+    assert main(["pin", config, "--ttl", "1h", "--keys", theirs.hex()]) == 0  # the default tenant, forging it
+    capsys.readouterr()
+    [pinned] = [parse_marker(p.name)[0] for p in markers(tmp_path)]
+    assert pinned != theirs and pinned == scope_key("", theirs)  # escaped: not B's block
+    assert main(["pin", config, "--ttl", "1h", "--keys", trace_block_key(1).hex(), "--tenant", "B"]) == 0
+    capsys.readouterr()
+    assert theirs in {parse_marker(p.name)[0] for p in markers(tmp_path)}  # B pins its own as before

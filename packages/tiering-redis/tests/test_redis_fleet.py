@@ -14,6 +14,7 @@ from tiering.core.base import JobMetadata, ReqContext, block_view
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing.harness import wait_until
 
 BLOCK = 64 * 1024
 OBJECT = BLOCK + 128
@@ -228,7 +229,7 @@ def test_with_ttl_expired_blocks_stop_counting_against_the_cap(redis_server, pre
     keys = [make_key(i, b"ttl") for i in range(3)]
     try:
         store_blocks(tier, view, keys[:2])
-        time.sleep(1.3)  # both expired on the server
+        wait_until(lambda: not any(client.exists(tier.blocks.block_key(k)) for k in keys[:2]))  # expired there
         store_blocks(tier, view, [keys[2]])
         assert {m for m, _ in client.zscan_iter(tier.blocks.layout.lru_key(tier.blocks.digest))} == {
             keys[2].hex().encode()

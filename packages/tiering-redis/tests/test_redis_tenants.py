@@ -10,6 +10,7 @@ from tiering.core.policies.tenants import scope_key, scope_keys
 from tiering.core.primary import allocate_host_buffer
 from tiering.core.spec import OffloadingSpec
 from tiering.testing import block_payload, make_key, wait_for_jobs
+from tiering.testing.harness import wait_until
 
 BLOCK = 16 * 1024
 OBJECT = BLOCK + 128
@@ -44,7 +45,7 @@ def present(client, tier, keys, ctx):
 
 def test_tenant_ttl_is_the_blocks_ex_and_expired_blocks_are_misses(redis_server, prefix):
     config = {"type": "redis", "url": redis_server.url, "prefix": prefix, "ttl_s": 3600,
-              "tenants": {"overrides": {"a": {"ttl_s": 1.5}}}}  # fmt: skip
+              "tenants": {"overrides": {"a": {"ttl_s": 30}}}}  # fmt: skip
     view = allocate_host_buffer(32, BLOCK)
     tier = create_secondary_tier(config, view, spec())
     client = redis_server.client()
@@ -52,10 +53,16 @@ def test_tenant_ttl_is_the_blocks_ex_and_expired_blocks_are_misses(redis_server,
         assert tier.wait_for_scan(30)
         ka, kb = [make_key(i, b"r-ttl-a") for i in range(3)], [make_key(i, b"r-ttl-b") for i in range(2)]
         assert store(tier, view, ka, A) and store(tier, view, kb, B)
-        assert all(0 < client.ttl(tier.blocks.block_key(scope_key("a", k))) <= 2 for k in ka)  # 1.5 s rounded up
+        assert all(0 < client.ttl(tier.blocks.block_key(scope_key("a", k))) <= 30 for k in ka)  # the tenant's
         assert all(3500 < client.ttl(tier.blocks.block_key(scope_key("b", k))) <= 3600 for k in kb)  # the tier's
         assert all(lookup(tier, k, A) for k in ka)
-        time.sleep(2.1)
+        # Thirty seconds on, without waiting them out: the tier's clock is the test's, and the server's EX is
+        # brought forward to now (what the server does once the tenant's TTL has passed).
+        later = time.time() + 31
+        tier.index.tenants.clock = lambda: later
+        for k in ka:
+            client.pexpire(tier.blocks.block_key(scope_key("a", k)), 1)
+        wait_until(lambda: present(client, tier, ka, A) == 0)
         assert present(client, tier, ka, A) == 0 and present(client, tier, kb, B) == 2  # the server expired a's
         assert [lookup(tier, k, A) for k in ka] == [False] * 3 and all(lookup(tier, k, B) for k in kb)
         tier.pool.wait_idle(10)

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from s3_helpers import CTX, OBJ, build, make_spec, store, wait_until
+from s3_helpers import CTX, OBJ, build, load, make_spec, store, wait_until
 from test_s3_faults import hooks, server_error  # noqa: F401  (hooks is a fixture)
 
 from tiering.core import JobMetadata
@@ -191,5 +191,25 @@ def test_c21_a_batch_refused_after_start_up_is_sent_again_one_per_request_in_par
         stats = tier.stats()
         assert stats["batch_delete_supported"] == 0 and stats["objects_deleted"] == 4 == stats["delete_requests"]
         assert stats["failed_deletes"] == 0 and stats["store_failures"] == 0
+    finally:
+        tier.shutdown()
+
+
+def test_c27_a_store_refused_for_room_that_queued_writes_hold_fails_after_the_room_wait(s3):
+    """Reservations made on the scheduler thread hold the whole cap and no thread writes them (as when they are
+    queued behind every busy I/O thread): a store needing that room fails as no space within the room wait."""
+    tier, view = build(s3.tier_config(capacity_bytes=OBJ, max_concurrency=8))
+    try:
+        assert tier.reserve_on_scheduler
+        held = make_key(0, b"c27-held")
+        assert tier.index.reserve(held, OBJ).ready  # the cap, reserved, never written
+        key = make_key(1, b"c27")
+        assert store(tier, view, [key], [0]) is False  # wait_for_jobs raises if the job never ends
+        assert tier.stats()["store_failed_no_space"] == 1
+        tier.index.commit(held, False)  # the holder ends
+        assert store(tier, view, [key], [0])
+        stats = tier.stats()
+        assert stats["used_bytes"] == stats["resident_bytes"] == OBJ and stats["reserved_bytes"] == 0
+        assert load(tier, view, [key], [1])
     finally:
         tier.shutdown()

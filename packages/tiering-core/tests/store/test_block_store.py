@@ -11,7 +11,16 @@ from tiering.core.primary import allocate_host_buffer
 from tiering.core.schema import ConfigKey, ConfigSchema, InvalidValueError
 from tiering.core.store import PRESENT, BlockNotReadyError, IndexedTier, Medium, ScanResult
 from tiering.testing import TierConformanceTests
-from tiering.testing.harness import load_blocks, make_key, make_spec, store_blocks, wait_until
+from tiering.testing.harness import (
+    fill_slots,
+    load_blocks,
+    make_key,
+    make_spec,
+    store_blocks,
+    store_job,
+    wait_for_results,
+    wait_until,
+)
 
 BB = 4096
 STORED = BB + HEADER_SIZE
@@ -225,3 +234,44 @@ def test_wait_for_scan_after_a_reset_waits_for_its_rescan(open_store):
     assert not tier.wait_for_scan(0.05) and tier.stats()["scan_done"] == 0  # the rescan has not run yet
     gate.set()
     assert tier.wait_for_scan(10) and tier.stats()["scans"] == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_c27_a_store_waits_for_room_held_by_writes_in_flight_at_most_the_room_wait(open_store, mode):
+    # The room is held by a reservation that cannot progress (as one queued behind every busy I/O thread): the
+    # store fails as no space after the stated room wait instead of occupying its thread for good.
+    tier, view = open_store(capacity_bytes=STORED, **mode)
+    held = make_key(0, b"held")
+    assert tier.index.reserve(held, STORED).ready  # the whole cap, written by no one yet
+    key = make_key(1, b"waits")
+    fill_slots(view, [key], [0])
+    job = store_job([key], [0])
+    tier.submit_store(job)
+    result = wait_for_results(tier, [job.job_id], 30)[job.job_id]  # raises when the job is still running
+    assert not result.success and tier.stats()["store_failed_no_space"] == 1
+    tier.index.commit(held, False)  # the holder ends: room again
+    assert store_blocks(tier, view, [key])
+    stats = tier.stats()
+    assert stats["used_bytes"] == STORED and stats["reserved_bytes"] == 0 and len(tier.blocks.data) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_c30_stores_succeed_again_once_deletes_stop_failing_without_waiting_for_a_rescan(open_store, mode):
+    tier, view = open_store(capacity_bytes=2 * STORED, **mode)
+    tier.deletes.retry_pauses_s = (60.0,)  # no timed retry round comes within the test: only the stores may retry
+    medium = tier.blocks
+    assert store_blocks(tier, view, [make_key(i, b"old") for i in range(2)])
+    medium.fail_deletes = True  # the faults: every eviction's delete fails, its bytes stay counted
+    assert not store_blocks(tier, view, [make_key(2, b"during")])
+    assert not store_blocks(tier, view, [make_key(3, b"during")])
+    assert tier.stats()["store_failed_no_space"] >= 1
+    medium.fail_deletes = False  # the faults end
+    deadline = time.monotonic() + 30
+    stored = 0
+    while not stored:
+        assert time.monotonic() < deadline, "no store succeeded after the faults ended"
+        stored = store_blocks(tier, view, [make_key(4, b"after")])
+    assert tier.stats()["scans"] == 1  # the start-up scan only: no rescan freed the room
+    wait_until(lambda: tier.stats()["pending_delete_bytes"] == 0)
+    assert medium.peak == 2 and list(medium.data) == [make_key(4, b"after")]  # the failed deletes went too
+    assert tier.stats()["used_bytes"] == STORED

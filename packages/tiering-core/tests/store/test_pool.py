@@ -224,17 +224,18 @@ def test_shutdown_reports_every_queued_item_once():
 
 def test_readers_take_reads_first_and_help_writers_one_item_at_a_time():
     pool = IOPool(1, 0, max_batch=16, reader_help_batch=1)
-    order, gate = [], threading.Event()
+    order, gate, entered = [], threading.Event(), threading.Event()
 
     def write(items):
-        gate.wait(5)
+        entered.set()
+        gate.wait(30)
         order.append(("w", list(items)))
 
     def read(items):
         order.append(("r", list(items)))
 
     pool.submit("write", write, [1, 2, 3], lambda i, e: None)
-    time.sleep(0.05)  # the reader took write item 1 and waits at the gate
+    assert entered.wait(30)  # the reader took write item 1 and waits at the gate
     pool.submit("read", read, [10], lambda i, e: None)
     gate.set()
     assert pool.wait_idle(5)

@@ -33,6 +33,7 @@ from tiering.cli.terminal import echo, printable, redact_text
 from tiering.core.configfile import load_config
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
+from tiering.core.store.settings import inspecting
 from tiering.core.units import duration_argument, size_argument
 
 STAT_WAIT_S = 60.0
@@ -199,7 +200,8 @@ def cmd_stat(args: argparse.Namespace) -> int:
             echo(f"  {line}", sys.stderr)
         echo("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", sys.stderr)
         return 1
-    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    with inspecting():  # read-only: no eviction down to the config's cap, no expiry, no trim, nothing written
+        tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     report: dict[str, Any] = {
         "namespace": spec.namespace.digest,
         "primary": {"capacity_bytes": spec.num_primary_blocks * spec.block_bytes, "blocks": spec.num_primary_blocks},

@@ -121,6 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         schema = getattr(tier_cls, "config_schema", None)
         if schema is not None:
             schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+            _check_block_sizes(tier_cls, tier_type, kwargs, spec.block_bytes, index)
             checked = (
                 f"every value checked against its schema ({len(schema.keys)} key{'' if len(schema.keys) == 1 else 's'})"
             )
@@ -139,6 +140,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         echo("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
     return 0
+
+
+def _check_block_sizes(tier_cls: Any, tier_type: str, kwargs: dict[str, Any], block_bytes: int, index: int) -> None:
+    """A block store's cap, pin bound and quotas hold at least one stored block, as building the tier checks."""
+    from tiering.core.schema import InvalidValueError
+    from tiering.core.store import IndexedTier
+    from tiering.core.store.settings import block_size_problem
+
+    if isinstance(tier_cls, type) and issubclass(tier_cls, IndexedTier):
+        stored = block_bytes + tier_cls.block_overhead_bytes
+        if (found := block_size_problem(kwargs, stored)) is not None:
+            raise InvalidValueError(tier_type, *found, entry=f"secondary_tiers[{index}]")
 
 
 class TierOpenError(Exception):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,10 @@ from tiering.cli.terminal import echo
 from tiering.core.base import OffloadKey
 from tiering.core.capabilities import PinnableTier
 from tiering.core.keys import trace_block_key
+from tiering.core.policies.pin_records import MAX_PIN_EXPIRY_S
 from tiering.core.policies.pinning import pin_in_tiers, prefix_keys
 from tiering.core.policies.tenants import scope_keys
+from tiering.core.store.settings import inspecting
 from tiering.core.units import duration_argument
 
 __all__ = ["add_pin_parser", "cmd_pin", "read_token_ids"]
@@ -81,7 +84,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
         raise ValueError("no keys to pin")
     if not args.unpin and args.ttl is None:
         raise ValueError("give --ttl DURATION (e.g. 1h) or --unpin")
-    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    with inspecting():  # read-only: the command writes pin records only, never evicts, expires or trims a block
+        tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
@@ -99,7 +103,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
             if "pinned_blocks" not in stats:
                 echo(f"{name}: cannot pin")
                 continue
-            state = f"pinned {len(keys)} blocks for {args.ttl:g} s" if ok else "refused (see the warning above)"
+            state = f"pinned {len(keys)} blocks {_lifetime(args.ttl)}" if ok else "refused (see the warning above)"
             pinned, pending = stats["pinned_blocks"], stats["pins_pending"]
             echo(f"{name}: {state}; the tier now has {pinned} blocks pinned, {pending} pinned but not stored yet")
             if not stats.get("resident_blocks"):
@@ -132,3 +136,10 @@ def add_pin_parser(sub: Any) -> None:
     pin.add_argument("--tenant", default="", metavar="NAME", help="the tenant whose blocks these are (default: none)")
     pin.add_argument("--unpin", action="store_true", help="end the pins of these blocks now")
     pin.set_defaults(func=cmd_pin)
+
+
+def _lifetime(ttl_s: float) -> str:
+    """How long a pin of ``ttl_s`` seconds lasts, in words: its TTL, or the latest expiry where it saturates."""
+    if time.time() + ttl_s >= MAX_PIN_EXPIRY_S:
+        return f"until 9999-12-31 23:59:59 UTC (the latest pin expiry: a --ttl of {ttl_s:g} s saturates there)"
+    return f"for {ttl_s:g} s"

@@ -18,6 +18,9 @@ a value of wrong type  :class:`InvalidTypeError`                       ``TypeErr
 out of range / choice  :class:`InvalidValueError`                      ``ValueError``
 =====================  ==============================================  =====================
 
+A number must be finite: NaN and infinities are refused for every numeric key (NaN would pass
+every range check, and one would make a cost model decline every load or a bound hold nothing).
+
 Messages name the entry and key: ``secondary_tiers[1].capacity_bytes: must be
 an integer >= 1, got -5 (tier 'fs')`` when the factory passes the entry label
 (``entry="secondary_tiers[1]"``), ``tier 'fs': capacity_bytes: ...`` otherwise;
@@ -29,6 +32,7 @@ redaction hides.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -289,6 +293,8 @@ class ConfigSchema:
             raise InvalidValueError(self.tier, name, f"must be {expected}, got {shown}", entry)
         if spec.non_empty and hasattr(value, "__len__") and len(value) == 0:
             raise InvalidValueError(self.tier, name, f"must be {expected}, got {shown}", entry)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every bound check: refused here
+            raise InvalidValueError(self.tier, name, f"must be a finite number ({expected}), got {shown}", entry)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             low, high = spec.minimum, spec.maximum
             if (low is not None and (value <= low if spec.exclusive_minimum else value < low)) or (

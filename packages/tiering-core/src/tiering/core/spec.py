@@ -37,6 +37,7 @@ SPEC_KEYS = frozenset(
         "eviction_policy",
         "cache_policy_module_path",
         "secondary_tiers",
+        "tenant_secret",
     }
 )
 """Keys tiering reads from the offloading config (a subclass adds its own: :attr:`OffloadingSpec.config_keys`)."""

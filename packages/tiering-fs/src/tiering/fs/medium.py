@@ -131,7 +131,9 @@ class FsMedium(Medium):
 
     def scan(self, stopping: Callable[[], bool]) -> ScanResult:
         """List the namespace directory (see :func:`~tiering.fs.scanner.scan_namespace`)."""
-        return scan_namespace(self.backend, self.namespace_dir, self.stored_block_bytes, self.stale_temp_s, stopping)
+        return scan_namespace(
+            self.backend, self.namespace_dir, self.stored_block_bytes, self.stale_temp_s, stopping, self.read_only
+        )
 
     def write_namespace_record(self, record: Mapping[str, Any]) -> None:
         """Publish ``namespace.json`` in the namespace directory (when missing or different)."""

@@ -72,8 +72,11 @@ def scan_namespace(
     stored_block_bytes: int,
     stale_temp_s: float,
     stopping: Callable[[], bool],
+    read_only: bool = False,
 ) -> ScanResult:
     """List ``namespace_dir`` once (see the module doc); removes stale temporaries and wrong-sized blocks.
+
+    With ``read_only`` (a tier opened for inspection) nothing is removed: they are only left out.
 
     Returns:
         Every valid block file (key -> (size, mtime)), the bytes of temporaries left in place (not ours,
@@ -95,7 +98,7 @@ def scan_namespace(
         owner = temp_owner(entry.name)
         if owner is not None:
             age = now - entry.mtime if entry.mtime > 0 else 0.0
-            if is_stale_temp(owner, age, stale_temp_s) and backend.remove(entry.path):
+            if not read_only and is_stale_temp(owner, age, stale_temp_s) and backend.remove(entry.path):
                 temps_removed += 1
                 continue
             if owner != mine:  # this process's own writes are reserved in its index already
@@ -106,7 +109,7 @@ def scan_namespace(
             continue  # not where this tier would put it: leave it alone
         if entry.size != stored_block_bytes:
             # Final names appear only complete: a wrong size is damage (or a torn file after power loss).
-            if backend.remove(entry.path):
+            if not read_only and backend.remove(entry.path):
                 bad_removed += 1
             continue
         blocks[key] = (entry.size, entry.mtime)

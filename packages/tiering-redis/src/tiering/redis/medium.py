@@ -208,7 +208,7 @@ class RedisMedium(Medium):
             batches = [keys[i : i + 4096] for i in range(0, len(keys), 4096)]
             found = [k for batch in batches for k, there in zip(batch, self._exists(batch), strict=True) if there]
             counters = {"scanned_blocks": len(found)}
-            if self.fleet is not None:
+            if self.fleet is not None and not self.read_only:  # an inspection repairs and trims nothing
                 added, removed = self.fleet.reconcile(found, self._exists)
                 victims = set(self.fleet.evict_surplus())
                 self.remove_many(list(victims))

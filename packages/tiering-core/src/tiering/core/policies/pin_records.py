@@ -21,7 +21,9 @@ question a :class:`~tiering.core.store.index.CapacityIndex` asks before
 it evicts a block (its ``keep`` hook). A key may be pinned before it is
 stored: the pin applies when it is stored within the pin's lifetime.
 Pinning again extends the expiry (never shortens it); :meth:`PinBook.unpin`
-ends a pin at once.
+ends a pin at once. An expiry saturates at :data:`MAX_PIN_EXPIRY_S` (the
+end of the year 9999): a TTL of any size pins until then, and every record
+written is one every reader parses.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ from tiering.core.schema import ConfigKey
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PIN_STATS", "PinBook", "PinMedium", "PinRefusedError", "PinningTier", "marker_name", "parse_marker"]
+__all__ = [
+    "MAX_PIN_EXPIRY_S",
+    "PIN_STATS",
+    "PinBook",
+    "PinMedium",
+    "PinRefusedError",
+    "PinningTier",
+    "marker_name",
+    "parse_marker",
+]
 
 MAX_PINNED_BYTES = ConfigKey(
     "max_pinned_bytes",
@@ -64,21 +75,32 @@ PIN_STATS = ("pinned_blocks", "pinned_bytes", "pins_pending", "pins_refused", "m
 """The figures of :meth:`PinBook.stats` (in the stats vocabulary)."""
 
 
-MARKER_RE = re.compile(r"^((?:[0-9a-f]{2})+)\.([0-9]{1,16})\.pin$")
-"""The name of a pin marker (file or object) of media that keep one marker per pin: key hex, expiry in ms."""
+MAX_PIN_EXPIRY_S = 253_402_300_799.0
+"""The latest pin expiry (epoch seconds: 9999-12-31 23:59:59 UTC); a later one saturates to it."""
+
+MARKER_RE = re.compile(r"^((?:[0-9a-f]{2})+)\.([0-9]{1,20})\.pin$")
+"""The name of a pin marker (file or object) of media that keep one marker per pin: key hex, expiry in ms.
+
+Up to 20 digits are read (records written before expiries saturated had up to 19); :func:`marker_name`
+writes at most 15."""
+
+
+def saturate_expiry(expiry: float) -> float:
+    """``expiry`` (epoch seconds), at most :data:`MAX_PIN_EXPIRY_S`."""
+    return min(expiry, MAX_PIN_EXPIRY_S)
 
 
 def marker_name(key: bytes, expiry: float) -> str:
-    """The marker name pinning ``key`` until ``expiry`` (epoch seconds, kept to the millisecond)."""
-    return f"{key.hex()}.{round(expiry * 1000)}.pin"
+    """The marker name pinning ``key`` until ``expiry`` (epoch seconds, kept to the millisecond; saturated)."""
+    return f"{key.hex()}.{round(saturate_expiry(expiry) * 1000)}.pin"
 
 
 def parse_marker(name: str) -> tuple[OffloadKey, float] | None:
-    """``(key, expiry seconds)`` of a marker name (:func:`marker_name`); None for any other name."""
+    """``(key, expiry seconds)`` of a marker name (:func:`marker_name`, saturated); None for any other name."""
     match = MARKER_RE.match(name)
     if match is None:
         return None
-    return OffloadKey(bytes.fromhex(match.group(1))), int(match.group(2)) / 1000
+    return OffloadKey(bytes.fromhex(match.group(1))), saturate_expiry(int(match.group(2)) / 1000)
 
 
 class PinRefusedError(ValueError):
@@ -234,7 +256,7 @@ class PinBook:
                     f"{self.label}: pinning {new} more blocks would pin {total} bytes, over max_pinned_bytes "
                     f"{self.max_pinned_bytes} ({len(live)} blocks, {len(live) * self.block_bytes} bytes pinned now)"
                 )
-            expiry = self.clock() + ttl_s
+            expiry = saturate_expiry(self.clock() + ttl_s)  # a TTL of any size: no record a reader cannot parse
             try:
                 self.medium.write_pins(unique, expiry)
             except Exception:  # all or none: take back the records already written (best effort)

@@ -82,11 +82,19 @@ def tenant_tag(tenant: str) -> bytes:
     return hashlib.blake2b(tenant.encode(), digest_size=TAG_BYTES, person=b"tiering-tenant").digest()
 
 
+DEFAULT_ESCAPE_TAG = hashlib.blake2b(b"", digest_size=TAG_BYTES, person=b"tiering-default").digest()
+"""The tag under which a default-tenant key that begins with :data:`MARK` is stored (never a tenant's tag:
+another personalisation), so no key a caller chooses can name another tenant's stored block."""
+
+
 def scope_key(tenant: str, key: OffloadKey) -> OffloadKey:
     """The one stored form of tenant ``tenant``'s block that the engine named ``key``.
 
     Args:
-        tenant: the request's tenant; ``""`` (the default tenant) returns ``key`` unchanged.
+        tenant: the request's tenant; ``""`` (the default tenant) returns ``key`` unchanged, unless it
+            begins with :data:`MARK` (a key shaped like a tenant's stored form, which an engine's hash
+            does once in 2**32): that one is stored as ``MARK + DEFAULT_ESCAPE_TAG + key``, so a
+            default-tenant caller can never name another tenant's block.
         key: the engine's key (bytes).
 
     Returns:
@@ -97,15 +105,22 @@ def scope_key(tenant: str, key: OffloadKey) -> OffloadKey:
         (short of a BLAKE2b collision).
     """
     if not tenant:
-        return key
+        if not key.startswith(MARK):
+            return key
+        tag = DEFAULT_ESCAPE_TAG
+    else:
+        tag = tenant_tag(tenant)
     if len(key) + PREFIX_BYTES > MAX_KEY_BYTES:
         key = OffloadKey(hashlib.blake2b(key, digest_size=MAX_KEY_BYTES - PREFIX_BYTES).digest())
-    return OffloadKey(MARK + tenant_tag(tenant) + key)
+    return OffloadKey(MARK + tag + key)
 
 
 def tag_of(key: bytes) -> bytes:
-    """The tenant tag of a stored key; ``b""`` for an untagged (default tenant) key."""
-    return key[len(MARK) : PREFIX_BYTES] if key[: len(MARK)] == MARK and len(key) >= PREFIX_BYTES else DEFAULT_TAG
+    """The tenant tag of a stored key; ``b""`` for a default tenant's key (untagged, or escaped)."""
+    if key[: len(MARK)] != MARK or len(key) < PREFIX_BYTES:
+        return DEFAULT_TAG
+    tag = key[len(MARK) : PREFIX_BYTES]
+    return DEFAULT_TAG if tag == DEFAULT_ESCAPE_TAG else tag
 
 
 @dataclasses.dataclass(frozen=True)

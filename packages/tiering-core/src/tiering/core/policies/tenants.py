@@ -16,7 +16,10 @@ prefix hash. Tiers never re-key: the tenant of a stored block is read back
 from its name (per-tenant quotas and TTL, usage after a restart), and pins,
 results and events all carry this one form. The default tenant keeps the
 engine's key unchanged, so blocks stored before tenants existed stay
-readable. The tag is 16 bytes because a request names its own tenant: a
+readable; a default-tenant key that begins like a stored form (``MARK``) is
+escaped under a tag no tenant has, so no caller choosing its keys (the
+Python API, ``tiering pin --keys``, LMCache's keys) can name another
+tenant's block. The tag is 16 bytes because a request names its own tenant: a
 caller must not be able to search names for one whose tag is another
 tenant's.
 """
@@ -28,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tiering.core.base import OffloadKey
-from tiering.core.policies.tenancy import scope_key
+from tiering.core.policies.tenancy import MARK, scope_key
+from tiering.core.policies.tenant_auth import TenantAuth
 
 if TYPE_CHECKING:
     from tiering.core.primary.tier import Allocation
@@ -56,8 +60,8 @@ MAX_TENANT_CHARS = 1024
 
 def scope_keys(tenant: str, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
     """:func:`scope_key` of each of ``keys``, in order (a new list; ``keys`` itself for the default tenant)."""
-    if not tenant:
-        return list(keys)
+    if not tenant and not any(key.startswith(MARK) for key in keys):
+        return list(keys)  # the engine's keys as they are (one shaped like a stored form is escaped)
     return [scope_key(tenant, key) for key in keys]
 
 
@@ -74,7 +78,7 @@ def check_tenant(value: Any, where: str) -> str:
     return value
 
 
-def tenant_from_params(params: Mapping[str, Any] | None) -> str:
+def tenant_from_params(params: Mapping[str, Any] | None, auth: TenantAuth | None = None) -> str:
     """The tenant a vLLM request names in its ``kv_transfer_params`` (``{"tenant": "acme"}``).
 
     vLLM hands offloading tiers only the request id and ``kv_transfer_params``
@@ -82,19 +86,30 @@ def tenant_from_params(params: Mapping[str, Any] | None) -> str:
     tenant travels in ``kv_transfer_params``: the OpenAI server's request
     field of that name, or ``SamplingParams(extra_args={"kv_transfer_params": ...})``.
 
+    With ``auth`` enforcing a ``tenant_secret`` (:mod:`tiering.core.policies.tenant_auth`) the entry must be
+    ``name:signature``; the name is returned.
+
     Returns:
         The tenant; :data:`DEFAULT_TENANT` when ``params`` is None or has no
         ``"tenant"`` entry (or it is None).
 
     Raises:
         ValueError: the entry is not a string or is too long (see :func:`check_tenant`).
+        TenantRefusedError: (a ``ValueError``) ``auth`` refuses the entry: unsigned or wrongly signed.
     """
     if not params:
         return DEFAULT_TENANT
     value = params.get(TENANT_PARAM)
     if value is None:
         return DEFAULT_TENANT
-    return check_tenant(value, f"kv_transfer_params[{TENANT_PARAM!r}]")
+    where = f"kv_transfer_params[{TENANT_PARAM!r}]"
+    value = check_tenant(value, where)
+    if auth is None or not auth.enforced:
+        return value
+    try:
+        return auth.resolve(value)
+    except ValueError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def caller_allocation(
@@ -112,7 +127,7 @@ def caller_allocation(
         scoped: :func:`scope_keys` of ``keys``.
         keys: the caller's keys.
     """
-    if not tenant:
+    if not tenant and list(scoped) == list(keys):
         return alloc
     names = dict(zip(scoped, keys, strict=True))
     return dataclasses.replace(

@@ -17,6 +17,7 @@ class _Slot:
     block_id: int
     ready: bool = False
     pins: int = 0
+    owner: str | None = None  # the request whose write this not-ready slot awaits (None: no request's)
 
 
 @dataclasses.dataclass
@@ -45,7 +46,9 @@ class CPUPrimaryTier:
     A slot is either free, being written (pinned, not ready) or resident
     (ready). A pinned slot (``pins > 0``) is never evicted or reused; pins are
     taken for every transfer that reads or writes the slot and released when
-    it is reported finished.
+    it is reported finished. A slot allocated for a request (``owner``) whose
+    write is never completed is freed by :meth:`release` when the request
+    ends: a request that finished or was aborted leaves no slot pinned.
 
     Its KV events (:attr:`events`, tier ``"primary"``, medium ``"cpu"``):
     a block becomes stored when its write completes (cause ``store``, or
@@ -85,6 +88,7 @@ class CPUPrimaryTier:
         self._slots: dict[OffloadKey, _Slot] = {}
         self._free = list(range(num_blocks - 1, -1, -1))
         self._pinned = 0  # slots with pins > 0
+        self._owned: dict[str, set[OffloadKey]] = {}  # request -> keys allocated for it, not yet written
         self.evictions = 0
         self.events = KVEventLog(self.medium, tier="primary")
 
@@ -121,12 +125,14 @@ class CPUPrimaryTier:
         return len(self._slots)
 
     # -- writes -------------------------------------------------------------
-    def allocate(self, keys: Sequence[OffloadKey]) -> Allocation:
+    def allocate(self, keys: Sequence[OffloadKey], owner: str | None = None) -> Allocation:
         """Give each absent key a pinned, not-ready slot, evicting unpinned blocks as needed.
 
         Keys already present are touched and reported in ``present``. A key
         that finds every slot pinned is reported in ``rejected``; nothing
-        raises and the tier's state stays consistent.
+        raises and the tier's state stays consistent. With ``owner`` (a
+        request id) the slots are that request's until written:
+        :meth:`release` frees the ones still unwritten when it ends.
         """
         out = Allocation()
         for key in keys:
@@ -139,8 +145,10 @@ class CPUPrimaryTier:
             if block_id is None:
                 out.rejected.append(key)
                 continue
-            self._slots[key] = _Slot(block_id, ready=False, pins=1)
+            self._slots[key] = _Slot(block_id, ready=False, pins=1, owner=owner)
             self._pinned += 1
+            if owner is not None:
+                self._owned.setdefault(owner, set()).add(key)
             out.keys.append(key)
             out.block_ids.append(block_id)
         return out
@@ -172,6 +180,9 @@ class CPUPrimaryTier:
                 continue
             slot.pins -= 1
             self._pinned -= slot.pins == 0
+            if slot.owner is not None:
+                self._disown(key, slot.owner)
+                slot.owner = None
             if success:
                 slot.ready = True
                 self.policy.insert(key)
@@ -180,6 +191,26 @@ class CPUPrimaryTier:
                 del self._slots[key]
                 self._free.append(slot.block_id)
         self.events.record_stored(ready, cause)
+
+    def _disown(self, key: OffloadKey, owner: str) -> None:
+        owned = self._owned.get(owner)
+        if owned is not None:
+            owned.discard(key)
+            if not owned:
+                del self._owned[owner]
+
+    def release(self, owner: str) -> list[OffloadKey]:
+        """Free every slot allocated for request ``owner`` whose write was never completed (the request ended).
+
+        Returns:
+            The keys whose slots were freed (their writes failed, as by ``complete_write(keys, False)``).
+        """
+        keys = sorted(self._owned.pop(owner, ()))
+        for key in keys:
+            slot = self._slots[key]
+            slot.owner = None
+        self.complete_write(keys, False)
+        return keys
 
     # -- reads --------------------------------------------------------------
     def pin(self, keys: Sequence[OffloadKey], *, record_access: bool = True) -> list[int]:

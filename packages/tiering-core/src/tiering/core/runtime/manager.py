@@ -237,7 +237,7 @@ class TieringManager:
         """
         self._poll_tiers()
         scoped = scope_keys(req_context.tenant, keys)
-        alloc = self.primary.allocate(scoped)
+        alloc = self.primary.allocate(scoped, owner=req_context.req_id)  # freed at its end if never completed
         if alloc.present:
             for guard in self._guards:
                 guard.touch(alloc.present, req_context)
@@ -359,12 +359,12 @@ class TieringManager:
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Forget per-request state and release every pin taken for the request.
 
-        A finished load not yet completed is released (and no longer
-        reported by :meth:`get_finished`); a load still in flight is
-        abandoned: its pins are released when its last job is reported (or
-        at :meth:`shutdown`), and it is never reported.
+        A finished load not yet completed is released (no longer reported by :meth:`get_finished`); a load
+        in flight is abandoned: its pins are released when its last job is reported (or at :meth:`shutdown`),
+        and it is never reported. Slots from :meth:`prepare_store` never completed by :meth:`complete_store` are freed.
         """
         req_id = req_context.req_id
+        self.primary.release(req_id)
         self._declined_counted.discard(req_id)
         self.complete_load(req_context)
         if any(r.req_context.req_id == req_id for r in self._finished_loads):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiering.core.policies.admission import AdmissionConfig, admission_config
 from tiering.core.policies.costmodel import COST_KEYS, LoadCostConfig
+from tiering.core.policies.tenant_auth import TenantAuth
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
 from tiering.core.runtime import stack
@@ -66,6 +67,7 @@ class TieringOffloadingSpec(OffloadingSpec):
             )
         self.eviction_policy: str = policy
         self.load_cost = LoadCostConfig.from_config(extra_config)
+        self.tenant_auth = TenantAuth.from_config(extra_config)  # refuses a bad tenant_secret before anything starts
 
     def create_primary(self, buffer: memoryview | None = None) -> CPUPrimaryTier:
         """Build the CPU primary tier with the configured policy (:func:`tiering.core.runtime.stack.build_primary`)."""

@@ -12,9 +12,11 @@ With :attr:`Medium.delete_threads` 0 a delete runs on the I/O thread that
 evicted (an unlink takes microseconds). Otherwise deletes go to a pool of
 their own (a store waiting for its room never blocks the threads that free
 it), :attr:`Medium.delete_batch` keys per call, the batches in parallel.
-Failed deletes are retried by every rescan and, with a delete pool, after a
-growing pause (:data:`RETRY_PAUSES_S`, then every :data:`RETRY_EVERY_S` while
-deletes keep failing). The queue holds only victims the index handed out, so
+Failed deletes are retried by every rescan, by a store refused for lack of
+room while they hold it (at most every :data:`ROOM_RETRY_EVERY_S`: a medium
+that stops failing is noticed by the next store) and, with a delete pool,
+after a growing pause (:data:`RETRY_PAUSES_S`, then every
+:data:`RETRY_EVERY_S` while deletes keep failing). The queue holds only victims the index handed out, so
 it never holds more than the cap's worth of blocks plus blocks found bad.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from tiering.core.base import OffloadKey
@@ -33,13 +36,16 @@ from tiering.core.store.stats import Counters
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RETRY_EVERY_S", "RETRY_PAUSES_S", "Deletes"]
+__all__ = ["RETRY_EVERY_S", "RETRY_PAUSES_S", "ROOM_RETRY_EVERY_S", "Deletes"]
 
 RETRY_PAUSES_S = (0.2, 1.0, 5.0)
 """Pauses in seconds before the first retry rounds of failed deletes (with a delete pool)."""
 
 RETRY_EVERY_S = 30.0
 """Pause in seconds between the later retry rounds, while deletes keep failing."""
+
+ROOM_RETRY_EVERY_S = 0.2
+"""Least pause in seconds between retries of failed deletes asked for by stores refused for lack of room."""
 
 
 class Deletes:
@@ -67,6 +73,8 @@ class Deletes:
         self.counters = counters
         self.on_gone = on_gone
         self.retry_pauses_s: tuple[float, ...] = (*RETRY_PAUSES_S, RETRY_EVERY_S)
+        self.room_retry_every_s = ROOM_RETRY_EVERY_S
+        self._next_room_retry = 0.0
         self._lock = threading.Lock()
         self._closed = False
         self._retry_round = 0
@@ -107,7 +115,8 @@ class Deletes:
                 done: Sequence[bool | None] = self.medium.remove_many(batch)
             except Exception as exc:
                 logger.warning("%s: delete of %d blocks failed: %s", self.medium.label, len(batch), exc)
-                done = [False] * len(batch)
+                # One raising key must not fail the rest of its batch: each is tried on its own.
+                done = [self._remove_one(key) for key in batch] if len(batch) > 1 else [False]
             for key, ok in zip(batch, done, strict=True):
                 # Not attempted: the medium stopped taking batches during the call; sent again in smaller batches.
                 if ok is None and self.medium.delete_batch < len(batch):
@@ -133,6 +142,14 @@ class Deletes:
         if gone:
             self.on_gone(gone)
 
+    def _remove_one(self, key: OffloadKey) -> bool:
+        """Delete one key of a batch whose call raised; False when this key's delete fails (or raises) too."""
+        try:
+            return bool(self.medium.remove_many([key])[0])
+        except Exception as exc:
+            logger.warning("%s: delete of %s failed: %s", self.medium.label, key.hex(), exc)
+            return False
+
     def _never_ran(self, keys: Sequence[OffloadKey], exc: BaseException) -> None:
         """The delete pool could not run a batch (shut down): the deletes count as failed (bytes kept)."""
         self.index.deleted_many((key, False) for key in keys)
@@ -140,6 +157,23 @@ class Deletes:
     def retry_failed(self) -> None:
         """Hand every failed delete out again and send it (a rescan calls it; so does the retry timer)."""
         self.delete(self.index.retry_deletes(), "eviction")
+
+    def retry_for_room(self) -> bool:
+        """A store found no room while failed deletes hold bytes: retry them now (at most every ``room_retry_every_s``).
+
+        Deletes that failed while the medium raised succeed again as soon as it stops: the next store
+        notices, not only the next rescan or retry round. Without a delete pool the retry runs on the
+        calling thread (an I/O thread). Returns whether a retry was started.
+        """
+        if not self.index.failed_delete_bytes:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if self._closed or now < self._next_room_retry:
+                return False
+            self._next_room_retry = now + self.room_retry_every_s
+        self.retry_failed()
+        return True
 
     def reset_retries(self) -> None:
         """Deletes succeed again (or a rescan retried them): the next failure waits the shortest pause."""

@@ -255,6 +255,11 @@ class IndexState:
         with self._lock:
             return self._resident_bytes
 
+    @property
+    def failed_delete_bytes(self) -> int:
+        """Bytes of blocks whose delete failed (still on the medium, counted until a retry succeeds); no lock."""
+        return self._deletes.failed_bytes
+
     def _used(self) -> int:
         return self._resident_bytes + self._writing_bytes + self._deletes.bytes
 

@@ -15,6 +15,7 @@ block on the medium and may be called from several threads at once.
 from __future__ import annotations
 
 import errno
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Any, Final
 from tiering.core.base import OffloadKey
 from tiering.core.format import BlockFormatError
 from tiering.core.store.hooks import PinMedium
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "LOAD_CAUSES",
@@ -136,6 +139,8 @@ class Medium(ABC):
         server_evicts: the medium drops blocks on its own (a server's LRU): the store does not cap
             it; it forgets index entries beyond :attr:`known_limit_bytes` instead of deleting them.
         known_limit_bytes: with ``server_evicts``, the most bytes the medium can hold (0: unknown).
+        read_only: set by the store before the first scan when it was opened for inspection: :meth:`scan`
+            must then remove nothing (no stale temporary, no damaged block) and only list.
     """
 
     stored_block_bytes: int
@@ -148,6 +153,7 @@ class Medium(ABC):
     delete_batch: int = 1000
     server_evicts: bool = False
     known_limit_bytes: int = 0
+    read_only: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Medium:
         # Without either member of a pair every block would fail at run time: refuse the medium when
@@ -250,8 +256,16 @@ class Medium(ABC):
 
         An override may answer None for keys it did not attempt because the medium refused the batch
         and :attr:`delete_batch` is lower now: the store sends those again in batches of the new size.
+        A :meth:`remove` that raises fails only its own key (False, logged); the rest of the batch is tried.
         """
-        return [self.remove(key) for key in keys]
+        return [self._remove_or_false(key) for key in keys]
+
+    def _remove_or_false(self, key: OffloadKey) -> bool:
+        try:
+            return self.remove(key)
+        except Exception as exc:
+            logger.warning("%s: delete of %s raised: %s", self.label, key.hex(), exc)
+            return False
 
     @abstractmethod
     def scan(self, stopping: Callable[[], bool]) -> ScanResult:

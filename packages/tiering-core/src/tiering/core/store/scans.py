@@ -7,6 +7,8 @@ flight keeps its state): keys the index held that the medium no longer has
 were removed by another process and are forgotten; other writers'
 temporaries count against the cap until the next scan; failed deletes are
 retried; then the store evicts down to its cap (and past tenants' TTLs).
+A store opened for inspection (:attr:`Medium.read_only`) only reconciles:
+nothing is evicted, expired, retried or accounted for.
 """
 
 from __future__ import annotations
@@ -87,10 +89,11 @@ class Scans:
             born = {OffloadKey(k): mtime for k, (_, mtime) in oldest_first}  # a tenant's TTL counts from the store
             report = self.index.reconcile({OffloadKey(k): size for k, (size, _) in oldest_first}, ticket, born)
         self._forget(report.vanished, "vanished")
-        self._account_temps(result.temp_bytes)
-        self.deletes.reset_retries()
-        self.deletes.retry_failed()  # failed deletes go again first: their bytes are still there
-        self.deletes.delete(self.index.evict_to_cap(), "eviction")
+        if not self.medium.read_only:  # opened for inspection: no block is evicted, expired or deleted
+            self._account_temps(result.temp_bytes)
+            self.deletes.reset_retries()
+            self.deletes.retry_failed()  # failed deletes go again first: their bytes are still there
+            self.deletes.delete(self.index.evict_to_cap(), "eviction")
         self.counters.add({"scans": 1, **result.counters})
         self.last_scan_s = time.monotonic() - started
         (self._log.info if first else self._log.debug)(
@@ -165,10 +168,26 @@ class Rescanner:
             except Exception:
                 logger.exception("%s: scan failed", self.name)
             finally:
-                self.first_done.set()  # after the start-up scan, and after a rescan a reset waits for
-            first = run_now = False
-            if self.interval_s <= 0:
+                run_now = self._pass_done()
+            first = False
+            if not run_now and self.interval_s <= 0:
                 return
+
+    def _pass_done(self) -> bool:
+        """End of a pass: whether a :meth:`wake` came during it (then the next pass runs now).
+
+        Decided under the lock that :meth:`wake` takes: a wake landing between the end of a pass and the
+        thread's exit is never lost. ``first_done`` is set only when no wake is pending, so a reset that
+        cleared it during a pass waits for the pass it asked for, not for the one that was running.
+        """
+        with self._lock:
+            if self._wake.is_set() and not self._stopping:
+                self._wake.clear()
+                return True
+            self.first_done.set()  # after the start-up scan, and after a rescan a reset waits for
+            if self.interval_s <= 0:
+                self._thread = None  # this thread ends: the next wake starts a new one
+            return False
 
     def wake(self) -> None:
         """Run the next rescan now (on the scan thread, or on a new one where none runs)."""
@@ -178,7 +197,7 @@ class Rescanner:
             if self._thread is None or not self._thread.is_alive():
                 self._start(first=False, run_now=True)
                 return
-        self._wake.set()
+            self._wake.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop after the pass in progress; wait up to ``timeout_s`` seconds for it."""

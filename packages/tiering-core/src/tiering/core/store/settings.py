@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "config_values"]
+from tiering.core.store.hooks import TenantPolicy, tenant_tag
+
+__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "block_size_problem", "config_values", "inspecting", "is_inspecting"]
+
+_INSPECTING: contextvars.ContextVar[bool] = contextvars.ContextVar("tiering_inspecting", default=False)
+
+
+@contextlib.contextmanager
+def inspecting() -> Iterator[None]:
+    """Open every tier built in this context read-only (the inspection commands use it).
+
+    Such a tier never changes a block: no eviction down to its cap (whatever cap its config's defaults
+    carry), no TTL expiry, no retry of failed deletes, no removal of stale temporaries or damaged files
+    at its scans (a medium honours :attr:`~tiering.core.store.medium.Medium.read_only`), no namespace
+    record written. Pins and stats still work: ``tiering pin`` writes only pin records.
+    """
+    token = _INSPECTING.set(True)
+    try:
+        yield
+    finally:
+        _INSPECTING.reset(token)
+
+
+def is_inspecting() -> bool:
+    """Whether tiers built now open read-only (:func:`inspecting`)."""
+    return _INSPECTING.get()
+
 
 LOOKUP_FALLBACKS = ("stat", "async", "off")
 """How a lookup of a key missing from the index asks the medium (see :class:`StoreSettings`)."""
@@ -76,3 +104,33 @@ def config_values(config: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
     return dict(config)
+
+
+def block_size_problem(values: Mapping[str, Any], stored_block_bytes: int) -> tuple[str, str] | None:
+    """The first byte bound of a checked config that holds less than one stored block: ``(key, problem)``.
+
+    A cap, a tenant's quota or a pin bound under one block would refuse every store or every pin while
+    the config looks valid, so each is refused before anything starts: ``capacity_bytes``,
+    ``max_pinned_bytes`` (0 is pinning off) and every ``quota_bytes`` of ``tenants`` (the default's and
+    each override's). None when all hold at least ``stored_block_bytes``.
+
+    Raises:
+        ValueError: ``tenants`` is malformed (names the field).
+    """
+    unit = f"one stored block ({stored_block_bytes} bytes)"
+    cap = values.get("capacity_bytes")
+    if isinstance(cap, int) and cap < stored_block_bytes:
+        return "capacity_bytes", f"capacity_bytes {cap} is smaller than {unit}"
+    pinned = values.get("max_pinned_bytes")
+    if isinstance(pinned, int) and 0 < pinned < stored_block_bytes:
+        return "max_pinned_bytes", f"max_pinned_bytes {pinned} is smaller than {unit} (0: pinning off)"
+    raw = values.get("tenants")
+    policy = TenantPolicy.from_config(dict(raw)) if isinstance(raw, Mapping) else None
+    if policy is None or raw is None:
+        return None
+    named = [("default", policy.default.quota_bytes)]
+    named += [(f"overrides.{n}", policy.limits(tenant_tag(n)).quota_bytes) for n in raw.get("overrides", {})]
+    for where, quota in named:
+        if quota is not None and quota < stored_block_bytes:
+            return "tenants", f"{where}.quota_bytes {quota} is smaller than {unit}: every store would be refused"
+    return None

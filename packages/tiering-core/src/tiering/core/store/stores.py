@@ -19,6 +19,15 @@ cap holds on the medium also while deletes are slow or failing. One medium
 call writes the share; the index (and its KV events), the counters and the
 job outcomes then take one lock round each.
 
+**Every wait for room is bounded.** A block refused for room that writes in
+flight hold (or whose old copy is being deleted) is tried again on the I/O
+thread for at most ``room_wait_s`` in all, then fails ``no_space``: the room
+it waits for may be held by reservations queued behind it on the very
+threads it occupies, which would otherwise never run. Victims of
+reservations made on the scheduler thread are deleted on the delete pool,
+or (without one) by the worker that takes their share before it waits: a
+delete is never queued behind the stores that wait for the room it frees.
+
 **A full medium.** ``capacity_bytes`` may be more than the medium holds (or
 it is shared). A write refused for lack of space (:meth:`Medium.is_full`)
 lowers the index's cap to the bytes the store holds at that moment plus what
@@ -32,12 +41,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tiering.core.base import OffloadKey
 from tiering.core.store.deletes import Deletes
-from tiering.core.store.index import Admit, CapacityIndex, Reservation
+from tiering.core.store.index import Admit, CapacityIndex, Reservation, Victim
 from tiering.core.store.jobs import SHUTDOWN, JobState
 from tiering.core.store.medium import PRESENT, Medium, NotStartedError
 from tiering.core.store.pool import IOPool, PoolShutdownError
@@ -115,27 +125,36 @@ class Stores:
         """Reserve every block of a store job now (scheduler thread), settle what needs no write, queue the rest."""
         keys = state.meta.keys
         reservations = self.index.reserve_many(keys, self.stored_block_bytes)
-        if victims := [v for res in reservations for v in res.victims]:
-            # Deletes run on the delete pool, else on an I/O thread: never medium I/O on the scheduler thread.
-            if self.deletes.pooled:
-                self.deletes.delete(victims, "eviction")
-            else:
-                self.pool.submit_call("write", lambda: self.deletes.delete(victims, "eviction"))
+        pooled = self.deletes.pooled
+        if pooled and (victims := [v for res in reservations for v in res.victims]):
+            self.deletes.delete(victims, "eviction")  # on the delete pool: never medium I/O on the scheduler thread
         now: list[tuple[int, bool, str]] = []
         items: list[tuple[JobState, int, Reservation]] = []
+        settled: list[Victim] = []  # victims of reservations settled here (without a delete pool)
         for i, res in enumerate(reservations):
             if res.admit is Admit.PRESENT:
                 now.append((i, True, ""))
             elif res.admit is Admit.NO_SPACE and not res.can_wait:
                 now.append((i, False, "no_space"))
+                settled += res.victims
             else:  # RESERVED; DELETING or room held by writes in flight: the worker waits (bounded) first
                 items.append((state, i, res))
+        if settled and not pooled:
+            self.pool.submit_call("write", lambda: self.deletes.delete(settled, "eviction"))
+        if any(not ok for _, ok, _ in now) and self.index.failed_delete_bytes:  # failed deletes hold the room
+            if pooled:
+                self.deletes.retry_for_room()
+            else:
+                self.pool.submit_call("write", self._retry_deletes_for_room)
         if present := sum(1 for _, ok, _ in now if ok):
             self.counters.inc("stores_already_present", present)
         if now:
             state.record(now)
         if items:
             self.pool.submit("write", self._reserved_batch, items, self._reserved_failed, merge=True)
+
+    def _retry_deletes_for_room(self) -> None:
+        self.deletes.retry_for_room()
 
     def is_queued(self, key: OffloadKey) -> bool:
         """Whether a store of ``key`` is queued and not reserved yet (no lock: one atomic ``in``)."""
@@ -166,10 +185,13 @@ class Stores:
         self._settle_share(items, keys, reservations)
 
     def _reserved_batch(self, items: Sequence[tuple[JobState, int, Reservation]]) -> None:
-        """Write a share reserved on the scheduler thread (its victims are being deleted already)."""
+        """Write a share reserved on the scheduler thread (victims: on the delete pool already, else deleted here)."""
         tasks = [(state, i) for state, i, _ in items]
         keys = [state.meta.keys[i] for state, i in tasks]
-        reservations = [dataclasses.replace(res, victims=()) if res.victims else res for _, _, res in items]
+        if self.deletes.pooled:
+            reservations = [dataclasses.replace(res, victims=()) if res.victims else res for _, _, res in items]
+        else:
+            reservations = [res for _, _, res in items]
         if self._is_stopping():
             self.index.commit_many(
                 [(k, False) for k, r in zip(keys, reservations, strict=True) if r.admit is Admit.RESERVED]
@@ -221,16 +243,32 @@ class Stores:
         record_tasks(outcomes)
 
     def _reserve_now(self, key: OffloadKey) -> Admit:
-        """Reserve on a worker, waiting while writes or deletes in flight hold the room."""
+        """Reserve on a worker, waiting while writes or deletes in flight hold the room: ``room_wait_s`` at most.
+
+        The room may be held by reservations queued behind this very share (made on the scheduler thread):
+        an unbounded wait here could occupy every I/O thread while the writes that would free it never run.
+        After the bound the store fails ``no_space``.
+        """
+        deadline = time.monotonic() + self.room_wait_s
+        retried = False
         while True:
             res = self.index.reserve(key, self.stored_block_bytes)
             self.deletes.delete(res.victims, "eviction")
-            if res.admit is Admit.RESERVED and not res.ready and not self._room_for([key])[0]:
+            if res.admit is Admit.NO_SPACE and not res.can_wait and not retried:
+                # Failed deletes may hold the room: retried now, so a medium that stopped failing is noticed
+                # by this store, not by the next rescan; inline, they are done when this returns.
+                retried = self.deletes.retry_for_room()
+                if retried:
+                    continue
+            if res.admit is Admit.RESERVED and not res.ready and not self._room_for([key], deadline)[0]:
                 self.index.commit(key, False)  # the room was not freed after all: refuse rather than exceed the cap
                 return Admit.NO_SPACE
             if res.admit in (Admit.RESERVED, Admit.PRESENT) or self._is_stopping() or not res.can_wait:
                 return res.admit  # (DELETING without can_wait: its old copy could not be deleted)
-            self.index.wait_for_space(0.05)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Admit.NO_SPACE  # no room came within the bound
+            self.index.wait_for_space(min(0.05, left))
 
     def _store_one(self, task: Task, outcomes: list[Outcome], retry_full: bool) -> None:
         """Reserve one block (waiting for room), write and commit it; again after a full medium if ``retry_full``."""
@@ -322,9 +360,13 @@ class Stores:
             )
         self.deletes.delete(victims, "eviction")
 
-    def _room_for(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        """Wait (bounded) for the room of reservations made on victims' room, once their deletes were handed out."""
-        return self.index.wait_for_room(keys, 0.0 if self._is_stopping() else self.room_wait_s)
+    def _room_for(self, keys: Sequence[OffloadKey], deadline: float | None = None) -> list[bool]:
+        """Wait (bounded) for the room of reservations made on victims' room, once their deletes were handed out.
+
+        The wait ends after ``room_wait_s`` seconds, or at ``deadline`` (``time.monotonic()``) when given.
+        """
+        wait_s = self.room_wait_s if deadline is None else max(0.0, deadline - time.monotonic())
+        return self.index.wait_for_room(keys, 0.0 if self._is_stopping() else wait_s)
 
     def _store_failed(self, items: Sequence[Any], exc: BaseException) -> None:
         """The pool's ``on_error`` for queued stores: fail the blocks (once; a share releases its own reservations)."""

@@ -34,12 +34,12 @@ from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.pool import IOPool
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings, config_values
+from tiering.core.store.settings import StoreSettings, block_size_problem, config_values, is_inspecting
+from tiering.core.store.stats import Counters, failure_totals
+from tiering.core.store.stores import Stores
 
 if TYPE_CHECKING:
     from tiering.core.store.lookup_cache import LookupCache
-from tiering.core.store.stats import Counters, failure_totals
-from tiering.core.store.stores import Stores
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +102,9 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
         values = config_values(self.config)
-        self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
+        self._check_sizes(values)  # before the medium is opened: nothing created yet
         self.blocks = medium = self.open_medium(self.config)
+        medium.read_only = medium.read_only or is_inspecting()  # opened for inspection: changes no block
         try:
             if medium.stored_block_bytes != self.stored_block_bytes:
                 raise ValueError(f"{medium.label}: stores {medium.stored_block_bytes} bytes per block, expected "
@@ -117,7 +118,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
 
     def _start(self, medium: Medium, s: StoreSettings) -> None:
         """Build the toolkit parts around ``medium`` and run (or start) the start-up scan."""
-        medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
+        if not medium.read_only:  # an inspection writes nothing
+            medium.write_namespace_record(dict(self.namespace.to_dict(), digest=self.namespace.digest))
         self._stopping = False
         self.tenants = TenantPolicy.from_config(dict(s.tenants) if s.tenants is not None else None)
         self.index = CapacityIndex(None if medium.server_evicts else s.capacity_bytes, self.index_tenants())
@@ -199,14 +201,10 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         causes = [f"store_failed_{c}" for c in medium.store_causes] + [f"load_failed_{c}" for c in medium.load_causes]
         return [*_COUNTERS, *medium.counters, *causes]
 
-    def _check_capacity(self, cap: int | None) -> None:
-        if cap is not None and cap < self.stored_block_bytes:
-            raise InvalidValueError(
-                self.tier_type,
-                "capacity_bytes",
-                f"capacity_bytes {cap} is smaller than one stored block ({self.stored_block_bytes} bytes = "
-                f"{self.block_bytes} block + {self.block_overhead_bytes} header)",
-            )
+    def _check_sizes(self, values: Mapping[str, Any]) -> None:
+        """Refuse a cap, pin bound or tenant quota under one stored block (:func:`block_size_problem`)."""
+        if (found := block_size_problem(values, self.stored_block_bytes)) is not None:
+            raise InvalidValueError(self.tier_type, *found)
 
     # -- lookups ----------------------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:

@@ -49,6 +49,7 @@ from tiering.core.configfile import WRAPPER_KWARGS
 from tiering.core.events import HeldKeys
 from tiering.core.factory import POLICY_KEYS, check_tier_keys, entry_policies
 from tiering.core.policies.pinning import RequestPins
+from tiering.core.policies.tenant_auth import TenantAuth
 from tiering.core.policies.tenants import scope_key, scope_keys, tenant_from_params
 from tiering.core.runtime.guard import GuardedTier
 from tiering.core.vllm.compat import (
@@ -167,6 +168,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         # Blocks that would take longer to load from this tier than to recompute are answered MISS.
         spec = self.tiering_spec
         self._gate = LoadGate(spec.extra_config, spec.block_bytes, spec.block_size)
+        self._tenant_auth = TenantAuth.from_config(spec.extra_config)  # tenants signed with tenant_secret, if set
         self._contexts: dict[str, TieringReqContext] = {}
         self._refused: set[str] = set()  # requests whose tenant is unusable: no tiering for them
         self._vllm_keys: dict[int, dict[TieringOffloadKey, Any]] = {}  # promotions of a tenant: scoped -> vLLM key
@@ -186,7 +188,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         if ctx is None:
             params = req_context.kv_transfer_params
             try:
-                tenant = tenant_from_params(params)
+                tenant = tenant_from_params(params, self._tenant_auth)
             except ValueError as exc:
                 logger.error("request %r: %s; no tiering for this request", req_context.req_id, exc)
                 self._refused.add(req_context.req_id)
@@ -199,7 +201,7 @@ class TieringSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         ctx = self._context(job.req_context)
         keys = [TieringOffloadKey(bytes(k)) for k in job.keys]
         scoped = scope_keys(ctx.tenant, keys)
-        if ctx.tenant and job.is_promotion:
+        if job.is_promotion and scoped != list(job.keys):
             self._vllm_keys[int(job.job_id)] = dict(zip(scoped, job.keys, strict=True))
         return JobMetadata(
             job_id=int(job.job_id),

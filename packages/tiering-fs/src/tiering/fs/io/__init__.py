@@ -38,7 +38,8 @@ def open_backend(root: str, storage_options: dict[str, Any]) -> tuple[Backend, s
     """The back end for a configured root, and the root in that back end's syntax.
 
     Plain paths and ``file://`` URLs get the local back end (absolute path,
-    ``~`` expanded); any other fsspec URL gets :class:`FsspecBackend`.
+    ``~`` expanded); any other fsspec URL gets :class:`FsspecBackend` (serialized
+    for a chained cache such as ``filecache::``).
 
     Raises:
         ValueError: an unknown protocol or a filesystem that cannot be opened
@@ -51,7 +52,7 @@ def open_backend(root: str, storage_options: dict[str, Any]) -> tuple[Backend, s
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
 
-    from tiering.fs.io.remote import FsspecBackend
+    from tiering.fs.io.remote import backend_for
 
     try:
         fs, path = fsspec.core.url_to_fs(root, **storage_options)
@@ -59,4 +60,4 @@ def open_backend(root: str, storage_options: dict[str, Any]) -> tuple[Backend, s
         raise ValueError(f"cannot open root {root!r}: {exc}") from exc
     if isinstance(fs, LocalFileSystem):
         return LocalBackend(), os.path.abspath(path)
-    return FsspecBackend(fs), str(path).rstrip("/") or "/"
+    return backend_for(fs), str(path).rstrip("/") or "/"
