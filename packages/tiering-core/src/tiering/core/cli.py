@@ -25,7 +25,7 @@ from tiering.core.admission import ALWAYS, admission_config
 from tiering.core.bench.command import add_bench_parser
 from tiering.core.cli_options import check_tier_options, split_tier_options
 from tiering.core.commands import add_commands, option_pairs
-from tiering.core.configfile import install_hint, load_config, redact_text
+from tiering.core.configfile import install_hint, load_config, redact_text, size_lines, spec_size_warnings
 from tiering.core.factory import (
     CachePolicyFactory,
     check_tier_constructor,
@@ -37,6 +37,8 @@ from tiering.core.factory import (
 from tiering.core.pin_command import add_pin_parser
 from tiering.core.primary.memory import check_primary_fits
 from tiering.core.terminal import echo
+from tiering.core.toolkit.config import ADMISSION_KEY_NAMES
+from tiering.core.toolkit.declared import check_one_block
 from tiering.core.units import format_bytes
 
 logger = logging.getLogger("tiering.core.cli")
@@ -105,8 +107,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     spec = create_spec(config)
     echo(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
     echo(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
-    echo(f"primary: {spec.num_primary_blocks} blocks x {spec.block_bytes} bytes")
-    check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
+    primary = spec.num_primary_blocks * spec.block_bytes
+    blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
+    echo(f"primary: {blocks} = {primary} bytes ({format_bytes(primary)})")
+    check_primary_fits(primary)
+    for line in spec_size_warnings(config):
+        echo(line)
     policy = getattr(spec, "eviction_policy", None)
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
@@ -119,8 +125,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)
         check_tier_constructor(tier_cls, tier_type, kwargs, spec, index=index)
         schema = getattr(tier_cls, "config_schema", None)
+        label = f"secondary_tiers[{index}]"
+        sizes: list[str] = []
         if schema is not None:
-            schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+            values = schema.validate(kwargs, entry=label, also_accepted=ADMISSION_KEY_NAMES)
+            # the bench or an engine would refuse it when the tier opens; the block size is known here
+            stored_block_bytes = spec.block_bytes + getattr(tier_cls, "block_overhead_bytes", 0)
+            check_one_block(tier_type, values, stored_block_bytes, label)
+            sizes = size_lines(label, schema, tier_config, values)
             checked = (
                 f"every value checked against its schema ({len(schema.keys)} key{'' if len(schema.keys) == 1 else 's'})"
             )
@@ -133,6 +145,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"secondary_tiers[{index}] type {tier_type!r}: "
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)}); {checked}"
         )
+        for line in sizes:
+            echo(line)
     if args.probe:
         _probe(spec, tier_configs)
         echo("config ok (every tier opened)")

@@ -12,6 +12,8 @@
   schema (whole configs go through
   :func:`tiering.core.factory.redact_offloading_config`).
 - :func:`install_hint`: the published and the from-a-clone install forms.
+- :func:`size_lines`: the sizes a tier entry resolved to (caps, pin bound, tenants' quotas), as ``tiering
+  check`` echoes them, with warnings (a quota above the cap, a decimal unit such as ``"4GB"``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 from tiering.core import redact
 from tiering.core.admission import refuse_admission
 from tiering.core.factory import SecondaryTierFactory
-from tiering.core.units import parse_size
+from tiering.core.toolkit.declared import tenant_quotas
+from tiering.core.units import decimal_unit_note, format_bytes, parse_size
 from tiering.core.vllm.entry import split_binding_keys
 
 VLLM_TIERS_MODULE = "tiering.core.vllm.tiers"
@@ -236,3 +239,75 @@ def tier_location(tier_config: Mapping[str, Any], index: int = 0) -> str | None:
 
     inspector = inspector_for(tier_config, index)
     return None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
+
+
+def _shown(n: int) -> str:
+    """``"268435456 bytes (256.0 MiB)"``."""
+    return f"{n} bytes ({format_bytes(n)})"
+
+
+def size_lines(label: str, schema: Any, entry: Mapping[str, Any], values: Mapping[str, Any]) -> list[str]:
+    """What ``tiering check`` echoes of one tier's sizes: every size key, the tenants' quotas, and warnings.
+
+    Args:
+        label: the entry label (``"secondary_tiers[0]"``).
+        schema: the tier's :class:`~tiering.core.toolkit.config.ConfigSchema`.
+        entry: the entry as the config wrote it (``"4GB"`` still a string).
+        values: the entry as the schema normalized it (integers of bytes, defaults filled in).
+
+    Returns:
+        Lines such as ``"  capacity_bytes: 268435456 bytes (256.0 MiB; the default)"``, then warning lines
+        (``"warning: secondary_tiers[0].tenants.default.quota_bytes: ... is above capacity_bytes ..."``).
+    """
+    lines, warnings = [], []
+    for name, key in schema.keys.items():
+        if not key.size:
+            continue
+        value = values.get(name)
+        what = "no bound" if value is None else "pinning off" if name == "max_pinned_bytes" and value == 0 else ""
+        shown = "none" if value is None else str(value) if what else f"{value} bytes"
+        what = "; ".join(w for w in (what or ("" if value is None else format_bytes(value)),
+                                     "" if name in entry else "the default") if w)  # fmt: skip
+        lines.append(f"  {name}: {shown} ({what})")
+        note = decimal_unit_note(entry[name]) if isinstance(entry.get(name), str) else None
+        if note:
+            warnings.append(f"warning: {label}.{name}: {note}")
+    cap = values.get("capacity_bytes")
+    raw_tenants = entry.get("tenants")
+    for where, quota in tenant_quotas(values.get("tenants")):
+        lines.append(f"  tenants.{where}: {_shown(quota)}")
+        if isinstance(cap, int) and quota > cap:
+            warnings.append(
+                f"warning: {label}.tenants.{where}: {_shown(quota)} is above capacity_bytes ({_shown(cap)}); "
+                "the cap evicts first, so the quota is never reached"
+            )
+    for where, raw in _raw_quotas(raw_tenants):
+        note = decimal_unit_note(raw)
+        if note:
+            warnings.append(f"warning: {label}.tenants.{where}: {note}")
+    return lines + warnings
+
+
+def _raw_quotas(tenants: Any) -> list[tuple[str, str]]:
+    """``(key path, text)`` of each ``quota_bytes`` written as a string in a ``tenants`` value."""
+    if not isinstance(tenants, Mapping):
+        return []
+    overrides = tenants.get("overrides")
+    limits = [("default", tenants.get("default"))]
+    limits += [(f"overrides.{n}", v) for n, v in overrides.items()] if isinstance(overrides, Mapping) else []
+    return [
+        (f"{where}.quota_bytes", v["quota_bytes"])
+        for where, v in limits
+        if isinstance(v, Mapping) and isinstance(v.get("quota_bytes"), str)
+    ]
+
+
+def spec_size_warnings(config: Mapping[str, Any]) -> list[str]:
+    """Warnings for the spec's own sizes written with a decimal unit (``"cpu_bytes_to_use": "4GB"``)."""
+    return [
+        f"warning: {key}: {note}"
+        for key, value in config.items()
+        if key.endswith("_bytes") or key == "cpu_bytes_to_use"
+        for note in [decimal_unit_note(value) if isinstance(value, str) else None]
+        if note
+    ]

@@ -37,7 +37,7 @@ from tiering.core.registry import (
     import_module_path,
     register_tier,
 )
-from tiering.core.toolkit.config import TierConfigError, admission_schema
+from tiering.core.toolkit.config import ADMISSION_KEY_NAMES, TierConfigError, admission_schema
 from tiering.core.toolkit.declared import TIER_PARAMETERS
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def check_tier_keys(cls: type, tier_config: Mapping[str, Any], label: str) -> No
         if key not in accepted:
             raise TypeError(
                 f"{label}: unknown key {key!r} for {cls.__module__}.{cls.__qualname__}; "
-                f"accepted keys: {', '.join(accepted) or 'none'}"
+                f"accepted keys: {', '.join(sorted({*accepted, *ADMISSION_KEY_NAMES}))}"
             )
 
 
@@ -238,7 +238,7 @@ def resolve_tier(
     kwargs, admission = split_admission(kwargs)
     admission_schema(tier_type).validate(admission, entry=f"secondary_tiers[{index}]")
     if cls.config_schema is not None:
-        cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+        cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]", also_accepted=ADMISSION_KEY_NAMES)
         # The tier is given integers of bytes even where the config wrote "4GiB".
         kwargs = cls.config_schema.parse_sizes(kwargs, entry=f"secondary_tiers[{index}]")
     else:

@@ -34,6 +34,23 @@ def parse_size(text: str) -> int:
     return int(float(number) * (1024 if binary else 1000) ** power)
 
 
+def decimal_unit_note(text: str) -> str | None:
+    """What a size written with a decimal unit (``"4GB"``: powers of 1000) is, for a warning; None otherwise.
+
+    ``"4GB"`` -> ``'"4GB" is 4000000000 bytes (3.7 GiB: GB is a power of 1000); for 4 GiB write "4GiB" or
+    4294967296'``. Integers, binary units (``"4GiB"``) and malformed text give None.
+    """
+    match = _SIZE.match(text.strip()) if isinstance(text, str) else None
+    if not match or not match.group(2) or match.group(3):
+        return None
+    number, unit = match.group(1), match.group(2).upper()
+    binary = int(float(number) * 1024 ** ("KMGTP".find(unit) + 1))
+    return (
+        f"{text!r} is {parse_size(text)} bytes ({format_bytes(parse_size(text))}: {unit}B is a power of 1000); "
+        f'for {number} {unit}iB write "{number}{unit}iB" or {binary}'
+    )
+
+
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

@@ -36,7 +36,8 @@ from tiering.core.store.scans import Rescanner, Scans
 from tiering.core.store.settings import StoreSettings, config_values
 from tiering.core.store.stores import Stores
 from tiering.core.toolkit import CapacityIndex, Counters, IOPool, JobReporting, JobTracker, KeyState, KVEventLog
-from tiering.core.toolkit.config import ConfigSchema, InvalidValueError
+from tiering.core.toolkit.config import ConfigSchema
+from tiering.core.toolkit.declared import check_one_block
 from tiering.core.toolkit.jobs import SHUTDOWN, JobState
 from tiering.core.toolkit.lookup_cache import LookupCache
 from tiering.core.toolkit.pins import PinBook, PinningTier
@@ -79,7 +80,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         index, jobs, counters, events, pins, pool, tenants: the toolkit parts.
 
     Raises:
-        TierConfigError: a config mistake (names the key), among them ``capacity_bytes`` below one stored block.
+        TierConfigError: a config mistake (names the key), among them ``capacity_bytes``, ``max_pinned_bytes``
+            or a tenant's ``quota_bytes`` below one stored block.
         Exception: what :meth:`open_medium` raises (the medium cannot be used), or a blocking start-up scan.
     """
 
@@ -104,7 +106,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
         values = config_values(self.config)
-        self._check_capacity(values.get("capacity_bytes"))  # before the medium is opened: nothing created yet
+        # before the medium is opened (nothing created yet): a cap, pin bound or quota below one stored block
+        check_one_block(self.tier_type, values, self.stored_block_bytes)
         self.blocks = medium = self.open_medium(self.config)
         try:
             if medium.stored_block_bytes != self.stored_block_bytes:
@@ -197,15 +200,6 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     def _counter_names(self, medium: Medium) -> list[str]:
         causes = [f"store_failed_{c}" for c in medium.store_causes] + [f"load_failed_{c}" for c in medium.load_causes]
         return [*_COUNTERS, *medium.counters, *causes]
-
-    def _check_capacity(self, cap: int | None) -> None:
-        if cap is not None and cap < self.stored_block_bytes:
-            raise InvalidValueError(
-                self.tier_type,
-                "capacity_bytes",
-                f"capacity_bytes {cap} is smaller than one stored block ({self.stored_block_bytes} bytes = "
-                f"{self.block_bytes} block + {self.block_overhead_bytes} header)",
-            )
 
     # -- lookups ----------------------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
