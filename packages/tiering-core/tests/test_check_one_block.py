@@ -70,3 +70,11 @@ def test_a_tier_without_a_schema_lists_the_admission_keys_as_accepted():
         TypeError, match=r"unknown key 'admision' .*; accepted keys: admission, admission_sketch_bytes, depth$"
     ):
         check_tier_keys(Plain, {"admision": "always"}, "secondary_tiers[0]")
+
+
+def test_every_duration_takes_plain_seconds_or_a_unit():
+    from tiering.core.units import parse_duration
+
+    assert [parse_duration(t) for t in ("90", "90s", "1.5", "30m", "1h", "7d")] == [90, 90, 1.5, 1800, 3600, 604800]
+    with pytest.raises(ValueError, match=r"duration '1x' is not plain seconds \(90\) or a number with a unit"):
+        parse_duration("1x")

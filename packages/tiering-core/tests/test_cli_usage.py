@@ -107,7 +107,7 @@ def test_a_bad_duration_names_its_flag(capsys):
     with pytest.raises(SystemExit) as info:
         main(["gc", "--root", "x", "--older-than", "7x"])
     assert info.value.code == 2
-    assert "argument --older-than: duration '7x' is not a number followed by s, m, h, d or w" in capsys.readouterr().err
+    assert "argument --older-than: duration '7x' is not plain seconds (90) or a number with a unit s, m, h, d or w" in capsys.readouterr().err
 
 
 @requires_tier("fs")

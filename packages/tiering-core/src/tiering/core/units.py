@@ -51,20 +51,24 @@ def decimal_unit_note(text: str) -> str | None:
     )
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw]?)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+DURATION_EXAMPLES = "plain seconds (90) or a number with a unit s, m, h, d or w (90s, 30m, 1h, 7d)"
+"""What a duration looks like, for messages: every duration tiering reads takes both forms."""
+
+
 def parse_duration(text: str) -> float:
-    """``"90s"``, ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
+    """``"90"`` or ``"90s"`` (seconds), ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
 
     Raises:
         ValueError: another form; the message names the value.
     """
     match = _DURATION.match(text.strip())
     if not match:
-        raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+        raise ValueError(f"duration {text!r} is not {DURATION_EXAMPLES}")
+    return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 
 def format_bytes(n: float) -> str:
@@ -100,4 +104,4 @@ def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
 size_argument = argument_type(parse_size)
 """A byte count with an optional unit, as an argparse type."""
 duration_argument = argument_type(parse_duration)
-"""A duration (``"90s"``, ``"12h"``, ``"7d"``) in seconds, as an argparse type."""
+"""A duration (``"90"``, ``"90s"``, ``"12h"``, ``"7d"``) in seconds, as an argparse type."""
