@@ -111,3 +111,23 @@ def test_a_misspelled_admission_key_lists_admission_among_the_accepted_keys(tmp_
         "secondary_tiers[0].admision: unknown key; accepted keys: admission, admission_sketch_bytes, capacity_bytes"
         in err
     )
+
+
+def test_a_vllm_config_without_block_bytes_leaves_the_one_block_check_to_the_engine(tmp_path, capsys):
+    entry = {"type": "tiering_fs", "module_path": "tiering.core.vllm.tiers", "root": str(tmp_path / "kv")}
+    extra = {"cpu_bytes_to_use": 1 << 20, "secondary_tiers": [{**entry, "capacity_bytes": "16KiB"}]}
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "block_bytes: set by the engine (not in the config): bounds are compared with one block when it starts" in out
+    )
+    assert "  capacity_bytes: 16384 bytes (16.0 KiB)\n" in out
+    extra["block_bytes"] = 65536  # given: the check applies
+    path.write_text(json.dumps({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}))
+    assert main(["check", str(path)]) == 2
+    assert (
+        "secondary_tiers[0].capacity_bytes: capacity_bytes 16384 is smaller than one stored block"
+        in capsys.readouterr().err
+    )

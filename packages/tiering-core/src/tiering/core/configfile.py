@@ -241,6 +241,23 @@ def tier_location(tier_config: Mapping[str, Any], index: int = 0) -> str | None:
     return None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
 
 
+def sized_by_engine(path: str) -> bool:
+    """Whether the engine sets the block size of the config at ``path`` (no bound is compared with a block then).
+
+    That is a config for the vLLM binding (a ``--kv-transfer-config`` object, or one naming its spec) without
+    ``block_bytes``, which the binding computes from the model when the engine starts.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return False
+    inner = raw.get("kv_connector_extra_config") if isinstance(raw, dict) else None
+    config = inner if isinstance(inner, dict) else raw
+    engine = isinstance(inner, dict) or (isinstance(config, dict) and config.get("spec_name") == VLLM_SPEC[0])
+    return engine and isinstance(config, dict) and "block_bytes" not in config
+
+
 def _shown(n: int) -> str:
     """``"268435456 bytes (256.0 MiB)"``."""
     return f"{n} bytes ({format_bytes(n)})"
