@@ -174,7 +174,13 @@ def _latency_rows(data: dict[str, Any]) -> list[str]:
     rows = data.get("latency") or []
     if not rows:
         return []
-    lines = [_row("job latency", "store/load jobs of each secondary tier, submit to report (histogram bucket bounds)")]
+    lines = [
+        _row(
+            "job latency",
+            "store/load jobs of each secondary tier, submit to report (p50 and p99 are the upper bounds of "
+            "histogram buckets, so either may exceed the mean; the mean is exact)",
+        )
+    ]
     for r in rows:
         lines.append(
             _row(
