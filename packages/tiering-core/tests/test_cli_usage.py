@@ -170,3 +170,13 @@ def test_version_lists_third_party_tier_packages_found_through_entry_points(tmp_
     out = capsys.readouterr().out.splitlines()
     assert "my-tiers-pkg 1.2.0 (tiering.tiers: dict)" in out
     assert any(line.startswith("tiering-core ") for line in out)
+
+
+def test_verbose_is_taken_after_the_subcommand_too():
+    from tiering.core.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["check", "-v", "cfg.json"]).verbose is True
+    assert parser.parse_args(["-v", "check", "cfg.json"]).verbose is True
+    assert parser.parse_args(["check", "cfg.json"]).verbose is False
+    assert parser.parse_args(["ls", "--root", "x", "--verbose"]).verbose is True

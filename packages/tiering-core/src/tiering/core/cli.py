@@ -254,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
     add_commands(sub)
     add_pin_parser(sub)
+    for command in sub.choices.values():  # `tiering check -v CONFIG` as well as `tiering -v check CONFIG`
+        command.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level"
+        )
     return parser
 
 
