@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,15 @@ def _run(tmp_path: Path, keep_going: str) -> tuple[int, str, list[str]]:
     hatch = bin_dir / "hatch"
     hatch.write_text(FAKE_HATCH, encoding="utf-8")
     hatch.chmod(0o755)
+    python = tmp_path / "root" / ".ci" / ".hatch" / "bin" / "python"  # .ci/run reads hatch's JSON with hatch's Python
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
     calls = tmp_path / "calls"
     script = tmp_path / "steps.sh"
     script.write_text(
-        "set -euo pipefail\n" + _functions() + "env_step m:t\nenv_step mx:t\n[ ${#failed[@]} -eq 0 ] || exit 1\n",
+        f"set -euo pipefail\nROOT={tmp_path / 'root'}\n"
+        + _functions()
+        + "env_step m:t\nenv_step mx:t\n[ ${#failed[@]} -eq 0 ] || exit 1\n",
         encoding="utf-8",
     )
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls)}
