@@ -201,8 +201,8 @@ def test_stat_shows_unbounded_for_a_tier_without_a_cap(env, tmp_path):
     assert bench.returncode == 0, bench.stderr
     proc = tiering("stat", "--tier", LOCAL, "--root", root, env=env)
     assert proc.returncode == 0, proc.stderr
-    (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("capacity_bytes")]
-    assert line.split() == ["capacity_bytes", "unbounded"]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("capacity ")]
+    assert line.split() == ["capacity", "unbounded", "(no", "capacity_bytes)"]
 
 
 @needs_local

@@ -107,7 +107,10 @@ def test_a_bad_duration_names_its_flag(capsys):
     with pytest.raises(SystemExit) as info:
         main(["gc", "--root", "x", "--older-than", "7x"])
     assert info.value.code == 2
-    assert "argument --older-than: duration '7x' is not a number followed by s, m, h, d or w" in capsys.readouterr().err
+    assert (
+        "argument --older-than: duration '7x' is not plain seconds (90) or a number with a unit s, m, h, d or w"
+        in capsys.readouterr().err
+    )
 
 
 @requires_tier("fs")
@@ -119,13 +122,12 @@ def test_stat_block_bytes_takes_a_unit(tmp_path, capsys):
 
 
 @requires_tier("fs")
-def test_stat_of_an_uncapped_tier_says_unbounded_for_both_capacities(tmp_path, capsys):
+def test_stat_of_an_uncapped_tier_says_unbounded(tmp_path, capsys):
     assert main(["bench", "--root", str(tmp_path), "--requests", "2"]) == 0
     capsys.readouterr()
     assert main(["stat", "--tier", "fs", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "  capacity_bytes               unbounded\n" in out
-    assert "  configured_capacity_bytes    unbounded\n" in out
+    assert "  capacity       unbounded (no capacity_bytes)\n" in out
 
 
 def test_a_missing_module_path_gets_the_pythonpath_advice_once(tmp_path, capsys):
@@ -168,3 +170,13 @@ def test_version_lists_third_party_tier_packages_found_through_entry_points(tmp_
     out = capsys.readouterr().out.splitlines()
     assert "my-tiers-pkg 1.2.0 (tiering.tiers: dict)" in out
     assert any(line.startswith("tiering-core ") for line in out)
+
+
+def test_verbose_is_taken_after_the_subcommand_too():
+    from tiering.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["check", "-v", "cfg.json"]).verbose is True
+    assert parser.parse_args(["-v", "check", "cfg.json"]).verbose is True
+    assert parser.parse_args(["check", "cfg.json"]).verbose is False
+    assert parser.parse_args(["ls", "--root", "x", "--verbose"]).verbose is True

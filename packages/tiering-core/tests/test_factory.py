@@ -470,7 +470,11 @@ def test_schema_checks_the_entry_before_the_constructor(schema_module, small_spe
 
     with pytest.raises(MissingKeyError, match=r"^secondary_tiers\[2\]\.root: required; expected a non-empty string"):
         resolve_tier({"type": "Schemed", "module_path": schema_module}, index=2)
-    with pytest.raises(UnknownKeyError, match=r"^secondary_tiers\[0\]\.rooot: unknown key; accepted keys: fail, root"):
+    with pytest.raises(
+        UnknownKeyError,
+        match=r"^secondary_tiers\[0\]\.rooot: unknown key; accepted keys: admission, admission_sketch_bytes, fail, "
+        r"root",
+    ):
         resolve_tier({"type": "Schemed", "module_path": schema_module, "rooot": "/x"})
     tier = create_secondary_tier(
         {"type": "Schemed", "module_path": schema_module, "root": "/x"}, small_view, small_spec

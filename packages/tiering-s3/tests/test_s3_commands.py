@@ -22,6 +22,7 @@ from tiering.core.base import block_view
 from tiering.core.format import HEADER_SIZE, checksum
 from tiering.core.inspection import BlockInfo
 from tiering.core.primary import allocate_host_buffer
+from tiering.core.units import format_bytes
 from tiering.s3 import S3SecondaryTierManager
 from tiering.s3 import client as s3_client
 from tiering.s3.inspection import S3Inspector
@@ -193,7 +194,7 @@ def test_ls_lists_namespaces_fields_counts_and_foreign(tmp_path, s3, beside, cap
 
     assert main(["ls", write_config(tmp_path, config)]) == 0
     text = capsys.readouterr().out
-    assert f"{d1}  8 blocks  {8 * OBJ} bytes" in text and "revision=r1" in text
+    assert f"{d1}  8 blocks  {format_bytes(8 * OBJ)} = {8 * OBJ} bytes" in text and "revision=r1" in text
     assert f"{len(inside_foreign)} foreign entries" in text
 
 
@@ -230,12 +231,14 @@ def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside
     path = write_config(tmp_path, config)
 
     assert main(["gc", path, "--namespace", old, "--dry-run"]) == 0
-    assert f"would remove namespace {old} (5 blocks, {5 * OBJ} bytes)" in capsys.readouterr().out
+    assert (
+        f"would remove namespace {old} (5 blocks, {format_bytes(5 * OBJ)} = {5 * OBJ} bytes)" in capsys.readouterr().out
+    )
     assert len(block_objects(s3, old)) == 5
 
     assert main(["gc", path, "--namespace", old]) == 0
     out = capsys.readouterr().out
-    assert f"removed namespace {old} (5 blocks, {5 * OBJ} bytes)" in out
+    assert f"removed namespace {old} (5 blocks, {format_bytes(5 * OBJ)} = {5 * OBJ} bytes)" in out
     assert f"left {len(inside_foreign)} foreign entries alone" in out
     assert block_objects(s3, old) == {}
     assert f"{s3.prefix}/{old}/namespace.json" not in s3.list_keys(f"{s3.prefix}/{old}/")
@@ -243,7 +246,7 @@ def test_gc_namespace_removes_only_that_namespace_and_nothing_foreign_or_outside
     assert etags(s3, list(kept_before)) == kept_before
 
     assert main(["gc", path, "--namespace", old]) == 0  # the foreign objects left in it keep it listed
-    assert f"removed namespace {old} (0 blocks, 0 bytes)" in capsys.readouterr().out
+    assert f"removed namespace {old} (0 blocks, 0 B = 0 bytes)" in capsys.readouterr().out
     assert main(["gc", path, "--namespace", "f" * 32]) == 1  # no such namespace: non-zero exit
     assert f"no namespace {'f' * 32}" in capsys.readouterr().out
     assert main(["gc", path, "--namespace", "../etc"]) == 1  # not present: nothing listed outside
@@ -272,10 +275,10 @@ def test_gc_older_than_uses_last_modified(tmp_path, s3, beside, monkeypatch, cap
     assert "removed 0 blocks" in capsys.readouterr().out
     monkeypatch.setattr(core_commands, "time", types.SimpleNamespace(time=lambda: split + 3600))
     assert main(["gc", path, "--older-than", "1h", "--dry-run"]) == 0
-    assert f"would remove 5 blocks ({5 * OBJ} bytes)" in capsys.readouterr().out
+    assert f"would remove 5 blocks ({format_bytes(5 * OBJ)} = {5 * OBJ} bytes)" in capsys.readouterr().out
     assert set(block_objects(s3, digest)) == old_names | new_names
     assert main(["gc", path, "--older-than", "1h"]) == 0
-    assert f"removed 5 blocks ({5 * OBJ} bytes)" in capsys.readouterr().out
+    assert f"removed 5 blocks ({format_bytes(5 * OBJ)} = {5 * OBJ} bytes)" in capsys.readouterr().out
     assert set(block_objects(s3, digest)) == new_names
     assert etags(s3, outside + inside_foreign) == before
 

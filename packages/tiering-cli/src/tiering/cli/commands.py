@@ -34,7 +34,7 @@ from tiering.core.configfile import load_config
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.store.settings import inspecting
-from tiering.core.units import duration_argument, size_argument
+from tiering.core.units import duration_argument, format_bytes, size_argument
 
 STAT_WAIT_S = 60.0
 
@@ -167,7 +167,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             fields = ns["fields"] or {}
             desc = ", ".join(f"{k}={fields[k]}" for k in sorted(fields)) or "namespace.json missing"
             echo(
-                f"  {ns['digest']}  {ns['blocks']} blocks  {ns['bytes']} bytes  "
+                f"  {ns['digest']}  {ns['blocks']:,} blocks  {_size(ns['bytes'])}  "
                 f"oldest {ns['oldest']}  newest {ns['newest']}"
             )
             echo(f"    {desc}")
@@ -226,19 +226,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
-    echo(f"namespace {report['namespace']}")
-    echo(f"primary  {report['primary']['blocks']} blocks, {report['primary']['capacity_bytes']} bytes")
-    for entry in report["tiers"]:
-        where = f" at {entry['location']}" if entry.get("location") else ""
-        echo(f"secondary_tiers[{entry['index']}] {entry['type']}{where}")
-        for key, value in sorted(entry["stats"].items()):
-            shown = "unbounded" if key in UNBOUNDED_WHEN_ZERO and not value else value
-            echo(f"  {key:<28} {shown}")
+    from tiering.cli.stat_format import stat_lines
+
+    for line in stat_lines(report):  # the tier's state; every counter is in --json
+        echo(line)
     return 0
-
-
-UNBOUNDED_WHEN_ZERO = frozenset({"capacity_bytes", "configured_capacity_bytes"})
-"""Stats whose 0 means no cap: printed as ``unbounded``."""
 
 
 def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: str) -> list[str]:
@@ -262,6 +254,11 @@ def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: 
     return lines
 
 
+def _size(n: int) -> str:
+    """``"20.0 KiB = 20480 bytes"``: a size as the reports print it, with the exact count."""
+    return f"{format_bytes(n)} = {n} bytes"
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     """Remove a stale namespace, blocks older than a duration, or the oldest blocks down to a size."""
     cutoff = time.time() - args.older_than if args.older_than is not None else None
@@ -277,7 +274,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             found_namespace = True
             blocks = _walk(inspector, args.namespace, label)
             n = len(blocks) if args.dry_run else inspector.remove_namespace(args.namespace)
-            echo(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {sum(b.size for b in blocks)} bytes)")
+            echo(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {_size(sum(b.size for b in blocks))})")
         else:
             everything = [(d, b) for d in inspector.namespaces() for b in _walk(inspector, d, label)]
             if cutoff is not None:
@@ -296,7 +293,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 n = 0
                 for digest in {d for d, _ in victims}:
                     n += inspector.remove_blocks(digest, [b for d, b in victims if d == digest])
-            echo(f"{label}: {verb} {n} blocks ({sum(b.size for _, b in victims)} bytes)")
+            echo(f"{label}: {verb} {n} blocks ({_size(sum(b.size for _, b in victims))})")
         if foreign:
             echo(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
     if args.namespace and not found_namespace:
@@ -357,9 +354,13 @@ def add_commands(sub: Any) -> None:
     _stack_arguments(ls)
     ls.add_argument("--json", action="store_true", help="print JSON")
     ls.set_defaults(func=cmd_ls)
-    stat = sub.add_parser("stat", help="live figures of each tier of the configured stack", epilog=STACK_EPILOG)
+    stat = sub.add_parser(
+        "stat",
+        help="the state of each tier: blocks, bytes, cap, pins, tenants (--json: every counter)",
+        epilog=STACK_EPILOG,
+    )
     _stack_arguments(stat)
-    stat.add_argument("--json", action="store_true", help="print JSON")
+    stat.add_argument("--json", action="store_true", help="print JSON, with every counter of each tier")
     stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
     stat.add_argument(
         "--block-bytes",

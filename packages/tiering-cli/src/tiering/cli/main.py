@@ -25,9 +25,12 @@ from tiering.cli.bench.command import add_bench_parser
 from tiering.cli.commands import add_commands, option_pairs
 from tiering.cli.options import check_tier_options, split_tier_options
 from tiering.cli.pin import add_pin_parser
+from tiering.cli.sizes import size_lines, sized_by_engine, spec_size_warnings
 from tiering.cli.terminal import echo, redact_text
 from tiering.core.configfile import install_hint, load_config
+from tiering.core.declared import check_one_block
 from tiering.core.factory import (
+    POLICY_KEYS,
     CachePolicyFactory,
     check_tier_constructor,
     create_secondary_tier,
@@ -105,8 +108,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     spec = create_spec(config)
     echo(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
     echo(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
-    echo(f"primary: {spec.num_primary_blocks} blocks x {spec.block_bytes} bytes")
-    check_primary_fits(spec.num_primary_blocks * spec.block_bytes)
+    primary = spec.num_primary_blocks * spec.block_bytes
+    blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
+    echo(f"primary: {blocks} = {primary} bytes ({format_bytes(primary)})")
+    check_primary_fits(primary)
+    for line in spec_size_warnings(config):
+        echo(line)
     policy = getattr(spec, "eviction_policy", None)
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
@@ -115,13 +122,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     if load_cost is not None:
         echo(load_cost.describe())
     tier_configs = list(getattr(spec, "secondary_tiers", []))
+    engine_sized = sized_by_engine(args.config)
+    if engine_sized and tier_configs:
+        echo("block_bytes: set by the engine (not in the config): bounds are compared with one block when it starts")
     for index, tier_config in enumerate(tier_configs):
         tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)
         check_tier_constructor(tier_cls, tier_type, kwargs, spec, index=index)
         schema = getattr(tier_cls, "config_schema", None)
+        label = f"secondary_tiers[{index}]"
+        sizes: list[str] = []
         if schema is not None:
-            schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
-            _check_block_sizes(tier_cls, tier_type, kwargs, spec.block_bytes, index)
+            values = schema.validate(kwargs, entry=label, also_accepted=POLICY_KEYS)
+            # the bench or an engine would refuse it when the tier opens; the block size is known here
+            stored_block_bytes = spec.block_bytes + getattr(tier_cls, "block_overhead_bytes", 0)
+            if not engine_sized:
+                check_one_block(tier_type, values, stored_block_bytes, label)
+            sizes = size_lines(label, schema, tier_config, values)
             checked = (
                 f"every value checked against its schema ({len(schema.keys)} key{'' if len(schema.keys) == 1 else 's'})"
             )
@@ -134,24 +150,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"secondary_tiers[{index}] type {tier_type!r}: "
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)}); {checked}"
         )
+        for line in sizes:
+            echo(line)
     if args.probe:
         _probe(spec, tier_configs)
         echo("config ok (every tier opened)")
     else:
         echo("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
     return 0
-
-
-def _check_block_sizes(tier_cls: Any, tier_type: str, kwargs: dict[str, Any], block_bytes: int, index: int) -> None:
-    """A block store's cap, pin bound and quotas hold at least one stored block, as building the tier checks."""
-    from tiering.core.schema import InvalidValueError
-    from tiering.core.store import IndexedTier
-    from tiering.core.store.settings import block_size_problem
-
-    if isinstance(tier_cls, type) and issubclass(tier_cls, IndexedTier):
-        stored = block_bytes + tier_cls.block_overhead_bytes
-        if (found := block_size_problem(kwargs, stored)) is not None:
-            raise InvalidValueError(tier_type, *found, entry=f"secondary_tiers[{index}]")
 
 
 class TierOpenError(Exception):
@@ -243,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
     add_commands(sub)
     add_pin_parser(sub)
+    for command in sub.choices.values():  # `tiering check -v CONFIG` as well as `tiering -v check CONFIG`
+        command.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level"
+        )
     return parser
 
 

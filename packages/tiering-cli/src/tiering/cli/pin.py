@@ -12,12 +12,15 @@ holding no block of the namespace is named in a warning, as a config that
 does not match the engine's pins a namespace nobody fills). ``--tenant``
 pins that tenant's blocks (:func:`tiering.core.policies.tenants.scope_key`). Exit
 status 0 when every tier pinned every key, 1 when a tier refused or cannot
-pin (the reason is logged), 2 on bad arguments.
+pin (the reason is logged), 2 on bad arguments. ``--list`` lists each tier's
+live pins (key, tenant, expiry, whether the block is stored) and changes nothing;
+``--unpin`` says how many of the given blocks were pinned.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -25,16 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from tiering.cli.terminal import echo
-from tiering.core.base import OffloadKey
+from tiering.core.base import OffloadKey, ReqContext
 from tiering.core.capabilities import PinnableTier
 from tiering.core.keys import trace_block_key
 from tiering.core.policies.pin_records import MAX_PIN_EXPIRY_S
 from tiering.core.policies.pinning import pin_in_tiers, prefix_keys
+from tiering.core.policies.tenancy import DEFAULT_TAG, PREFIX_BYTES, tag_of
 from tiering.core.policies.tenants import scope_keys
 from tiering.core.store.settings import inspecting
-from tiering.core.units import duration_argument
+from tiering.core.units import DURATION_EXAMPLES, duration_argument, format_bytes
 
 __all__ = ["add_pin_parser", "cmd_pin", "read_token_ids"]
+
+_LIST_CONTEXT = ReqContext("tiering-pin-list")
+"""The request context of ``--list``'s lookups (is a pinned block stored?)."""
 
 
 def read_token_ids(path: str) -> list[int]:
@@ -79,22 +86,32 @@ def cmd_pin(args: argparse.Namespace) -> int:
     from tiering.core.primary import allocate_host_buffer
 
     spec: Any = create_spec(stack_config(args))
+    if args.list:
+        if args.unpin or args.ttl is not None:
+            raise ValueError("--list changes nothing: give it without --ttl and --unpin")
+        return _list_pins(spec)
     keys = scope_keys(args.tenant, _keys(args, int(getattr(spec, "block_size", 16))))
     if not keys:
         raise ValueError("no keys to pin")
     if not args.unpin and args.ttl is None:
-        raise ValueError("give --ttl DURATION (e.g. 1h) or --unpin")
+        raise ValueError(f"give --ttl DURATION ({DURATION_EXAMPLES}) or --unpin")
     with inspecting():  # read-only: the command writes pin records only, never evicts, expires or trims a block
         tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
                 can_pin = "pinned_blocks" in tier.stats()
+                pinnable = isinstance(tier, PinnableTier)
+                can_pin = pinnable and "pinned_blocks" in tier.stats()
+                before = set(_live_pins(tier))
                 if isinstance(tier, PinnableTier):
                     tier.unpin(keys)
-                else:
-                    can_pin = False
-                state = f"pins of {len(keys)} blocks ended" if can_pin else "cannot pin (nothing to unpin)"
+                ended = len(before & set(keys))
+                state = (
+                    f"pins of {ended} of the {len(keys)} blocks ended ({len(keys) - ended} were not pinned)"
+                    if can_pin
+                    else "cannot pin (nothing to unpin)"
+                )
                 echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
             return 0
         results = pin_in_tiers(tiers, keys, args.ttl)
@@ -120,6 +137,59 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0 if results and all(results) else 1
 
 
+def _live_pins(tier: Any) -> dict[OffloadKey, float]:
+    """The tier's live pins as its medium holds them now: key -> expiry (epoch seconds); {} when it cannot pin.
+
+    Read from the pin records themselves, so pins another process made are listed also where this process's
+    config has pinning off (``max_pinned_bytes`` 0).
+    """
+    medium = getattr(getattr(tier, "pins", None), "medium", None)
+    if medium is None:
+        return {}
+    now = time.time()
+    out: dict[OffloadKey, float] = {}
+    for key, expiry in medium.list_pins():
+        if expiry > now and expiry > out.get(key, 0.0):
+            out[key] = expiry
+    return out
+
+
+def _list_pins(spec: Any) -> int:
+    """``tiering pin --list``: each tier's pins, one line per pin, soonest expiry first; changes nothing."""
+    from tiering.core.primary import allocate_host_buffer
+
+    tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    try:
+        now = time.time()
+        for index, tier in enumerate(tiers):
+            name, stats = f"secondary_tiers[{index}] {tier.tier_type}", tier.stats()
+            if "pinned_blocks" not in stats:
+                echo(f"{name}: cannot pin")
+                continue
+            bound = int(stats.get("max_pinned_bytes", 0))
+            pins = _live_pins(tier)
+            limit = (
+                f"max_pinned_bytes {format_bytes(bound)}"
+                if bound
+                else "pinning is off in this config (max_pinned_bytes 0; --max-pinned-bytes SIZE turns it on)"
+            )
+            echo(f"{name}: {len(pins)} pins; {limit}")
+            policy = getattr(tier, "tenants", None)
+            for key, expiry in sorted(pins.items(), key=lambda item: item[1]):
+                tag = tag_of(key)
+                tenant = "" if tag == DEFAULT_TAG else policy.name(tag) if policy is not None else f"tag:{tag.hex()}"
+                own = key[PREFIX_BYTES:] if tag != DEFAULT_TAG else key
+                until = datetime.datetime.fromtimestamp(expiry, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+                found = tier.lookup(key, _LIST_CONTEXT)
+                stored = "stored" if found else "not stored yet" if found is False else "stored: not known yet"
+                who = f", tenant {tenant}" if tenant else ""
+                echo(f"  {own.hex()}{who}: until {until} UTC (in {max(expiry - now, 0):,.0f} s), {stored}")
+    finally:
+        for tier in tiers:
+            tier.shutdown()
+    return 0
+
+
 def add_pin_parser(sub: Any) -> None:
     """Register ``tiering pin`` on the ``tiering`` sub-parser."""
     from tiering.cli.commands import STACK_EPILOG, _stack_arguments
@@ -128,8 +198,16 @@ def add_pin_parser(sub: Any) -> None:
         "pin", help="pin a prefix in every tier that can pin, for a while (or --unpin it)", epilog=STACK_EPILOG
     )
     _stack_arguments(pin)
-    pin.add_argument("--ttl", type=duration_argument, metavar="DURATION", help="how long: 90s, 30m, 1h, 7d")
+    pin.add_argument(
+        "--ttl",
+        type=duration_argument,
+        metavar="DURATION",
+        help="how long (required to pin): 90 (seconds), 90s, 30m, 1h, 7d",
+    )
     what = pin.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--list", action="store_true", help="list each tier's pins (key, tenant, expiry); changes nothing"
+    )
     what.add_argument("--tokens", metavar="FILE", help="the prompt's token ids (JSON list, or separated by spaces)")
     what.add_argument("--hash-ids", metavar="IDS", help="Mooncake trace block ids, comma separated (0,1,2)")
     what.add_argument("--keys", nargs="+", metavar="HEX", help="block keys in hex")

@@ -10,7 +10,10 @@ constructor (the factory calls it with the entry's keys as keywords).
   so the dataclass cannot declare a default of its own;
 - :func:`declaration_drift` lists where a constructor's keyword defaults (or a
   dataclass's fields) differ from the schema, names and defaults; each
-  backend's tests assert it is empty.
+  backend's tests assert it is empty;
+- :func:`check_one_block` refuses a byte bound that cannot hold one stored
+  block (``capacity_bytes``, ``max_pinned_bytes``, a tenant's ``quota_bytes``),
+  where the block size is known: ``tiering check`` and a tier's construction.
 
 The default of a required key, wherever one must be written, is None: the
 "not given" marker that validation reports as missing.
@@ -22,11 +25,12 @@ import copy
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from tiering.core.base import TIER_PARAMETERS
-from tiering.core.schema import ConfigKey, ConfigSchema
+from tiering.core.schema import ConfigKey, ConfigSchema, InvalidValueError
+from tiering.core.units import parse_size
 
 T = TypeVar("T")
 
@@ -127,6 +131,61 @@ def declaration_drift(schema: ConfigSchema, target: Callable[..., Any], *, subse
     return problems
 
 
+def tenant_quotas(tenants: Any) -> Iterator[tuple[str, int]]:
+    """``(key path, bytes)`` of each ``quota_bytes`` a ``tenants`` value writes (``"default.quota_bytes"``...).
+
+    Only quotas written as integers or sizes are given; a malformed value is the schema's ``tenants`` check's to
+    refuse, so it is skipped here.
+    """
+    if not isinstance(tenants, Mapping):
+        return
+    overrides = tenants.get("overrides")
+    limits = [("default", tenants.get("default"))]
+    limits += [(f"overrides.{name}", v) for name, v in overrides.items()] if isinstance(overrides, Mapping) else []
+    for where, value in limits:
+        quota = value.get("quota_bytes") if isinstance(value, Mapping) else None
+        try:
+            quota = parse_size(quota) if isinstance(quota, str) else quota
+        except ValueError:
+            continue
+        if isinstance(quota, int) and not isinstance(quota, bool):
+            yield f"{where}.quota_bytes", quota
+
+
+def check_one_block(tier: str, entry: Mapping[str, Any], stored_block_bytes: int, label: str | None = None) -> None:
+    """Refuse a byte bound of ``entry`` too small for one stored block; nothing else is looked at.
+
+    Checked: ``capacity_bytes``, ``max_pinned_bytes`` (0 is pinning off) and each tenant's ``quota_bytes``
+    (0 is a tenant that stores nothing), integers or sizes with a unit.
+
+    Args:
+        tier: the tier type, for messages.
+        entry: the entry's keys (as given or as the schema normalized them).
+        stored_block_bytes: bytes one stored block occupies (payload plus header).
+        label: the entry label for messages (``"secondary_tiers[0]"``).
+
+    Raises:
+        InvalidValueError: names the key (``tenants.overrides.acme.quota_bytes``) and the stored block's size.
+    """
+    bounds: list[tuple[str, Any]] = [(k, entry.get(k)) for k in ("capacity_bytes", "max_pinned_bytes")]
+    bounds += [(f"tenants.{where}", quota) for where, quota in tenant_quotas(entry.get("tenants"))]
+    for key, value in bounds:
+        try:
+            value = parse_size(value) if isinstance(value, str) else value
+        except ValueError:
+            continue  # the schema names a malformed size
+        zero_is_off = key != "capacity_bytes"
+        if not isinstance(value, int) or isinstance(value, bool) or (zero_is_off and value == 0):
+            continue
+        if value < stored_block_bytes:
+            raise InvalidValueError(
+                tier,
+                key,
+                f"{key.rsplit('.', 1)[-1]} {value} is smaller than one stored block ({stored_block_bytes} bytes)",
+                label,
+            )
+
+
 def _field_default(field: dataclasses.Field[Any]) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
@@ -140,4 +199,11 @@ def _same(a: Any, b: Any) -> bool:
     return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
-__all__ = ["TIER_PARAMETERS", "declaration_drift", "declared_default", "schema_defaults"]
+__all__ = [
+    "TIER_PARAMETERS",
+    "check_one_block",
+    "declaration_drift",
+    "declared_default",
+    "schema_defaults",
+    "tenant_quotas",
+]

@@ -67,7 +67,7 @@ def check_tier_keys(cls: type, tier_config: Mapping[str, Any], label: str) -> No
         if key not in accepted:
             raise TypeError(
                 f"{label}: unknown key {key!r} for {cls.__module__}.{cls.__qualname__}; "
-                f"accepted keys: {', '.join(accepted) or 'none'}"
+                f"accepted keys: {', '.join(sorted({*accepted, *POLICY_KEYS}))}"
             )
 
 
@@ -238,7 +238,7 @@ def resolve_tier(
     if POLICY_KEYS & kwargs.keys():
         kwargs = entry_policies().split_entry(tier_type, kwargs, f"secondary_tiers[{index}]")
     if cls.config_schema is not None:
-        cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]")
+        cls.config_schema.validate(kwargs, entry=f"secondary_tiers[{index}]", also_accepted=POLICY_KEYS)
         # The tier is given integers of bytes even where the config wrote "4GiB".
         kwargs = cls.config_schema.parse_sizes(kwargs, entry=f"secondary_tiers[{index}]")
     else:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tiering.core.redact import REDACTED
@@ -210,12 +210,16 @@ class ConfigSchema:
         """The default of every optional key."""
         return {k.name: k.default for k in self.keys.values() if not k.required}
 
-    def validate(self, config: Mapping[str, Any], entry: str | None = None) -> dict[str, Any]:
+    def validate(
+        self, config: Mapping[str, Any], entry: str | None = None, also_accepted: Collection[str] = ()
+    ) -> dict[str, Any]:
         """Check one entry and return it normalized; no side effects.
 
         Args:
             config: the entry (``type`` and ``module_path`` are ignored).
             entry: label for messages, e.g. ``"secondary_tiers[1]"``.
+            also_accepted: keys the entry may hold that another schema checks (the admission keys, removed
+                before this one is called): named in an unknown key's list of accepted keys.
 
         Returns:
             Every declared key: given values (ints widened to float where a
@@ -233,7 +237,7 @@ class ConfigSchema:
             raise InvalidTypeError(self.tier, "", f"the entry must be an object, got {config!r}", entry)
         unknown = sorted(k for k in config if k not in self.keys and k not in RESERVED_KEYS)
         if unknown:
-            accepted = ", ".join(sorted(self.keys)) or "none"
+            accepted = ", ".join(sorted({*self.keys, *also_accepted})) or "none"
             raise UnknownKeyError(self.tier, unknown[0], f"unknown key; accepted keys: {accepted}", entry)
         out: dict[str, Any] = {}
         for spec in self.keys.values():

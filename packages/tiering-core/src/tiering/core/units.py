@@ -34,20 +34,41 @@ def parse_size(text: str) -> int:
     return int(float(number) * (1024 if binary else 1000) ** power)
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+def decimal_unit_note(text: str) -> str | None:
+    """What a size written with a decimal unit (``"4GB"``: powers of 1000) is, for a warning; None otherwise.
+
+    ``"4GB"`` -> ``'"4GB" is 4000000000 bytes (3.7 GiB: GB is a power of 1000); for 4 GiB write "4GiB" or
+    4294967296'``. Integers, binary units (``"4GiB"``) and malformed text give None.
+    """
+    match = _SIZE.match(text.strip()) if isinstance(text, str) else None
+    if not match or not match.group(2) or match.group(3):
+        return None
+    number, unit = match.group(1), match.group(2).upper()
+    binary = int(float(number) * 1024 ** ("KMGTP".find(unit) + 1))
+    return (
+        f"{text!r} is {parse_size(text)} bytes ({format_bytes(parse_size(text))}: {unit}B is a power of 1000); "
+        f'for {number} {unit}iB write "{number}{unit}iB" or {binary}'
+    )
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw]?)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+DURATION_EXAMPLES = "plain seconds (90) or a number with a unit s, m, h, d or w (90s, 30m, 1h, 7d)"
+"""What a duration looks like, for messages: every duration tiering reads takes both forms."""
+
+
 def parse_duration(text: str) -> float:
-    """``"90s"``, ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
+    """``"90"`` or ``"90s"`` (seconds), ``"30m"`` (minutes), ``"12h"``, ``"7d"``, ``"2w"`` -> seconds.
 
     Raises:
         ValueError: another form; the message names the value.
     """
     match = _DURATION.match(text.strip())
     if not match:
-        raise ValueError(f"duration {text!r} is not a number followed by s, m, h, d or w (e.g. 7d)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+        raise ValueError(f"duration {text!r} is not {DURATION_EXAMPLES}")
+    return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 
 def format_bytes(n: float) -> str:
@@ -83,4 +104,4 @@ def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
 size_argument = argument_type(parse_size)
 """A byte count with an optional unit, as an argparse type."""
 duration_argument = argument_type(parse_duration)
-"""A duration (``"90s"``, ``"12h"``, ``"7d"``) in seconds, as an argparse type."""
+"""A duration (``"90"``, ``"90s"``, ``"12h"``, ``"7d"``) in seconds, as an argparse type."""

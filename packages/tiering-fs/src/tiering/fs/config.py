@@ -20,15 +20,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.core.declared import schema_defaults
+from tiering.core.declared import check_one_block, schema_defaults
 from tiering.core.policies.pin_records import MAX_PINNED_BYTES, pins_below_capacity
 from tiering.core.policies.tenancy import TENANTS_KEY
-from tiering.core.schema import (
-    ConfigKey,
-    ConfigSchema,
-    InvalidValueError,
-)
-from tiering.fs.layout import TRAILER_BYTES
+from tiering.core.schema import ConfigKey, ConfigSchema
 
 LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
 """Values of ``lookup_fallback``."""
@@ -150,28 +145,22 @@ class FsConfig:
         Args:
             tier_type: the tier's registered name, for messages.
             stored_block_bytes: bytes one stored block occupies (the lower
-                bound of ``capacity_bytes``).
+                bound of ``capacity_bytes``, ``max_pinned_bytes`` and quotas).
             values: the entry's keys (missing ones take their defaults).
 
         Raises:
             MissingKeyError: no ``root``.
             UnknownKeyError: a key the fs tier does not have (also a ``TypeError``).
             InvalidTypeError: a value of the wrong type (also a ``TypeError``).
-            InvalidValueError: a value out of range, or ``capacity_bytes``
-                smaller than one stored block.
+            InvalidValueError: a value out of range, or ``capacity_bytes``, ``max_pinned_bytes`` or a
+                tenant's ``quota_bytes`` smaller than one stored block.
         """
         schema = (
             FS_SCHEMA
             if tier_type == FS_SCHEMA.tier
             else ConfigSchema(tier_type, list(FS_SCHEMA.keys.values()), [pins_below_capacity])
         )
-        cfg = cls(**schema.validate(values))
-        cap = cfg.capacity_bytes
-        if cap is not None and cap < stored_block_bytes:
-            raise InvalidValueError(
-                tier_type,
-                "capacity_bytes",
-                f"capacity_bytes {cap} is smaller than one stored block ({stored_block_bytes} bytes = "
-                f"{stored_block_bytes - TRAILER_BYTES} block + {TRAILER_BYTES} trailer)",
-            )
+        checked = schema.validate(values)
+        check_one_block(tier_type, checked, stored_block_bytes)
+        cfg = cls(**checked)
         return cfg

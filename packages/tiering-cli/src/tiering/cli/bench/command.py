@@ -17,6 +17,7 @@ import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tiering.cli.bench.arguments import (
     throttle_argument,
 )
 from tiering.cli.bench.interrupt import StopOnSignal
+from tiering.cli.bench.passes import name_tenants, pass_summary, policies_line
 from tiering.cli.bench.pins import PIN_TTL_S, format_pin_rows, pin_candidates, pin_figures, survivors, with_pin_budget
 from tiering.cli.bench.progress import Progress
 from tiering.cli.bench.replay import Replayer, VerificationError
@@ -184,6 +186,7 @@ def _check_primary_fits(spec: Any) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Replay a workload through a stack, verify every loaded byte, print (and write) the report."""
+    started = time.monotonic()
     if args.config and args.root:
         raise ValueError("--root places the default stack's tier; with --config the config's tiers say where")
     # Paths are checked before the replay, not after it: a typo must not cost the run.
@@ -209,6 +212,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("--pin pins the trace's blocks of no tenant: give --pin or --tenants, not both")
     # With a recompute rate (or --pin): the same replay with the cost model (pins) off, then on, each on a fresh stack.
     passes: list[bool | None] = [False, True] if rate or args.pin else [None]
+    names = {False: "pins off", True: "pins on"} if args.pin else {False: "model off", True: "model on"}
+    summaries: list[dict[str, Any]] = []
     views: dict[str, dict[str, float]] = {}
     pin_views: dict[str, dict[str, Any]] = {}
     if (rate or args.pin) and args.config:
@@ -218,11 +223,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     with StopOnSignal(LABEL) as stopper:
-        for model in passes:
-            outcome = _replay_pass(args, trace, stopper, model)
+        for number, model in enumerate(passes, 1):
+            label = None if model is None else f"pass {number} of {len(passes)}, {names[model]}"
+            outcome = _replay_pass(args, trace, stopper, model, label)
             if isinstance(outcome, int):
                 return outcome
             data, header = outcome
+            if model is not None:
+                summaries.append(pass_summary(names[model], data))
             if rate:
                 views[f"model {'on' if model else 'off'}"] = modelled_ttft(data["timings"], rate)
             if args.pin:
@@ -231,7 +239,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 break
         if rate:
             data["modelled_ttft"] = {"recompute_tokens_per_s": rate, **views}
-        # On one terminal the header printed at the start is still on screen: not twice.
+        data["passes"] = summaries
+        data["command_wall_s"] = time.monotonic() - started
+        # Where stdout and stderr are one terminal or file the header printed at the start is there: not twice.
         print(format_report(data, None if shares_terminal() else header))
         if rate:
             print("\n".join(format_ttft_rows(views, rate)))
@@ -248,12 +258,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _replay_pass(
-    args: argparse.Namespace, trace: Any, stopper: StopOnSignal, model: bool | None
+    args: argparse.Namespace, trace: Any, stopper: StopOnSignal, model: bool | None, label: str | None = None
 ) -> tuple[dict[str, Any], str] | int:
     """One replay on a fresh stack: ``(report data, header)``, or the exit status of a failed replay.
 
     ``model`` True / False turns the load cost model on / off (with ``--recompute-tokens-per-s`` as the rate)
-    or, with ``--pin N``, the pins; None keeps the config's settings.
+    or, with ``--pin N``, the pins; None keeps the config's settings. ``label`` names the pass
+    (``"pass 2 of 2, model on"``): its header line says so, and a later pass prints one line, not the header.
     """
     from tiering.core.factory import create_spec
     from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
@@ -294,10 +305,14 @@ def _replay_pass(
                 stack["throttle"] = f"throttle: every secondary tier's loads take +{latency:g} s per job{limit}"
             if model is not None and not args.pin:
                 stack["load_cost_model"] = spec.load_cost.describe()
+            stack["policies"] = policies_line(spec.secondary_tiers, spec.load_cost.describe())
+            if label is not None:
+                stack["policies"] = f"{label}: {stack['policies']}"
             if args.tenants > 1:
                 stack["tenants"] = tenant_rule(args.tenants)
             header = format_header(args.trace, len(requests), stack)
-            print(header, file=sys.stderr, flush=True)
+            first = label is None or label.startswith("pass 1 ")
+            print(header if first else f"{LABEL}: {stack['policies']}", file=sys.stderr, flush=True)
             replayer = Replayer(manager, names, abandon=stopper.abandon, pinned=pinned)
             pinned_in = manager.pin(pinned, PIN_TTL_S) if model and pinned else []
 
@@ -318,6 +333,8 @@ def _replay_pass(
                         tier.unpin(pinned)
             manager.shutdown()
         data = report.to_dict()
+        tenants = {r.tenant for r in requests}
+        data["tier_stats"] = {name: name_tenants(s, tenants) for name, s in data["tier_stats"].items()}
         if args.pin:
             data["pins"] = pin_figures(data, len(pinned), survived, pinned_in)
         data["trace"] = args.trace
@@ -338,10 +355,8 @@ def _manager(spec: Any, throttle: tuple[float, float | None] | None, block_token
 
 
 def shares_terminal() -> bool:
-    """Whether stdout and stderr are the same terminal (a shell without redirection)."""
+    """Whether stdout and stderr are one terminal, file or pipe (a shell without redirection, or ``> log 2>&1``)."""
     try:
-        if not (sys.stdout.isatty() and sys.stderr.isatty()):
-            return False
         out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         return False
@@ -357,14 +372,17 @@ def _stack(
     requests: list[Request],
     default_stack: bool,
 ) -> dict[str, Any]:
-    tiers = [
-        {
+    tiers = []
+    for name, tier in zip(names, manager.secondary_tiers, strict=True):
+        stats = tier.stats()
+        entry = {
             "name": name,
-            "capacity_bytes": int(tier.stats().get("capacity_bytes", 0)),
+            "capacity_bytes": int(stats.get("capacity_bytes", 0)),
             "location": locations.get(name),
             "temporary": temporary and locations.get(name) is not None,
         }
-        for name, tier in zip(names, manager.secondary_tiers, strict=True)
-    ]
+        if not entry["capacity_bytes"] and stats.get("configured_capacity_bytes"):
+            entry["fleet_capacity_bytes"] = int(stats["configured_capacity_bytes"])  # a server evicts at it
+        tiers.append(entry)
     block_tokens = requests[0].block_tokens if requests else spec.block_size
     return describe_stack(spec, tiers, block_tokens, default_stack)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiering.cli.bench.passes import declined_counts, format_declined_row, format_pass_rows, tenant_rows
 from tiering.core.units import format_bytes
 
 LLAMA_3_1_8B_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
@@ -50,6 +51,8 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
     tiers = []
     for tier in stack["tiers"]:
         cap = f"capped at {format_bytes(tier['capacity_bytes'])}" if tier["capacity_bytes"] else "no cap"
+        if not tier["capacity_bytes"] and tier.get("fleet_capacity_bytes"):  # a server evicts at a fleet-wide cap
+            cap = f"capped at {format_bytes(tier['fleet_capacity_bytes'])} for the whole fleet, the server evicts"
         where = f"blocks written to {tier['location']}" if tier["location"] else "in memory: nothing persistent"
         temporary = " (temporary, removed after the run)" if tier["temporary"] else ""
         tiers.append(f"{tier['name']} ({cap}), {where}{temporary}")
@@ -84,7 +87,8 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
             + "".join(f" -> {t}" for t in tiers),
             f"blocks: {tokens} tokens, {format_bytes(block)} of payload ({block / tokens:,.0f} B/token); {scale}.",
         ]
-        + [stack[name] for name in ("throttle", "load_cost_model", "tenants") if stack.get(name)]
+        + [stack[name] for name in ("throttle", "policies", "tenants") if stack.get(name)]
+        + ([] if stack.get("policies") or not stack.get("load_cost_model") else [stack["load_cost_model"]])
     )
 
 
@@ -133,16 +137,26 @@ def _tier_rows(data: dict[str, Any]) -> list[str]:
     for name, stats in sorted(data["tier_stats"].items(), key=_primary_first):
         cap = stats.get("capacity_bytes")
         cap_text = "unknown" if cap is None else format_bytes(cap) if cap else "unbounded"
+        if not cap and stats.get("configured_capacity_bytes"):  # the medium evicts at a fleet-wide cap
+            cap_text = f"{format_bytes(stats['configured_capacity_bytes'])} for the whole fleet (the server evicts)"
         used = stats.get("used_bytes", stats.get("resident_bytes"))
         used_text = "unknown" if used is None else format_bytes(used)
         if "resident_blocks" in stats:
             used_text += f" ({int(stats['resident_blocks']):,} blocks)"
         evictions = int(stats.get("evictions", 0))
         evicted = f" ({format_bytes(stats['evicted_bytes'])})" if evictions and "evicted_bytes" in stats else ""
+        if "quota_evictions" in stats or "expirations" in stats:  # a tier with tenants: evictions by cause
+            quota = int(stats.get("quota_evictions", 0))
+            evicted += (
+                f": {evictions - quota:,} at the cap, {quota:,} at a tenant's quota; "
+                f"{int(stats.get('expirations', 0)):,} expired (TTL);"
+            )
+        else:
+            evicted += ","
         lines.append(
             _row(
                 f"  {name}",
-                f"capacity {cap_text}, used {used_text}, evictions {evictions:,}{evicted}, "
+                f"capacity {cap_text}, used {used_text}, evictions {evictions:,}{evicted} "
                 f"failed stores: {_failed_stores(stats)}",
             )
         )
@@ -160,7 +174,13 @@ def _latency_rows(data: dict[str, Any]) -> list[str]:
     rows = data.get("latency") or []
     if not rows:
         return []
-    lines = [_row("job latency", "store/load jobs of each secondary tier, submit to report (histogram bucket bounds)")]
+    lines = [
+        _row(
+            "job latency",
+            "store/load jobs of each secondary tier, submit to report (p50 and p99 are the upper bounds of "
+            "histogram buckets, so either may exceed the mean; the mean is exact)",
+        )
+    ]
     for r in rows:
         lines.append(
             _row(
@@ -210,6 +230,8 @@ def format_report(data: dict[str, Any], header: str | None = None) -> str:
         stored, loaded = data["bytes_stored"].get(tier, 0), data["bytes_loaded"].get(tier, 0)
         lines.append(_row(f"  {tier}", f"written {format_bytes(stored)}, served {format_bytes(loaded)}"))
     lines += _tier_rows(data)
+    lines += tenant_rows(data["tier_stats"])
+    lines.append(format_declined_row(declined_counts(data.get("metrics") or {})))
     lines += _latency_rows(data)
     lat = data["scheduler_call_us"]
     lines += [
@@ -225,6 +247,22 @@ def format_report(data: dict[str, Any], header: str | None = None) -> str:
             f"scheduler makes them (lookup, prepare/complete load and store, get_finished): "
             + ", ".join(f"{q} {_ms(lat[q] / 1e6)}" for q in ("p50", "p90", "p99", "max")),
         ),
-        _row("wall time", f"{data['wall_s']:.2f} s"),
+        _row("wall time", _wall_time(data)),
     ]
+    lines += format_pass_rows(data.get("passes") or [])
     return "\n".join(lines)
+
+
+def _wall_time(data: dict[str, Any]) -> str:
+    """The replay's wall time and, when the command ran more (passes, stacks built and shut down), the command's."""
+    text = f"{data['wall_s']:.2f} s (the requests' replay"
+    passes = data.get("passes") or []
+    text += f" of the last pass, {passes[-1]['name']})" if len(passes) > 1 else ")"
+    if data.get("command_wall_s") is not None:
+        text += f"; the whole command {data['command_wall_s']:.2f} s"
+        text += (
+            f" ({len(passes)} passes, each stack built and shut down)"
+            if len(passes) > 1
+            else " (stack built and shut down)"
+        )
+    return text

@@ -241,7 +241,14 @@ class PinBook:
             raise ValueError(f"ttl_s must be > 0 seconds, got {ttl_s}")
         unique = list(dict.fromkeys(keys))
         if not self.enabled:
-            why = "this tier cannot pin" if self.medium is None else "pinning is off (max_pinned_bytes is 0)"
+            why = (
+                "this tier cannot pin"
+                if self.medium is None
+                else (
+                    "pinning is off (max_pinned_bytes is 0: set it in the tier's config, or pass tiering pin "
+                    "--max-pinned-bytes SIZE)"
+                )
+            )
             self._refuse(len(unique))
             raise PinRefusedError(f"{self.label}: {why}")
         assert self.medium is not None

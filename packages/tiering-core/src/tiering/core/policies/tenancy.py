@@ -56,7 +56,7 @@ from typing import Any
 from tiering.core.base import OffloadKey
 from tiering.core.format import MAX_KEY_BYTES
 from tiering.core.schema import ConfigKey
-from tiering.core.units import parse_size
+from tiering.core.units import parse_duration, parse_size
 
 MARK = b"\xf7tn\x1e"
 """First bytes of a tenant's key (engine keys are hashes: one starts so by chance once in 2**32)."""
@@ -158,6 +158,11 @@ def _limits(value: Any, where: str, base: TenantLimits) -> TenantLimits:
             raise ValueError(f"{where}.quota_bytes must be an integer >= 0 or a size such as '2GiB' (is {quota!r})")
     if "ttl_s" in value:
         ttl = value["ttl_s"]
+        if isinstance(ttl, str):  # a duration with a unit ("1h"), as every duration tiering reads
+            try:
+                ttl = parse_duration(ttl)
+            except ValueError:
+                raise ValueError(f"{where}.ttl_s must be seconds or a duration such as '1h' (is {ttl!r})") from None
         if ttl is not None and (
             isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0
         ):

@@ -8,9 +8,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tiering.core.store.hooks import TenantPolicy, tenant_tag
-
-__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "block_size_problem", "config_values", "inspecting", "is_inspecting"]
+__all__ = ["LOOKUP_FALLBACKS", "StoreSettings", "config_values", "inspecting", "is_inspecting"]
 
 _INSPECTING: contextvars.ContextVar[bool] = contextvars.ContextVar("tiering_inspecting", default=False)
 
@@ -104,33 +102,3 @@ def config_values(config: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
     return dict(config)
-
-
-def block_size_problem(values: Mapping[str, Any], stored_block_bytes: int) -> tuple[str, str] | None:
-    """The first byte bound of a checked config that holds less than one stored block: ``(key, problem)``.
-
-    A cap, a tenant's quota or a pin bound under one block would refuse every store or every pin while
-    the config looks valid, so each is refused before anything starts: ``capacity_bytes``,
-    ``max_pinned_bytes`` (0 is pinning off) and every ``quota_bytes`` of ``tenants`` (the default's and
-    each override's). None when all hold at least ``stored_block_bytes``.
-
-    Raises:
-        ValueError: ``tenants`` is malformed (names the field).
-    """
-    unit = f"one stored block ({stored_block_bytes} bytes)"
-    cap = values.get("capacity_bytes")
-    if isinstance(cap, int) and cap < stored_block_bytes:
-        return "capacity_bytes", f"capacity_bytes {cap} is smaller than {unit}"
-    pinned = values.get("max_pinned_bytes")
-    if isinstance(pinned, int) and 0 < pinned < stored_block_bytes:
-        return "max_pinned_bytes", f"max_pinned_bytes {pinned} is smaller than {unit} (0: pinning off)"
-    raw = values.get("tenants")
-    policy = TenantPolicy.from_config(dict(raw)) if isinstance(raw, Mapping) else None
-    if policy is None or raw is None:
-        return None
-    named = [("default", policy.default.quota_bytes)]
-    named += [(f"overrides.{n}", policy.limits(tenant_tag(n)).quota_bytes) for n in raw.get("overrides", {})]
-    for where, quota in named:
-        if quota is not None and quota < stored_block_bytes:
-            return "tenants", f"{where}.quota_bytes {quota} is smaller than {unit}: every store would be refused"
-    return None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tiering.core.base import JobMetadata, OffloadKey, ReqContext, SecondaryTierManager, block_view
 from tiering.core.events import KVEventLog
 from tiering.core.format import HEADER_SIZE
-from tiering.core.schema import ConfigSchema, InvalidValueError
+from tiering.core.schema import ConfigSchema
 from tiering.core.spec import OffloadingSpec
 from tiering.core.store.deletes import Deletes
 from tiering.core.store.hooks import PinBook, PinningTier, TenantPolicy, note_tenant
@@ -34,12 +34,13 @@ from tiering.core.store.loads import Loads
 from tiering.core.store.medium import Medium
 from tiering.core.store.pool import IOPool
 from tiering.core.store.scans import Rescanner, Scans
-from tiering.core.store.settings import StoreSettings, block_size_problem, config_values, is_inspecting
+from tiering.core.store.settings import StoreSettings, config_values, is_inspecting
 from tiering.core.store.stats import Counters, failure_totals
 from tiering.core.store.stores import Stores
 
 if TYPE_CHECKING:
     from tiering.core.store.lookup_cache import LookupCache
+from tiering.core.declared import check_one_block
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         index, jobs, counters, events, pins, pool, tenants: the toolkit parts.
 
     Raises:
-        TierConfigError: a config mistake (names the key), among them ``capacity_bytes`` below one stored block.
+        TierConfigError: a config mistake (names the key), among them ``capacity_bytes``, ``max_pinned_bytes``
+            or a tenant's ``quota_bytes`` below one stored block.
         Exception: what :meth:`open_medium` raises (the medium cannot be used), or a blocking start-up scan.
     """
 
@@ -102,7 +104,8 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
         self.stored_block_bytes = self.block_bytes + self.block_overhead_bytes
         self.config = self.check_config(config)
         values = config_values(self.config)
-        self._check_sizes(values)  # before the medium is opened: nothing created yet
+        # before the medium is opened (nothing created yet): a cap, pin bound or quota below one stored block
+        check_one_block(self.tier_type, values, self.stored_block_bytes)
         self.blocks = medium = self.open_medium(self.config)
         medium.read_only = medium.read_only or is_inspecting()  # opened for inspection: changes no block
         try:
@@ -200,11 +203,6 @@ class IndexedTier(PinningTier, JobReporting, SecondaryTierManager):
     def _counter_names(self, medium: Medium) -> list[str]:
         causes = [f"store_failed_{c}" for c in medium.store_causes] + [f"load_failed_{c}" for c in medium.load_causes]
         return [*_COUNTERS, *medium.counters, *causes]
-
-    def _check_sizes(self, values: Mapping[str, Any]) -> None:
-        """Refuse a cap, pin bound or tenant quota under one stored block (:func:`block_size_problem`)."""
-        if (found := block_size_problem(values, self.stored_block_bytes)) is not None:
-            raise InvalidValueError(self.tier_type, *found)
 
     # -- lookups ----------------------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
