@@ -145,7 +145,7 @@ def test_vllm_factory_resolves_our_tiers_by_module_path(
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
 
     from tiering.core import SecondaryTierFactory
-    from tiering.testing import tiers
+    from tiering.core.vllm import tiers
     from tiering.testing import vllm_driver as testing
 
     entry = tier_entry(kind, tmp_path, request)
@@ -454,7 +454,7 @@ class _Override:
 def test_namespace_field_of_a_fake_spec_is_refused_naming_it(field: str) -> None:
     from unittest.mock import MagicMock
 
-    from tiering.testing import translate
+    from tiering.core.vllm import translate
     from tiering.testing import vllm_driver as testing
 
     entry = {"type": "tiering_example"}
