@@ -47,7 +47,7 @@ def test_c32_every_numeric_key_refuses_nan_and_infinities():
 UNDER_ONE_BLOCK = [
     ({"max_pinned_bytes": 100}, "secondary_tiers[0].max_pinned_bytes: max_pinned_bytes 100 is smaller than one"),
     ({"tenants": {"default": {"quota_bytes": 100}}}, "tenants.default.quota_bytes: quota_bytes 100 is smaller"),
-    ({"tenants": {"overrides": {"acme": {"quota_bytes": "1KiB"}}}}, "tenants.overrides.acme.quota_bytes: quota_bytes 1024"),
+    ({"tenants": {"overrides": {"acme": {"quota_bytes": "1KiB"}}}}, "overrides.acme.quota_bytes: quota_bytes 1024"),
     ({"capacity_bytes": 100}, "capacity_bytes 100 is smaller than one stored block"),
 ]
 
