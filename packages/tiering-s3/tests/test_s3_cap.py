@@ -213,3 +213,63 @@ def test_c27_a_store_refused_for_room_that_queued_writes_hold_fails_after_the_ro
         assert load(tier, view, [key], [1])
     finally:
         tier.shutdown()
+
+
+def test_a_replay_with_batch_deletes_refused_and_50_ms_single_deletes_finishes_and_settles(s3, hooks):  # noqa: F811
+    """Cap 20, 8 I/O threads, DeleteObjects refused after start-up and each DeleteObject 50 ms; 300 requests
+    storing two blocks and loading earlier ones from 8 clients: every request finishes, none waits without a bound,
+    and the account returns to what the bucket holds."""
+    if not s3.batch_delete():
+        pytest.skip("the server has no batch delete to refuse")
+    batches = itertools.count()
+    hooks.add(
+        "before-call.s3.DeleteObjects",
+        lambda **_: server_error(400, "MissingContentMD5") if next(batches) >= 1 else None,
+    )
+    hooks.add("before-call.s3.DeleteObject", lambda **_: time.sleep(0.05))
+    cap = 20
+    spec = make_spec(num_blocks=64)
+    tier, view = build(s3.tier_config(capacity_bytes=cap * OBJ, max_concurrency=8), spec)
+    submit_lock, done = threading.Lock(), threading.Event()
+    finished: dict[int, bool] = {}
+    try:
+
+        def collect():
+            while not done.is_set():
+                for result in tier.get_finished():
+                    finished[result.job_id] = result.success
+                time.sleep(0.001)
+
+        requests = itertools.count()
+
+        def client(worker):
+            slots = [worker * 4, worker * 4 + 1]
+            while (n := next(requests)) < 300:
+                keys = [make_key(n * 2 + i, b"c27") for i in range(2)]
+                for key, slot in zip(keys, slots):
+                    block_view(view, slot)[:] = block_payload(key, view.shape[1])
+                jobs = [JobMetadata(next(JOB_IDS), keys, slots, False, CTX)]
+                if n >= 8:  # and load two blocks of an earlier request (a hit or a miss, never wrong bytes)
+                    jobs.append(JobMetadata(next(JOB_IDS), [make_key((n - 8) * 2 + i, b"c27") for i in range(2)],
+                                            [worker * 4 + 2, worker * 4 + 3], True, CTX))  # fmt: skip
+                with submit_lock:  # one scheduler thread submits, as in the engine
+                    for job in jobs:
+                        (tier.submit_load if job.is_promotion else tier.submit_store)(job)
+                for job in jobs:
+                    wait_until(lambda job_id=job.job_id: job_id in finished, 60.0)
+
+        collector = threading.Thread(target=collect, daemon=True)
+        collector.start()
+        threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not any(t.is_alive() for t in threads)
+        wait_until(lambda: tier.stats()["pending_delete_bytes"] == 0 and tier.stats()["in_flight_stores"] == 0, 60)
+        stats = tier.stats()
+        assert stats["used_bytes"] == stats["resident_bytes"] <= cap * OBJ and stats["reserved_bytes"] == 0
+        assert stats["blocks_stored"] > cap
+    finally:
+        done.set()
+        tier.shutdown()

@@ -40,9 +40,11 @@ class DictMedium(Medium):
         self.peak = 0
         self.fail_deletes = False
         self.delete_delay_s = 0.0
+        self.write_delay_s = 0.0
         self.remove_calls = []
 
     def write_many(self, keys, block_ids, slot, stopping):
+        time.sleep(self.write_delay_s)  # a remote medium's PUT latency (0 unless a test sets it)
         out = []
         for key, block_id in zip(keys, block_ids, strict=True):
             payload = slot(block_id)
@@ -275,3 +277,47 @@ def test_c30_stores_succeed_again_once_deletes_stop_failing_without_waiting_for_
     wait_until(lambda: tier.stats()["pending_delete_bytes"] == 0)
     assert medium.peak == 2 and list(medium.data) == [make_key(4, b"after")]  # the failed deletes went too
     assert tier.stats()["used_bytes"] == STORED
+
+
+def test_a_replay_with_slow_writes_and_single_deletes_on_eight_threads_finishes_and_settles(open_store):
+    # The shape of a replay that once froze a tier: a cap of 20 blocks, 8 I/O threads reserving on the scheduler
+    # thread, writes and single deletes of 50 ms, 300 requests of two blocks from 8 clients. Every request
+    # finishes; the account returns to what the medium holds.
+    tier, view = open_store(num_blocks=16, capacity_bytes=20 * STORED, on_scheduler=True, delete_threads=8,
+                            n_read_threads=8, n_write_threads=8)  # fmt: skip
+    tier.blocks.delete_delay_s = tier.blocks.write_delay_s = 0.05
+    submit, done = threading.Lock(), threading.Event()
+    finished: dict[int, bool] = {}
+    requests = iter(range(300))
+
+    def collect():
+        while not done.is_set():
+            for result in tier.get_finished():
+                finished[result.job_id] = result.success
+            time.sleep(0.001)
+
+    def client(worker):
+        slots = [worker * 2, worker * 2 + 1]
+        while (n := next(requests, None)) is not None:
+            keys = [make_key(n * 2 + i, b"c27-replay") for i in range(2)]
+            fill_slots(view, keys, slots)
+            job = store_job(keys, slots)
+            with submit:
+                tier.submit_store(job)
+            wait_until(lambda job_id=job.job_id: job_id in finished, 60.0)
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    clients = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(8)]
+    try:
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(120)
+        assert not any(t.is_alive() for t in clients) and len(finished) == 300
+    finally:
+        done.set()
+    wait_until(lambda: tier.stats()["pending_delete_bytes"] == 0 and tier.stats()["in_flight_stores"] == 0)
+    stats = tier.stats()
+    assert stats["reserved_bytes"] == 0 and stats["used_bytes"] == len(tier.blocks.data) * STORED
+    assert tier.blocks.peak <= 20 and stats["blocks_stored"] > 20
