@@ -292,10 +292,10 @@ class RedisSettings:
                 sentinel_kwargs["username"] = v["sentinel_username"]
             if v["sentinel_password"]:
                 sentinel_kwargs["password"] = v["sentinel_password"]
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
                 [(h, p) for h, p in v["sentinels"]], sentinel_kwargs=sentinel_kwargs
             )
-            return sentinel.master_for(v["service_name"], **kwargs)  # type: ignore[no-untyped-call]
+            return sentinel.master_for(v["service_name"], **kwargs)  # type: ignore[no-untyped-call,unused-ignore]
         if v["mode"] == "cluster":
             kwargs.pop("health_check_interval")
             if v["url"]:
