@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tiering.core import SecondaryTierFactory
+from tiering.core.capabilities import LocalTier
 
 EXE = Path(sys.executable).parent / "tiering"
 PROGRESS = "requests, hit ratio"
@@ -23,7 +24,8 @@ PROGRESS = "requests, hit ratio"
 def persistent_tier():
     """The name of the first installed tier with a local default (what `tiering bench` picks), or None."""
     for name in SecondaryTierFactory.known_names():
-        if SecondaryTierFactory.get_class(name).default_local_config("/nonexistent") is not None:
+        cls = SecondaryTierFactory.get_class(name)
+        if isinstance(cls, LocalTier) and cls.default_local_config("/nonexistent") is not None:
             return name
     return None
 
