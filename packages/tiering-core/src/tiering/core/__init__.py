@@ -23,6 +23,8 @@ The tree shows the layers (``lint-imports`` checks them, see the root
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,8 +55,6 @@ _HOMES = {
     "tiering.core.spec": "Namespace OffloadingSpec",
     "tiering.core.runtime.tiering_spec": "TieringOffloadingSpec",
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names.split()}
-
 __all__ = [
     "ARCCachePolicy",
     "CPUPrimaryTier",
@@ -81,14 +81,30 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its module on first use (PEP 562); ``AttributeError`` for any other name."""
-    module = _HOME_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+def _lazy_exports(package: str, homes: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562): each name of ``homes`` imported from its module on first use.
+
+    Args:
+        package: the package's ``__name__``; the value is cached in its namespace after the first use.
+        homes: module name -> its names, space-separated.
+
+    Returns:
+        The ``__getattr__``; it raises ``AttributeError`` for a name ``homes`` does not list.
+    """
+    home_of = {name: module for module, names in homes.items() for name in names.split()}
+
+    def __getattr__(name: str) -> Any:
+        module = home_of.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
+
+
+__getattr__ = _lazy_exports(__name__, _HOMES)
 
 
 def __dir__() -> list[str]:

@@ -7,8 +7,9 @@ does not load the tier and its policies.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tiering.core import _lazy_exports
 
 if TYPE_CHECKING:
     from tiering.core.base import PRIMARY
@@ -22,8 +23,6 @@ _HOMES = {
     "tiering.core.primary.policy": "ARCCachePolicy CachePolicy LRUCachePolicy",
     "tiering.core.primary.tier": "Allocation CPUPrimaryTier",
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names.split()}
-
 __all__ = [
     "PRIMARY",
     "ARCCachePolicy",
@@ -36,11 +35,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its module on first use (PEP 562)."""
-    module = _HOME_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_exports(__name__, _HOMES)

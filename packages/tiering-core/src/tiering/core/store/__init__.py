@@ -23,8 +23,9 @@ The names below are imported on first use (PEP 562): a tier importing
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tiering.core import _lazy_exports
 
 if TYPE_CHECKING:
     from tiering.core.store.medium import (
@@ -47,8 +48,6 @@ _HOMES = {
     "tiering.core.store.settings": "StoreSettings",
     "tiering.core.store.tier": "IndexedTier",
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names.split()}
-
 __all__ = [
     "BlockNotReadyError",
     "IndexedTier",
@@ -63,11 +62,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its module on first use (PEP 562)."""
-    module = _HOME_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_exports(__name__, _HOMES)
