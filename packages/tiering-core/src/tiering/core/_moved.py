@@ -29,6 +29,8 @@ def _warn_and_import(old: str, new: str, distribution: str) -> ModuleType:
     try:
         return importlib.import_module(new)
     except ModuleNotFoundError as exc:
+        if exc.name is None or not new.startswith(exc.name):
+            raise  # the new module is there; something it imports (the engine itself) is not
         raise ImportError(f"{old} moved to {new}: pip install {distribution}") from exc
 
 
