@@ -9,14 +9,14 @@ pins nothing, a :class:`TenantPolicy` without tenants scopes nothing.
 
 - :class:`PinBook`, :class:`PinMedium`, :class:`PinningTier`: pin records kept with the blocks
   (:mod:`tiering.core.policies.pin_records`);
-- :class:`TenantPolicy`, :func:`note_tenant`, :func:`tenant_tag`: per-tenant keys, quotas and TTLs
+- :class:`TenantPolicy`, :func:`note_tenant`: per-tenant keys, quotas and TTLs
   (:mod:`tiering.core.policies.tenancy`);
 - :class:`TenantBook`, :class:`TenantOrder`: the index's per-tenant account
   (:mod:`tiering.core.policies.tenant_book`).
 """
 
 from tiering.core.policies.pin_records import PinBook, PinMedium, PinningTier
-from tiering.core.policies.tenancy import TenantPolicy, note_tenant, tenant_tag
+from tiering.core.policies.tenancy import TenantPolicy, note_tenant
 from tiering.core.policies.tenant_book import TenantBook, TenantOrder
 
 __all__ = [
@@ -27,5 +27,4 @@ __all__ = [
     "TenantOrder",
     "TenantPolicy",
     "note_tenant",
-    "tenant_tag",
 ]
