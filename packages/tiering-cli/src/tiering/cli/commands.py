@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from tiering.cli.bench.arguments import positive_size
 from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.cli.options import STACK_EPILOG, add_stack_arguments
 from tiering.cli.terminal import echo, printable, redact_text
 from tiering.core.configfile import load_config
 from tiering.core.factory import SecondaryTierFactory
@@ -72,8 +73,10 @@ def _coerce(cls: type, key: str, text: str) -> Any:
         return text
 
 
-def stack_config(args: argparse.Namespace) -> dict[str, Any]:
+def stack_config(args: argparse.Namespace, notes: list[str] | None = None) -> dict[str, Any]:
     """The config a command works on: the CONFIG file, or a stack built from ``--root`` / ``--tier`` options.
+
+    ``notes`` receives what :func:`~tiering.core.configfile.load_config` says of the file (the form it read).
 
     Raises:
         ValueError: both or neither given; no installed tier offers a local default.
@@ -82,7 +85,7 @@ def stack_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.config:
         if args.tier or args.root or options:
             raise ValueError("give either a CONFIG file or --root / --tier options, not both")
-        return load_config(args.config)
+        return load_config(args.config, notes)
     if args.tier is None:
         if args.root is None:
             raise ValueError(
@@ -264,17 +267,26 @@ def cmd_gc(args: argparse.Namespace) -> int:
     cutoff = time.time() - args.older_than if args.older_than is not None else None
     verb = "would remove" if args.dry_run else "removed"
     found_namespace = False
+    say = text_output(args)
+    results: list[dict[str, Any]] = []
     for index, tier_config, inspector in _inspectors(_config(args)):
-        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+        location = _location(inspector, tier_config)
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {location}"
         foreign = sorted(inspector.foreign())
+        result: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
+        result.update({"dry_run": args.dry_run, "foreign": len(foreign)})
+        results.append(result)
         if args.namespace:
             if args.namespace not in inspector.namespaces():
-                echo(f"{label}: no namespace {args.namespace}")
+                say(f"{label}: no namespace {args.namespace}")
+                result.update(namespace=None, blocks=0, bytes=0)
                 continue
             found_namespace = True
             blocks = _walk(inspector, args.namespace, label)
             n = len(blocks) if args.dry_run else inspector.remove_namespace(args.namespace)
-            echo(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {_size(sum(b.size for b in blocks))})")
+            size = sum(b.size for b in blocks)
+            result.update(namespace=args.namespace, blocks=n, bytes=size)
+            say(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {_size(size)})")
         else:
             everything = [(d, b) for d in inspector.namespaces() for b in _walk(inspector, d, label)]
             if cutoff is not None:
@@ -293,9 +305,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 n = 0
                 for digest in {d for d, _ in victims}:
                     n += inspector.remove_blocks(digest, [b for d, b in victims if d == digest])
-            echo(f"{label}: {verb} {n} blocks ({_size(sum(b.size for _, b in victims))})")
+            size = sum(b.size for _, b in victims)
+            result.update(blocks=n, bytes=size)
+            say(f"{label}: {verb} {n} blocks ({_size(size)})")
         if foreign:
-            echo(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+            say(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+    if args.json:
+        print(json.dumps(results, indent=2))
     if args.namespace and not found_namespace:
         echo(f"tiering gc: no tier holds namespace {args.namespace} (see `tiering ls`)", sys.stderr)
         return 1
@@ -305,11 +321,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Read blocks, check their headers and checksums; report (and with --remove, delete) corrupt ones."""
     corrupt_total = 0
+    say = text_output(args)
+    results: list[dict[str, Any]] = []
     for index, tier_config, inspector in _inspectors(_config(args)):
-        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+        location = _location(inspector, tier_config)
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {location}"
         digests = list(inspector.namespaces())
         if not digests:
-            print(f"{label}: no namespace found, nothing to verify (see `tiering ls`)")
+            say(f"{label}: no namespace found, nothing to verify (see `tiering ls`)")
         for digest in digests:
             blocks = _walk(inspector, digest, label)
             if args.sample is not None and args.sample < len(blocks):
@@ -324,43 +343,47 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     continue  # removed meanwhile (eviction by a running engine)
                 if reason is not None:
                     corrupt.append(block)
-                    echo(f"{label}: CORRUPT {block.name}: {reason}")
+                    say(f"{label}: CORRUPT {block.name}: {reason}")
             if corrupt and args.remove:
                 inspector.remove_blocks(digest, corrupt)
-            echo(
+            results.append(
+                {
+                    "index": index,
+                    "type": tier_config["type"],
+                    "location": location,
+                    "namespace": digest,
+                    "checked": len(blocks),
+                    "sound": len(blocks) - len(corrupt),
+                    "corrupt": [block.name for block in corrupt],
+                    "removed": bool(corrupt and args.remove),
+                }
+            )
+            say(
                 f"{label}: namespace {digest}: {len(blocks)} checked, {len(blocks) - len(corrupt)} sound, "
                 f"{len(corrupt)} corrupt" + (" (removed)" if corrupt and args.remove else "")
             )
             corrupt_total += len(corrupt)
+    if args.json:
+        print(json.dumps(results, indent=2))
     return 1 if corrupt_total else 0
 
 
-STACK_EPILOG = (
-    "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
-    "opens one tier of that type with those config keys (e.g. --tier s3 --bucket kv --prefix fleet-a)."
-)
-
-
-def _stack_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
-    parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
-    parser.add_argument("--root", metavar="DIR", help="the directory of the tier (`tiering bench --root DIR`)")
-    parser.set_defaults(accepts_tier_options=True)
+def text_output(args: argparse.Namespace) -> Any:
+    """Where a command's report lines go: :func:`echo`, or nowhere with ``--json`` (which prints JSON instead)."""
+    return (lambda line: None) if args.json else echo
 
 
 def add_commands(sub: Any) -> None:
     """Register ls, stat, gc and verify on the ``tiering`` sub-parser."""
     ls = sub.add_parser("ls", help="namespaces, blocks and bytes held by each persistent tier", epilog=STACK_EPILOG)
-    _stack_arguments(ls)
-    ls.add_argument("--json", action="store_true", help="print JSON")
+    add_stack_arguments(ls, "print JSON: per tier its namespaces, blocks, bytes, oldest and newest")
     ls.set_defaults(func=cmd_ls)
     stat = sub.add_parser(
         "stat",
         help="the state of each tier: blocks, bytes, cap, pins, tenants (--json: every counter)",
         epilog=STACK_EPILOG,
     )
-    _stack_arguments(stat)
-    stat.add_argument("--json", action="store_true", help="print JSON, with every counter of each tier")
+    add_stack_arguments(stat, "print JSON, with every counter of each tier")
     stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
     stat.add_argument(
         "--block-bytes",
@@ -369,7 +392,7 @@ def add_commands(sub: Any) -> None:
     )
     stat.set_defaults(func=cmd_stat)
     gc = sub.add_parser("gc", help="remove stale namespaces, old blocks, or evict down to a size", epilog=STACK_EPILOG)
-    _stack_arguments(gc)
+    add_stack_arguments(gc, "print JSON: per tier the blocks and bytes removed (or that would be)")
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
     what.add_argument(
@@ -387,7 +410,7 @@ def add_commands(sub: Any) -> None:
     gc.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     gc.set_defaults(func=cmd_gc)
     verify = sub.add_parser("verify", help="check stored blocks' headers and checksums", epilog=STACK_EPILOG)
-    _stack_arguments(verify)
+    add_stack_arguments(verify, "print JSON: per tier and namespace the blocks checked, sound and corrupt")
     verify.add_argument("--sample", type=int, metavar="N", help="check N random blocks per namespace")
     verify.add_argument("--remove", action="store_true", help="delete the corrupt blocks found")
     verify.set_defaults(func=cmd_verify)
