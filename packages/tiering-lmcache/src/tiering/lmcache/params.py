@@ -9,7 +9,7 @@ from typing import Any
 
 from tiering.core.policies.admission import refuse_admission
 from tiering.core.registry import closest_name
-from tiering.core.units import SIZE_EXAMPLES, parse_size
+from tiering.core.units import size_value
 
 PARAM_KEYS = ("tier", "object_bytes", "staging_objects", "lock_ttl_s", "lookup_timeout_s")
 """Keys accepted in ``adapter_params``."""
@@ -70,16 +70,9 @@ def parse_params(params: Any) -> AdapterParams:
             f"got {'an object without a type' if isinstance(tier, Mapping) else repr(tier)}"
         )
     refuse_admission(tier, "adapter_params.tier", "LMCache")
-    raw = params.get("object_bytes")
-    try:
-        object_bytes = parse_size(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        object_bytes = None
-    if isinstance(object_bytes, bool) or not isinstance(object_bytes, int) or object_bytes < 1:
-        raise ValueError(
-            "adapter_params.object_bytes (the largest LMCache object, bytes) must be an integer >= 1 "
-            f"or a size with a unit ({SIZE_EXAMPLES}), got {raw!r}"
-        )
+    object_bytes = size_value(
+        params.get("object_bytes"), "adapter_params.object_bytes", 1, "the largest LMCache object"
+    )
     staging = params.get("staging_objects", DEFAULT_STAGING_OBJECTS)
     if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
         raise ValueError(f"adapter_params.staging_objects must be an integer >= 1, got {staging!r}")
