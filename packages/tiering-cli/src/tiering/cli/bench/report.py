@@ -12,6 +12,7 @@ from typing import Any
 
 from tiering.cli.bench.passes import declined_counts, format_declined_row, format_pass_rows, tenant_rows
 from tiering.cli.bench.stack import CAPACITY_RULE
+from tiering.cli.bench.stores import format_store_rows, store_accounting
 from tiering.core.units import format_bytes
 
 LLAMA_3_1_8B_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
@@ -230,6 +231,9 @@ def format_report(data: dict[str, Any], header: str | None = None) -> str:
             "failed or no primary slot was free; the rest was recomputed)",
         ),
         _row("blocks stored", f"{data['blocks_stored']:,} (no free primary slot: {data['store_rejected']:,})"),
+    ]
+    lines += format_store_rows(store_accounting(data.get("metrics") or {}))
+    lines += [
         _row("payload bytes", "written into / served by each tier (block bytes, headers excluded)"),
     ]
     for tier in sorted(set(data["bytes_stored"]) | set(data["bytes_loaded"]), key=lambda t: _primary_first((t, 0))):

@@ -262,14 +262,18 @@ class TieringManager:
         self.metrics.inc("blocks_stored_total", self._primary_labels, len(keys))
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
         self._seen(keys, req_context, write_resident=False)
-        self._cascade(keys, req_context, range(len(self.secondary_tiers)))
+        self._cascade(keys, req_context, range(len(self.secondary_tiers)), "store")
 
     def pin(self, keys: Sequence[OffloadKey], ttl_s: float, tenant: str = "") -> list[bool]:
         """Pin ``tenant``'s ``keys`` in every secondary tier: per tier, whether it did (:func:`pin_in_tiers`)."""
         return pin_in_tiers(self.secondary_tiers, scope_keys(tenant, keys), ttl_s)
 
-    def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
-        """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier)."""
+    def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range, origin: str) -> None:
+        """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier).
+
+        ``origin`` labels the offers in ``store_offers_total``: ``"store"`` (a primary store) or ``"fill"`` (blocks
+        loaded from a lower tier, written to the tiers above it).
+        """
         for idx in tier_indices:
             # A block whose load from this tier failed for the request, or whose lookup raised, is stored again.
             held_set = {key for key in keys if self._guards[idx].lookup(key, req_context) is True}
@@ -277,7 +281,16 @@ class TieringManager:
             missing = [key for key in keys if key not in held_set]
             if held:
                 self._guards[idx].touch(held, req_context)
+            self._count_offers(idx, origin, held=len(held), offered=len(missing))
             self._write(idx, missing, req_context)
+
+    def _count_offers(self, idx: int, origin: str, held: int, offered: int) -> None:
+        """Count blocks offered to tier ``idx``: ``held`` (it had them, touched), ``offered`` (to write)."""
+        for outcome, blocks in (("held", held), ("offered", offered)):
+            if blocks:
+                self.metrics.inc(
+                    "store_offers_total", {**self._tier_labels[idx], "origin": origin, "outcome": outcome}, blocks
+                )
 
     def _write(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Store in tier ``idx`` (one job) the resident ``keys`` its admission policy lets through."""
@@ -293,7 +306,9 @@ class TieringManager:
         """A request used ``keys``: count a sighting; ``write_resident``: offer those in the primary tier again."""
         for idx in self._admission.seen(keys):  # a tier that holds a block, or is still writing it, is not offered it
             ready = [k for k in keys if write_resident and self.primary.lookup(k)]
-            self._write(idx, [k for k in ready if self._guards[idx].lookup(k, req_context) is False], req_context)
+            offered = [k for k in ready if self._guards[idx].lookup(k, req_context) is False]
+            self._count_offers(idx, "resighted", held=0, offered=len(offered))
+            self._write(idx, offered, req_context)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
@@ -341,7 +356,7 @@ class TieringManager:
             first = min(load.keys.index(k) for k in failed)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
         if ok and idx > 0:
-            self._cascade(ok, meta.req_context, range(idx))  # fill the tiers above the one that had them
+            self._cascade(ok, meta.req_context, range(idx), "fill")  # fill the tiers above the one that had them
         self._maybe_finish_load(load)
 
     def _record_job(self, idx: int, job: JobState, success: bool) -> None:
@@ -354,6 +369,14 @@ class TieringManager:
     def in_flight_jobs(self) -> dict[int, int]:
         """Jobs submitted and not yet reported, per secondary tier index."""
         return dict(Counter(state.context.tier_idx for state in self._jobs.in_flight_states()))
+
+    def in_flight_store_blocks(self) -> dict[int, int]:
+        """Blocks of the store jobs submitted and not yet reported, per secondary tier index."""
+        out: Counter[int] = Counter()
+        for state in self._jobs.in_flight_states():
+            if not state.meta.is_promotion:
+                out[state.context.tier_idx] += len(state.meta.keys)
+        return dict(out)
 
     # -- lifecycle ----------------------------------------------------------
     def on_request_finished(self, req_context: ReqContext) -> None:
