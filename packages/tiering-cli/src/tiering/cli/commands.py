@@ -29,13 +29,13 @@ from tqdm import tqdm
 
 from tiering.cli.bench.arguments import positive_size
 from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
-from tiering.cli.options import STACK_EPILOG, add_stack_arguments
+from tiering.cli.options import STACK_EPILOG, add_namespace_argument, add_stack_arguments
 from tiering.cli.terminal import echo, printable, redact_text
 from tiering.core.configfile import load_config
 from tiering.core.factory import SecondaryTierFactory
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.store.settings import inspecting
-from tiering.core.units import duration_argument, format_bytes, size_argument
+from tiering.core.units import duration_argument, format_bytes, size_argument, size_or_none
 
 STAT_WAIT_S = 60.0
 
@@ -106,6 +106,41 @@ def stack_config(args: argparse.Namespace, notes: list[str] | None = None) -> di
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     return stack_config(args)
+
+
+def in_namespace(config: dict[str, Any], digest: str) -> dict[str, Any]:
+    """``config`` set to open namespace ``digest`` (or a unique prefix of it), as a persistent tier of it holds it.
+
+    An engine binding sets the namespace from the engine's config when it starts (the vLLM binding: model,
+    dtype, row layout and size), which a config file does not say; the namespace's ``namespace.json`` in the
+    root, bucket or server does, and its fields become the config's keys
+    (:meth:`~tiering.core.spec.Namespace.config_keys`).
+
+    Raises:
+        ValueError: no persistent tier holds such a namespace, the prefix is ambiguous, or its
+            ``namespace.json`` is missing or does not give back its digest; the message says which.
+    """
+    from tiering.core.spec import Namespace, OffloadingSpec
+
+    found = {
+        held: inspector
+        for _, _, inspector in _inspectors(config)
+        for held in inspector.namespaces()
+        if held.startswith(digest)
+    }
+    if len(found) != 1:
+        what = "no persistent tier of the stack holds it" if not found else f"it names {len(found)} namespaces"
+        raise ValueError(f"--namespace {digest}: {what} (`tiering ls` lists the namespaces each tier holds)")
+    ((full, inspector),) = found.items()
+    fields = inspector.namespace_fields(full)
+    if not fields:
+        raise ValueError(f"--namespace {full}: its namespace.json is missing or unreadable, so it cannot be opened")
+    keys = Namespace.config_keys(fields)
+    cpu = size_or_none(config.get("cpu_bytes_to_use")) or 0
+    opened = {**config, **keys, "cpu_bytes_to_use": max(cpu, int(keys["block_bytes"]))}
+    if OffloadingSpec(opened, strict=False).namespace.digest != full:
+        raise ValueError(f"--namespace {full}: its namespace.json does not give back its digest (another format)")
+    return opened
 
 
 def _location(inspector: TierInspector, tier_config: Mapping[str, Any]) -> str:
@@ -192,7 +227,8 @@ def cmd_stat(args: argparse.Namespace) -> int:
     from tiering.core.primary import allocate_host_buffer
     from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
 
-    spec = create_spec(_config(args))
+    config = _config(args)
+    spec = create_spec(in_namespace(config, args.namespace) if args.namespace else config)
     if not isinstance(spec, TieringOffloadingSpec):
         raise ValueError(f"tiering stat needs a TieringOffloadingSpec, got {type(spec).__name__}")
     missing = _tiers_without_namespace(spec.secondary_tiers, spec.namespace.digest)
@@ -201,7 +237,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
         echo(f"tiering stat: no namespace {spec.namespace.digest} ({fields}) in:", sys.stderr)
         for line in missing:
             echo(f"  {line}", sys.stderr)
-        echo("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", sys.stderr)
+        echo(
+            "(stat opens a tier only where its namespace is; `tiering ls` shows what each holds, and "
+            "--namespace DIGEST opens one of them, such as an engine's)",
+            sys.stderr,
+        )
         return 1
     with inspecting():  # read-only: no eviction down to the config's cap, no expiry, no trim, nothing written
         tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
@@ -384,6 +424,7 @@ def add_commands(sub: Any) -> None:
         epilog=STACK_EPILOG,
     )
     add_stack_arguments(stat, "print JSON, with every counter of each tier")
+    add_namespace_argument(stat)
     stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
     stat.add_argument(
         "--block-bytes",

@@ -114,9 +114,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         say(line)
     spec = create_spec(config)
     report["spec"] = f"{type(spec).__module__}.{type(spec).__qualname__}"
-    report["namespace"] = {"digest": spec.namespace.digest, "fields": spec.namespace.to_dict()}
     say(f"spec: {report['spec']}")
-    say(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
+    engine_sized = bool(args.config) and sized_by_engine(args.config)
+    report["block_bytes_set_by_engine"] = engine_sized
+    if engine_sized:
+        # the digest of this file's keys alone ("model": "unknown") is not one the engine ever writes
+        report["namespace"] = {"set_by_engine": True}
+        say(
+            "namespace: the engine's, set when it starts (model, dtype, row layout and block_bytes from its own "
+            "config); `tiering ls CONFIG` lists the namespaces the root holds, `tiering stat CONFIG --namespace "
+            "DIGEST` opens one"
+        )
+    else:
+        report["namespace"] = {"digest": spec.namespace.digest, "fields": spec.namespace.to_dict()}
+        say(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
     primary = spec.num_primary_blocks * spec.block_bytes
     report["primary"] = {"blocks": spec.num_primary_blocks, "block_bytes": spec.block_bytes, "bytes": primary}
     blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
@@ -134,8 +145,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     if load_cost is not None:
         say(load_cost.describe())
     tier_configs = list(getattr(spec, "secondary_tiers", []))
-    engine_sized = bool(args.config) and sized_by_engine(args.config)
-    report["block_bytes_set_by_engine"] = engine_sized
     if engine_sized and tier_configs:
         say("block_bytes: set by the engine (not in the config): bounds are compared with one block when it starts")
     for index, tier_config in enumerate(tier_configs):

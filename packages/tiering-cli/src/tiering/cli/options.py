@@ -18,7 +18,14 @@ import difflib
 import inspect
 from typing import Any
 
-__all__ = ["STACK_EPILOG", "add_stack_arguments", "check_tier_options", "split_tier_options", "tier_option_keys"]
+__all__ = [
+    "STACK_EPILOG",
+    "add_namespace_argument",
+    "add_stack_arguments",
+    "check_tier_options",
+    "split_tier_options",
+    "tier_option_keys",
+]
 
 STACK_EPILOG = (
     "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
@@ -43,6 +50,20 @@ def add_stack_arguments(parser: argparse.ArgumentParser, json_help: str) -> None
     parser.add_argument("--root", metavar="DIR", help="the directory of the tier (`tiering bench --root DIR`)")
     parser.add_argument("--json", action="store_true", help=json_help)
     parser.set_defaults(accepts_tier_options=True)
+
+
+def add_namespace_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--namespace DIGEST`` to a subcommand that opens the tiers (``stat``, ``pin``).
+
+    It opens the namespace a root already holds (its ``namespace.json``: :func:`tiering.cli.commands.in_namespace`)
+    instead of the config's own, which an engine binding completes only when the engine starts.
+    """
+    parser.add_argument(
+        "--namespace",
+        metavar="DIGEST",
+        help="open this namespace of the root (a digest `tiering ls` lists, or a unique prefix), e.g. the one an "
+        "engine wrote: its namespace.json gives the model, dtype, layout and block size",
+    )
 
 
 def split_tier_options(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

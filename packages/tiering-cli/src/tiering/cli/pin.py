@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiering.cli.options import STACK_EPILOG, add_stack_arguments
+from tiering.cli.options import STACK_EPILOG, add_namespace_argument, add_stack_arguments
 from tiering.cli.terminal import echo
 from tiering.core.base import OffloadKey, ReqContext
 from tiering.core.capabilities import PinnableTier
@@ -82,11 +82,12 @@ def _keys(args: argparse.Namespace, block_size: int) -> list[OffloadKey]:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """Pin (or unpin) the given prefix in every secondary tier of the stack; one line per tier."""
-    from tiering.cli.commands import stack_config, text_output
+    from tiering.cli.commands import in_namespace, stack_config, text_output
     from tiering.core.factory import create_spec
     from tiering.core.primary import allocate_host_buffer
 
-    spec: Any = create_spec(stack_config(args))
+    config = stack_config(args)
+    spec: Any = create_spec(in_namespace(config, args.namespace) if args.namespace else config)
     say = text_output(args)
     if args.list:
         if args.unpin or args.ttl is not None:
@@ -215,12 +216,14 @@ def add_pin_parser(sub: Any) -> None:
         epilog=STACK_EPILOG,
         # argparse cannot say "required unless --unpin or --list": the usage line says it
         usage=(
-            "tiering pin [CONFIG | --root DIR | --tier TYPE [--KEY VALUE ...]] [--tenant NAME] [--json]\n"
+            "tiering pin [CONFIG | --root DIR | --tier TYPE [--KEY VALUE ...]] [--namespace DIGEST] [--tenant NAME]\n"
+            "             [--json]\n"
             "             (--ttl DURATION (--tokens FILE | --hash-ids IDS | --keys HEX [HEX ...])\n"
             "              | --unpin (--tokens FILE | --hash-ids IDS | --keys HEX [HEX ...]) | --list)"
         ),
     )
     add_stack_arguments(pin, "print JSON: per tier what it pinned (or unpinned), or with --list its pins")
+    add_namespace_argument(pin)
     pin.add_argument(
         "--ttl",
         type=duration_argument,

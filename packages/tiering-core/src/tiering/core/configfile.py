@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -113,6 +114,11 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
             config = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read config {path}: {exc}") from exc
+    adapter = _lmcache_adapter_config(path, config)
+    if adapter is not None:
+        config, lines = adapter
+        _note(lines, notes)
+        return config
     wrapped = isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict)
     if wrapped:
         config = config["kv_connector_extra_config"]
@@ -120,13 +126,47 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(f"config {path} must hold a JSON object")
     if wrapped or config.get("spec_name") == VLLM_SPEC[0]:
         _check_vllm_byte_counts(path, config)
-    lines = plain_spec(config) + plain_tier_entries(config)
+    _note(plain_spec(config) + plain_tier_entries(config), notes)
+    return config
+
+
+def _note(lines: list[str], notes: list[str] | None) -> None:
+    """Give what :func:`load_config` says of the file to ``notes``, or print it to stderr when None."""
     if notes is None:
         for line in lines:
             print(line, file=sys.stderr)
     else:
         notes.extend(lines)
-    return config
+
+
+LMCACHE_ADAPTER = ("tiering.lmcache.adapter", "tiering.lmcache.params")
+"""``module_path`` of tiering's adapter in LMCache's ``--l2-adapter`` object, and the module (importable without
+LMCache) whose ``l2_adapter_config`` gives the stack that adapter opens."""
+
+
+def _lmcache_adapter_config(path: str, raw: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """The stack tiering's LMCache adapter opens, when ``raw`` is its ``--l2-adapter`` object; else None.
+
+    Raises:
+        ImportError: tiering-lmcache is not installed (the message gives the install command).
+        ValueError: a bad ``adapter_params`` (named).
+    """
+    if not isinstance(raw, dict) or raw.get("module_path") != LMCACHE_ADAPTER[0] or "adapter_params" not in raw:
+        return None
+    try:
+        module = importlib.import_module(LMCACHE_ADAPTER[1])
+    except ImportError as exc:
+        raise ImportError(
+            f"config {path} is LMCache's --l2-adapter object for tiering's adapter; reading it needs the "
+            f"adapter's distribution: {install_hint('tiering-lmcache')}"
+        ) from exc
+    config: dict[str, Any] = module.l2_adapter_config(raw)
+    fields = ", ".join(f"{k}={config[k]}" for k in ("model", "kv_layout", "block_bytes"))
+    line = (
+        f"config {path}: LMCache's --l2-adapter object: read as the stack tiering's adapter opens (adapter_params.tier "
+        f"as secondary_tiers[0], in the adapter's namespace: {fields})"
+    )
+    return config, [line]
 
 
 def _check_vllm_byte_counts(path: str, config: dict[str, Any]) -> None:

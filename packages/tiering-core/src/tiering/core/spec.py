@@ -95,6 +95,24 @@ class Namespace:
         """All fields, in clear text (what ``namespace.json`` files hold)."""
         return dataclasses.asdict(self)
 
+    @staticmethod
+    def config_keys(fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The offloading-config keys that give back the namespace of ``fields`` (a ``namespace.json``).
+
+        An engine binding sets them from the engine's config when it starts (the vLLM binding: the model, dtype,
+        row layout and size), so a config file alone does not say them; ``tiering stat --namespace DIGEST``
+        reads them from the root instead.
+
+        Raises:
+            ValueError: a field is missing (a ``namespace.json`` of another format); the message names it.
+        """
+        keys = {"model": "model", "model_revision": "revision", "kv_dtype": "kv_dtype", "kv_layout": "kv_layout"}
+        keys.update({name: name for name in ("block_size", "block_bytes", "rank", "world_size")})
+        missing = [field for field in keys.values() if field not in fields]
+        if missing:
+            raise ValueError(f"namespace.json lacks {', '.join(missing)}: written by another format of tiering")
+        return {key: fields[field] for key, field in keys.items()}
+
     @property
     def digest_bytes(self) -> bytes:
         """SHA-256 of the canonical JSON of :meth:`to_dict`, first 16 bytes."""

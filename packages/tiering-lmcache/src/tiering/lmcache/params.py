@@ -10,6 +10,7 @@ from typing import Any
 from tiering.core.policies.admission import refuse_admission
 from tiering.core.registry import closest_name
 from tiering.core.units import size_value
+from tiering.lmcache.keys import namespace_config
 
 PARAM_KEYS = ("tier", "object_bytes", "staging_objects", "lock_ttl_s", "lookup_timeout_s")
 """Keys accepted in ``adapter_params``."""
@@ -83,3 +84,29 @@ def parse_params(params: Any) -> AdapterParams:
         lock_ttl_s=_positive_number(params, "lock_ttl_s", DEFAULT_LOCK_TTL_S),
         lookup_timeout_s=_positive_number(params, "lookup_timeout_s", DEFAULT_LOOKUP_TIMEOUT_S),
     )
+
+
+def stack_config(params: AdapterParams) -> dict[str, Any]:
+    """The tiering config of the stack the adapter opens: its tier in the LMCache namespace, one staging row a block.
+
+    The adapter builds its spec from it, and ``tiering check`` / ``ls`` / ``stat`` / ``verify`` read LMCache's
+    ``--l2-adapter`` object through it (:func:`l2_adapter_config`), so they open the very namespace the adapter
+    stores in (``model`` = ``lmcache``, rows of :func:`~tiering.lmcache.keys.row_bytes` of ``object_bytes``).
+    """
+    config = namespace_config(params.object_bytes)
+    return {
+        **config,
+        "cpu_bytes_to_use": params.staging_objects * config["block_bytes"],
+        "secondary_tiers": [dict(params.tier)],
+    }
+
+
+def l2_adapter_config(adapter: Any) -> dict[str, Any]:
+    """:func:`stack_config` of LMCache's ``--l2-adapter`` object (``{"type": "plugin", ..., "adapter_params"}``).
+
+    Raises:
+        ValueError: not such an object, or a bad ``adapter_params`` (named, as :func:`parse_params` does).
+    """
+    if not isinstance(adapter, Mapping) or not isinstance(adapter.get("adapter_params"), Mapping):
+        raise ValueError("an LMCache --l2-adapter object holds adapter_params (an object with tier and object_bytes)")
+    return stack_config(parse_params(adapter["adapter_params"]))
