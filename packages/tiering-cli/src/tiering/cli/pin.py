@@ -104,7 +104,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
-                can_pin = isinstance(tier, PinnableTier) and "pinned_blocks" in tier.stats()
+                can_pin = "pinned_blocks" in tier.stats() and isinstance(tier, PinnableTier)
                 before = set(_live_pins(tier))
                 if isinstance(tier, PinnableTier):
                     tier.unpin(keys)
