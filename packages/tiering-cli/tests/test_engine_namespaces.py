@@ -94,3 +94,11 @@ def test_the_commands_open_what_the_lmcache_adapter_stored(tmp_path, capsys):
     assert status == 0 and json.loads(out)["tiers"][0]["stats"]["resident_blocks"] == 4
     status, out, _ = run(capsys, "verify", str(path), "--json")
     assert status == 0 and [r["sound"] for r in json.loads(out)] == [4]
+
+
+def test_an_adapter_object_no_installed_distribution_reads_is_named_in_one_line(tmp_path, capsys):
+    path = tmp_path / "adapter.json"
+    path.write_text(json.dumps({"type": "plugin", "module_path": "acme.adapter", "adapter_params": {"tier": {}}}))
+    status, _, err = run(capsys, "ls", str(path))
+    assert status == 2
+    assert "is an engine's adapter object (it has adapter_params) for module_path 'acme.adapter'" in err

@@ -63,8 +63,8 @@ def provider_of(cls: type) -> str:
     return "not from an installed distribution"
 
 
-PLUGIN_GROUPS = ("tiering.tiers", "tiering.cache_policies", "tiering.specs")
-"""Entry-point groups through which installed distributions add tiers, cache policies and specs."""
+PLUGIN_GROUPS = ("tiering.tiers", "tiering.cache_policies", "tiering.specs", "tiering.config_forms")
+"""Entry-point groups through which installed distributions add tiers, cache policies, specs and config forms."""
 
 
 def installed_distributions() -> list[tuple[str, str]]:

@@ -12,11 +12,11 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from tiering.core.factory import SecondaryTierFactory, entry_policies
@@ -114,9 +114,9 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
             config = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read config {path}: {exc}") from exc
-    adapter = _lmcache_adapter_config(path, config)
-    if adapter is not None:
-        config, lines = adapter
+    other = _other_form(path, config)
+    if other is not None:
+        config, lines = other
         _note(lines, notes)
         return config
     wrapped = isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict)
@@ -139,34 +139,31 @@ def _note(lines: list[str], notes: list[str] | None) -> None:
         notes.extend(lines)
 
 
-LMCACHE_ADAPTER = ("tiering.lmcache.adapter", "tiering.lmcache.params")
-"""``module_path`` of tiering's adapter in LMCache's ``--l2-adapter`` object, and the module (importable without
-LMCache) whose ``l2_adapter_config`` gives the stack that adapter opens."""
+CONFIG_FORMS_GROUP = "tiering.config_forms"
+"""Entry-point group of readers of other programs' config objects (an engine's adapter JSON): each is called
+with the file's JSON value and returns ``(tiering config, a line saying how it was read)``, or None when the
+value is not its form. Core names no adapter: the adapter's distribution declares its reader."""
 
 
-def _lmcache_adapter_config(path: str, raw: Any) -> tuple[dict[str, Any], list[str]] | None:
-    """The stack tiering's LMCache adapter opens, when ``raw`` is its ``--l2-adapter`` object; else None.
+def _other_form(path: str, raw: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """The tiering config of ``raw`` when an installed reader (:data:`CONFIG_FORMS_GROUP`) knows its form.
 
     Raises:
-        ImportError: tiering-lmcache is not installed (the message gives the install command).
-        ValueError: a bad ``adapter_params`` (named).
+        ValueError: a reader refused the value (its message), or ``raw`` is an adapter's object (it has
+            ``adapter_params``) that no installed reader knows: the message names its ``module_path``.
     """
-    if not isinstance(raw, dict) or raw.get("module_path") != LMCACHE_ADAPTER[0] or "adapter_params" not in raw:
-        return None
-    try:
-        module = importlib.import_module(LMCACHE_ADAPTER[1])
-    except ImportError as exc:
-        raise ImportError(
-            f"config {path} is LMCache's --l2-adapter object for tiering's adapter; reading it needs the "
-            f"adapter's distribution: {install_hint('tiering-lmcache')}"
-        ) from exc
-    config: dict[str, Any] = module.l2_adapter_config(raw)
-    fields = ", ".join(f"{k}={config[k]}" for k in ("model", "kv_layout", "block_bytes"))
-    line = (
-        f"config {path}: LMCache's --l2-adapter object: read as the stack tiering's adapter opens (adapter_params.tier "
-        f"as secondary_tiers[0], in the adapter's namespace: {fields})"
-    )
-    return config, [line]
+    for entry_point in entry_points(group=CONFIG_FORMS_GROUP):
+        found = entry_point.load()(raw)
+        if found is not None:
+            config, line = found
+            return config, [f"config {path}: {line}"]
+    if isinstance(raw, dict) and "adapter_params" in raw:
+        raise ValueError(
+            f"config {path} is an engine's adapter object (it has adapter_params) for module_path "
+            f"{raw.get('module_path')!r}, which no installed distribution reads as a tiering config: install the "
+            "distribution of that adapter beside the tiering command"
+        )
+    return None
 
 
 def _check_vllm_byte_counts(path: str, config: dict[str, Any]) -> None:

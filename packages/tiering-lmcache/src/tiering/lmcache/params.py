@@ -90,8 +90,9 @@ def stack_config(params: AdapterParams) -> dict[str, Any]:
     """The tiering config of the stack the adapter opens: its tier in the LMCache namespace, one staging row a block.
 
     The adapter builds its spec from it, and ``tiering check`` / ``ls`` / ``stat`` / ``verify`` read LMCache's
-    ``--l2-adapter`` object through it (:func:`l2_adapter_config`), so they open the very namespace the adapter
-    stores in (``model`` = ``lmcache``, rows of :func:`~tiering.lmcache.keys.row_bytes` of ``object_bytes``).
+    ``--l2-adapter`` object through it (:func:`read_l2_adapter`, an entry point of ``tiering.config_forms``),
+    so they open the very namespace the adapter stores in (``model`` = ``lmcache``, rows of
+    :func:`~tiering.lmcache.keys.row_bytes` of ``object_bytes``).
     """
     config = namespace_config(params.object_bytes)
     return {
@@ -101,12 +102,27 @@ def stack_config(params: AdapterParams) -> dict[str, Any]:
     }
 
 
-def l2_adapter_config(adapter: Any) -> dict[str, Any]:
-    """:func:`stack_config` of LMCache's ``--l2-adapter`` object (``{"type": "plugin", ..., "adapter_params"}``).
+ADAPTER_MODULE = "tiering.lmcache.adapter"
+"""The ``module_path`` of this adapter in LMCache's ``--l2-adapter`` object."""
+
+
+def read_l2_adapter(raw: Any) -> tuple[dict[str, Any], str] | None:
+    """LMCache's ``--l2-adapter`` object for this adapter as the tiering config of the stack it opens; else None.
+
+    The ``tiering.config_forms`` entry point of this distribution: :func:`tiering.core.configfile.load_config`
+    asks it of every config file, so ``tiering check / ls / stat / verify / gc`` take the adapter's JSON.
+
+    Returns:
+        ``(``:func:`stack_config` ``, a line saying how the file was read)``, or None for another object.
 
     Raises:
-        ValueError: not such an object, or a bad ``adapter_params`` (named, as :func:`parse_params` does).
+        ValueError: a bad ``adapter_params`` (named, as :func:`parse_params` does).
     """
-    if not isinstance(adapter, Mapping) or not isinstance(adapter.get("adapter_params"), Mapping):
-        raise ValueError("an LMCache --l2-adapter object holds adapter_params (an object with tier and object_bytes)")
-    return stack_config(parse_params(adapter["adapter_params"]))
+    if not isinstance(raw, Mapping) or raw.get("module_path") != ADAPTER_MODULE or "adapter_params" not in raw:
+        return None
+    config = stack_config(parse_params(raw["adapter_params"]))
+    fields = ", ".join(f"{k}={config[k]}" for k in ("model", "kv_layout", "block_bytes"))
+    return config, (
+        "LMCache's --l2-adapter object: read as the stack tiering's adapter opens (adapter_params.tier as "
+        f"secondary_tiers[0], in the adapter's namespace: {fields})"
+    )
