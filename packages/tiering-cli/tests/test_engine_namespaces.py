@@ -53,6 +53,7 @@ def test_the_commands_open_what_the_vllm_binding_stored(tmp_path, capsys):
     status, out, _ = run(capsys, "check", str(config))
     assert status == 0 and '"model": "unknown"' not in out
     assert "`tiering stat CONFIG --namespace DIGEST` opens one" in out
+    assert "primary: 4294967296 bytes (4.0 GiB); its blocks are the engine's rows, sized when it starts" in out
     status, out, _ = run(capsys, "ls", str(config), "--json")
     (namespace,) = json.loads(out)[0]["namespaces"]
     assert namespace["digest"] == digest and namespace["blocks"] == 5

@@ -130,8 +130,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         say(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
     primary = spec.num_primary_blocks * spec.block_bytes
     report["primary"] = {"blocks": spec.num_primary_blocks, "block_bytes": spec.block_bytes, "bytes": primary}
-    blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
-    say(f"primary: {blocks} = {primary} bytes ({format_bytes(primary)})")
+    if engine_sized:  # 65536-byte blocks are this file's default, not the engine's rows
+        say(
+            f"primary: {primary} bytes ({format_bytes(primary)}); "
+            "its blocks are the engine's rows, sized when it starts"
+        )
+    else:
+        blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
+        say(f"primary: {blocks} = {primary} bytes ({format_bytes(primary)})")
     check_primary_fits(primary)
     for line in spec_size_warnings(config):
         report["warnings"].append(line)
