@@ -131,6 +131,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     primary = spec.num_primary_blocks * spec.block_bytes
     report["primary"] = {"blocks": spec.num_primary_blocks, "block_bytes": spec.block_bytes, "bytes": primary}
     if engine_sized:  # 65536-byte blocks are this file's default, not the engine's rows
+        report["primary"] = {"bytes": primary}
         say(
             f"primary: {primary} bytes ({format_bytes(primary)}); "
             "its blocks are the engine's rows, sized when it starts"
