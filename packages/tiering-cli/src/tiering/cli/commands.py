@@ -11,7 +11,7 @@ names no backend):
   is the tier's config key ``some_key`` (``--tier s3 --bucket kv --prefix a``),
   its value read as the tier's schema declares it.
 
-The stack around that tier is the benchmark's default one (its namespace).
+The stack around that tier is the benchmark's default one (its namespace); :mod:`tiering.cli.stacks` builds it.
 """
 
 from __future__ import annotations
@@ -28,139 +28,15 @@ from typing import Any
 from tqdm import tqdm
 
 from tiering.cli.bench.arguments import positive_size
-from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES
 from tiering.cli.options import STACK_EPILOG, add_namespace_argument, add_stack_arguments
-from tiering.cli.terminal import echo, printable, redact_text
-from tiering.core.configfile import load_config
-from tiering.core.factory import SecondaryTierFactory
+from tiering.cli.stacks import in_namespace, persistent_tiers, stack_config, text_output, tier_location
+from tiering.cli.terminal import echo, printable
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.store.settings import inspecting
-from tiering.core.units import duration_argument, format_bytes, size_argument, size_or_none
+from tiering.core.units import duration_argument, format_bytes, size_argument
 
 STAT_WAIT_S = 60.0
-
-
-def option_pairs(argv: Sequence[str]) -> dict[str, str]:
-    """``["--bucket", "kv", "--endpoint-url=http://h:9000"]`` -> ``{"bucket": "kv", "endpoint_url": "http://h:9000"}``.
-
-    Raises:
-        ValueError: a token is not ``--key`` or lacks its value.
-    """
-    out: dict[str, str] = {}
-    items = list(argv)
-    while items:
-        token = items.pop(0)
-        if not token.startswith("--") or len(token) < 3:
-            raise ValueError(f"unrecognized argument {token!r} (tier keys are given as --key VALUE)")
-        key, eq, value = token[2:].partition("=")
-        if not eq:
-            if not items or items[0].startswith("--"):
-                raise ValueError(f"tier option {token} needs a value")
-            value = items.pop(0)
-        out[key.replace("-", "_")] = value
-    return out
-
-
-def _coerce(cls: type, key: str, text: str) -> Any:
-    """A command-line value as the tier's schema declares ``key`` (a string when it accepts one, else JSON)."""
-    schema = getattr(cls, "config_schema", None)
-    spec = schema.keys.get(key) if schema is not None else None
-    if spec is not None and str in spec.types:
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def stack_config(args: argparse.Namespace, notes: list[str] | None = None) -> dict[str, Any]:
-    """The config a command works on: the CONFIG file, or a stack built from ``--root`` / ``--tier`` options.
-
-    ``notes`` receives what :func:`~tiering.core.configfile.load_config` says of the file (the form it read).
-
-    Raises:
-        ValueError: both or neither given; no installed tier offers a local default.
-    """
-    options: dict[str, str] = dict(getattr(args, "tier_options", None) or {})
-    if args.config:
-        if args.tier or args.root or options:
-            raise ValueError("give either a CONFIG file or --root / --tier options, not both")
-        return load_config(args.config, notes)
-    if args.tier is None:
-        if args.root is None:
-            raise ValueError(
-                "give a CONFIG file, --root DIR (the directory of `tiering bench --root DIR`), or --tier TYPE "
-                "with the tier's keys as options (--KEY VALUE)"
-            )
-        entry = default_local_tier(args.root)
-        if entry is None:
-            raise ValueError("no installed tier keeps blocks in a local directory; use --tier TYPE or a CONFIG")
-    else:
-        entry = {"type": args.tier}
-        if args.root is not None:
-            entry["root"] = args.root
-    cls = SecondaryTierFactory.get_class(entry["type"])
-    entry.update({key: _coerce(cls, key, value) for key, value in options.items()})
-    return bench_config([entry], getattr(args, "block_bytes", None) or DEFAULT_BENCH_BLOCK_BYTES)
-
-
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    return stack_config(args)
-
-
-def in_namespace(config: dict[str, Any], digest: str) -> dict[str, Any]:
-    """``config`` set to open namespace ``digest`` (or a unique prefix of it), as a persistent tier of it holds it.
-
-    An engine binding sets the namespace from the engine's config when it starts (the vLLM binding: model,
-    dtype, row layout and size), which a config file does not say; the namespace's ``namespace.json`` in the
-    root, bucket or server does, and its fields become the config's keys
-    (:meth:`~tiering.core.spec.Namespace.config_keys`).
-
-    Raises:
-        ValueError: no persistent tier holds such a namespace, the prefix is ambiguous, or its
-            ``namespace.json`` is missing or does not give back its digest; the message says which.
-    """
-    from tiering.core.spec import Namespace, OffloadingSpec
-
-    found = {
-        held: inspector
-        for _, _, inspector in _inspectors(config)
-        for held in inspector.namespaces()
-        if held.startswith(digest)
-    }
-    if len(found) != 1:
-        what = "no persistent tier of the stack holds it" if not found else f"it names {len(found)} namespaces"
-        raise ValueError(f"--namespace {digest}: {what} (`tiering ls` lists the namespaces each tier holds)")
-    ((full, inspector),) = found.items()
-    fields = inspector.namespace_fields(full)
-    if not fields:
-        raise ValueError(f"--namespace {full}: its namespace.json is missing or unreadable, so it cannot be opened")
-    keys = Namespace.config_keys(fields)
-    cpu = size_or_none(config.get("cpu_bytes_to_use")) or 0
-    opened = {**config, **keys, "cpu_bytes_to_use": max(cpu, int(keys["block_bytes"]))}
-    if OffloadingSpec(opened, strict=False).namespace.digest != full:
-        raise ValueError(f"--namespace {full}: its namespace.json does not give back its digest (another format)")
-    return opened
-
-
-def _location(inspector: TierInspector, tier_config: Mapping[str, Any]) -> str:
-    return redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
-
-
-def _inspectors(config: dict[str, Any]) -> list[tuple[int, dict[str, Any], TierInspector]]:
-    tiers = config.get("secondary_tiers", [])
-    if not isinstance(tiers, list):
-        raise ValueError("config key 'secondary_tiers' must be a list of objects")
-    out = []
-    for index, tier_config in enumerate(tiers):
-        inspector = inspector_for(tier_config, index)
-        if inspector is None:
-            echo(f"secondary_tiers[{index}] ({tier_config.get('type')}): nothing persistent to inspect")
-        else:
-            out.append((index, tier_config, inspector))
-    if not out:
-        raise ValueError("the config has no persistent secondary tier to inspect")
-    return out
 
 
 def _when(ts: float | None) -> str:
@@ -178,8 +54,8 @@ def _walk(inspector: TierInspector, digest: str, label: str) -> list[BlockInfo]:
 def cmd_ls(args: argparse.Namespace) -> int:
     """Per tier: namespaces present (fields from namespace.json), block count and bytes, oldest and newest."""
     report = []
-    for index, tier_config, inspector in _inspectors(_config(args)):
-        location = _location(inspector, tier_config)
+    for index, tier_config, inspector in persistent_tiers(stack_config(args)):
+        location = tier_location(inspector, tier_config)
         entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
         entry["namespaces"] = []
         for digest in inspector.namespaces():
@@ -227,7 +103,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
     from tiering.core.primary import allocate_host_buffer
     from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
 
-    config = _config(args)
+    config = stack_config(args)
     spec = create_spec(in_namespace(config, args.namespace) if args.namespace else config)
     if not isinstance(spec, TieringOffloadingSpec):
         raise ValueError(f"tiering stat needs a TieringOffloadingSpec, got {type(spec).__name__}")
@@ -259,7 +135,7 @@ def cmd_stat(args: argparse.Namespace) -> int:
             entry = {"index": index, "type": tier.tier_type, "stats": stats}
             inspector = inspector_for(spec.secondary_tiers[index], index)
             if inspector is not None:
-                entry["location"] = _location(inspector, spec.secondary_tiers[index])
+                entry["location"] = tier_location(inspector, spec.secondary_tiers[index])
             if "capacity_bytes" in stats:
                 entry["capacity"] = "unbounded" if not stats["capacity_bytes"] else stats["capacity_bytes"]
             report["tiers"].append(entry)
@@ -292,7 +168,7 @@ def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: 
             continue
         present = inspector.namespaces()
         if digest not in present:
-            where = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+            where = f"secondary_tiers[{index}] {tier_config['type']} at {tier_location(inspector, tier_config)}"
             lines.append(f"{where}: namespaces there: {', '.join(present) or 'none'}")
     return lines
 
@@ -309,8 +185,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     found_namespace = False
     say = text_output(args)
     results: list[dict[str, Any]] = []
-    for index, tier_config, inspector in _inspectors(_config(args)):
-        location = _location(inspector, tier_config)
+    for index, tier_config, inspector in persistent_tiers(stack_config(args)):
+        location = tier_location(inspector, tier_config)
         label = f"secondary_tiers[{index}] {tier_config['type']} at {location}"
         foreign = sorted(inspector.foreign())
         result: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
@@ -363,8 +239,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     corrupt_total = 0
     say = text_output(args)
     results: list[dict[str, Any]] = []
-    for index, tier_config, inspector in _inspectors(_config(args)):
-        location = _location(inspector, tier_config)
+    for index, tier_config, inspector in persistent_tiers(stack_config(args)):
+        location = tier_location(inspector, tier_config)
         label = f"secondary_tiers[{index}] {tier_config['type']} at {location}"
         digests = list(inspector.namespaces())
         if not digests:
@@ -406,11 +282,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     return 1 if corrupt_total else 0
-
-
-def text_output(args: argparse.Namespace) -> Any:
-    """Where a command's report lines go: :func:`echo`, or nowhere with ``--json`` (which prints JSON instead)."""
-    return (lambda line: None) if args.json else echo
 
 
 def add_commands(sub: Any) -> None:

@@ -22,10 +22,11 @@ from importlib.metadata import PackageNotFoundError, distributions, packages_dis
 from typing import Any
 
 from tiering.cli.bench.command import add_bench_parser
-from tiering.cli.commands import add_commands, option_pairs, stack_config, text_output
+from tiering.cli.commands import add_commands
 from tiering.cli.options import STACK_EPILOG, add_stack_arguments, check_tier_options, split_tier_options
 from tiering.cli.pin import add_pin_parser
 from tiering.cli.sizes import size_lines, sized_by_engine, spec_size_warnings
+from tiering.cli.stacks import option_pairs, stack_config, text_output
 from tiering.cli.terminal import echo, redact_text
 from tiering.core.configfile import install_hint
 from tiering.core.declared import check_one_block

@@ -82,7 +82,7 @@ def _keys(args: argparse.Namespace, block_size: int) -> list[OffloadKey]:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """Pin (or unpin) the given prefix in every secondary tier of the stack; one line per tier."""
-    from tiering.cli.commands import in_namespace, stack_config, text_output
+    from tiering.cli.stacks import in_namespace, stack_config, text_output
     from tiering.core.factory import create_spec
     from tiering.core.primary import allocate_host_buffer
 
