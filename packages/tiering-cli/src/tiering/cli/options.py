@@ -39,7 +39,7 @@ def add_stack_arguments(parser: argparse.ArgumentParser, json_help: str) -> None
 
     The stack is a CONFIG file or one tier given on the command line (``--root DIR``: the default stack's tier
     there; ``--tier TYPE`` with its keys as ``--KEY VALUE``, which :func:`split_tier_options` sets aside);
-    :func:`tiering.cli.commands.stack_config` builds it and refuses both or neither.
+    :func:`tiering.cli.stacks.stack_config` builds it and refuses both or neither.
 
     Args:
         parser: the subcommand's parser.
@@ -55,7 +55,7 @@ def add_stack_arguments(parser: argparse.ArgumentParser, json_help: str) -> None
 def add_namespace_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--namespace DIGEST`` to a subcommand that opens the tiers (``stat``, ``pin``).
 
-    It opens the namespace a root already holds (its ``namespace.json``: :func:`tiering.cli.commands.in_namespace`)
+    It opens the namespace a root already holds (its ``namespace.json``: :func:`tiering.cli.stacks.in_namespace`)
     instead of the config's own, which an engine binding completes only when the engine starts.
     """
     parser.add_argument(

@@ -24,6 +24,7 @@ import datetime
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     if args.list:
         if args.unpin or args.ttl is not None:
             raise ValueError("--list changes nothing: give it without --ttl and --unpin")
-        return _list_pins(spec, args.json)
+        return _list_pins(spec, say, args.json)
     keys = scope_keys(args.tenant, _keys(args, int(getattr(spec, "block_size", 16))))
     if not keys:
         raise ValueError("no keys to pin")
@@ -164,11 +165,10 @@ def _live_pins(tier: Any) -> dict[OffloadKey, float]:
     return out
 
 
-def _list_pins(spec: Any, as_json: bool) -> int:
+def _list_pins(spec: Any, say: Callable[[str], None], as_json: bool) -> int:
     """``tiering pin --list``: each tier's pins, one line per pin, soonest expiry first (or JSON); changes nothing."""
     from tiering.core.primary import allocate_host_buffer
 
-    say = (lambda line: None) if as_json else echo
     report: list[dict[str, Any]] = []
     tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     try:
