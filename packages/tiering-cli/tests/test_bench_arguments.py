@@ -6,6 +6,7 @@ import pytest
 
 from tiering.cli.bench.arguments import check_output_file, check_plot_file
 from tiering.cli.main import main
+from tiering.testing import requires_tier
 
 
 def primary_only_config(tmp_path, block_bytes=1024, blocks=64):
@@ -65,3 +66,23 @@ def test_cpu_bytes_sets_the_primary_tier_and_overrides_the_config(tmp_path, caps
     # the default stack (a temporary fs tier behind it where tiering-fs is installed, else the primary alone)
     assert main(["bench", "--requests", "3", "--cpu-bytes", "1MiB", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["stack"]["primary_blocks"] == 64  # of 16 KiB blocks
+
+
+@requires_tier("fs")
+def test_the_default_fs_cap_scales_with_the_primary_tier_so_larger_blocks_still_hit(tmp_path, monkeypatch, capsys):
+    from tiering.cli.bench import stack
+
+    # the README's real-sizes command scaled down 1,024 times (64 KiB blocks, a primary of 16 blocks), the
+    # 256 MiB floor with it: 4 x the primary tier is the cap, 4 MiB, so the fs tier holds about 60 blocks
+    monkeypatch.setattr(stack, "DEFAULT_BENCH_CAPACITY_BYTES", 256 << 10)
+    out = tmp_path / "r.json"
+    argv = ["bench", "--block-bytes", "64KiB", "--cpu-bytes", "1MiB", "--requests", "10", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["stack"]["tiers"][0]["capacity_bytes"] == 4 << 20
+    assert "0:fs (capped at 4.0 MiB: the default stack's cap, max(256 MiB, 4 x the primary tier))" in (
+        capsys.readouterr().out
+    )
+    assert report["hits"]["0:fs"] > 0  # under the floor alone (3 blocks) the fs tier served none
+    assert report["bytes_loaded"]["0:fs"] == report["hits"]["0:fs"] * (64 << 10)
+    assert stack.bench_capacity_bytes(1 << 30) == 4 << 30  # --cpu-bytes 1GiB: a 4 GiB fs tier, 64 blocks of 64 MiB

@@ -36,7 +36,13 @@ from tiering.cli.bench.pins import PIN_TTL_S, format_pin_rows, pin_candidates, p
 from tiering.cli.bench.progress import Progress
 from tiering.cli.bench.replay import Replayer, VerificationError
 from tiering.cli.bench.report import describe_stack, format_header, format_report
-from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.cli.bench.stack import (
+    DEFAULT_BENCH_BLOCK_BYTES,
+    DEFAULT_BENCH_PRIMARY_BLOCKS,
+    bench_capacity_bytes,
+    bench_config,
+    default_local_tier,
+)
 from tiering.cli.bench.throttle import ThrottledTier
 from tiering.cli.bench.ttft import format_ttft_rows, modelled_ttft
 from tiering.cli.bench.workload import (
@@ -160,7 +166,9 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
                 print(f"{LABEL}: {flag} {value} overrides the config's {key}", file=sys.stderr)
                 config[key] = value
         return config
-    tier = default_local_tier(directory)
+    block_bytes = args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES
+    primary_bytes = args.cpu_bytes if args.cpu_bytes is not None else DEFAULT_BENCH_PRIMARY_BLOCKS * block_bytes
+    tier = default_local_tier(directory, bench_capacity_bytes(primary_bytes))
     if tier is None:
         print(
             f"{LABEL}: no installed tier keeps blocks on a local disk; replaying through the CPU primary tier "
@@ -168,7 +176,7 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
             f"are listed at {documentation_url('index.md')}) or pass --config",
             file=sys.stderr,
         )
-    return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES, args.cpu_bytes)
+    return bench_config([tier] if tier else [], block_bytes, args.cpu_bytes)
 
 
 def _check_primary_fits(spec: Any) -> None:
