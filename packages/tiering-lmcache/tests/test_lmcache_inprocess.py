@@ -146,6 +146,34 @@ def test_put_get_verified_across_a_restart(config_file: str, loop: asyncio.Abstr
         second.close()
 
 
+def test_batches_are_prefix_hits_and_loads(config_file: str, loop: asyncio.AbstractEventLoop) -> None:
+    """LMCache's batched calls (the engine's lookup and its async prefetch): a prefix up to the first miss."""
+    engine = Engine(config_file, loop)
+    try:
+        stored = {key(i): os.urandom(CHUNK_BYTES) for i in (0, 1, 3)}
+        for k, data in stored.items():
+            engine.put(k, data)
+        keys = [key(i) for i in range(4)]  # key(2) was never stored
+        assert engine.remote.batched_contains(keys) == 2
+        assert asyncio.run_coroutine_threadsafe(engine.remote.batched_async_contains("l1", keys), loop).result(60) == 2
+        got = engine.remote.batched_get_blocking(keys)
+        assert [None if o is None else bytes(memoryview(o.byte_array).cast("B")) for o in got] == [
+            stored[key(0)],
+            stored[key(1)],
+            None,
+            stored[key(3)],
+        ]
+        for obj in got:
+            if obj is not None:
+                obj.ref_count_down()
+        prefix = asyncio.run_coroutine_threadsafe(engine.remote.batched_get_non_blocking("l2", keys), loop).result(60)
+        assert [bytes(memoryview(o.byte_array).cast("B")) for o in prefix] == [stored[key(0)], stored[key(1)]]
+        for obj in prefix:
+            obj.ref_count_down()
+    finally:
+        engine.close()
+
+
 def test_a_corrupted_object_is_a_miss(config_file: str, loop: asyncio.AbstractEventLoop) -> None:
     engine = Engine(config_file, loop)
     try:

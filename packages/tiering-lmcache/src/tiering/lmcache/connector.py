@@ -10,7 +10,8 @@ local_cpu_backend, config)`` (LMCache's ``ConnectorManager`` and
 :class:`TieringRemoteConnector` is such a class. It runs a
 :class:`~tiering.lmcache.adapter.TieringL2Adapter` (the same staging rows,
 worker thread, verified loads and usage accounting as in the multi-process
-server) and waits for each of its tasks off the event loop::
+server) and waits for its tasks off the event loop (a batch of keys is one
+lookup task and one load task)::
 
     remote_storage_plugins: ["tiering"]
     extra_config:
@@ -115,17 +116,33 @@ class TieringRemoteConnector(RemoteConnector):  # type: ignore[misc]
     async def _off_loop(self, call: Callable[[], T]) -> T:
         return await self.loop.run_in_executor(None, call)
 
+    def _hit_prefix(self, keys: list[Any]) -> int:
+        """How many of ``keys``, from the first, the tier holds (one lookup; its locks released at once)."""
+        okeys = [object_key(k) for k in keys]
+        hits = set(driver.lookup_and_lock(self.adapter, okeys, TASK_TIMEOUT_S))
+        if hits:
+            self.adapter.submit_unlock([okeys[i] for i in sorted(hits)])
+        return next((i for i in range(len(keys)) if i not in hits), len(keys))
+
     def exists_sync(self, key: Any) -> bool:
-        """Whether the tier holds ``key``'s object (a lookup; its lock is released at once)."""
-        okey = object_key(key)
-        hit = driver.lookup_and_lock(self.adapter, [okey], TASK_TIMEOUT_S) == [0]
-        if hit:
-            self.adapter.submit_unlock([okey])
-        return hit
+        """Whether the tier holds ``key``'s object."""
+        return self._hit_prefix([key]) == 1
 
     async def exists(self, key: Any) -> bool:
         """:meth:`exists_sync`, off the event loop."""
         return await self._off_loop(lambda: self.exists_sync(key))
+
+    def support_batched_contains(self) -> bool:
+        """Yes: :meth:`batched_contains` is one lookup task."""
+        return True
+
+    def batched_contains(self, keys: list[Any]) -> int:
+        """How many of ``keys``, from the first, the tier holds (one lookup task)."""
+        return self._hit_prefix(list(keys))
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[Any], pin: bool = False) -> int:
+        """How many of ``keys``, from the first, the tier holds: one lookup task for all of them."""
+        return await self._off_loop(lambda: self._hit_prefix(list(keys)))
 
     def _put(self, key: Any, memory_obj: Any) -> None:
         if len(memory_obj.byte_array) != self.adapter.params.object_bytes:
@@ -143,27 +160,56 @@ class TieringRemoteConnector(RemoteConnector):  # type: ignore[misc]
         """
         await self._off_loop(lambda: self._put(key, memory_obj))
 
-    def _get(self, key: Any) -> Any:
-        okey = object_key(key)
-        if driver.lookup_and_lock(self.adapter, [okey], TASK_TIMEOUT_S) != [0]:
-            return None
-        memory_obj = None
+    def _get_many(self, keys: list[Any]) -> list[Any]:
+        """Per key a new full-chunk L1 object holding its verified bytes, or ``None`` (a miss or failed load).
+
+        One lookup task and one load task for all keys; a buffer whose load
+        failed is released, never handed out.
+        """
+        okeys = [object_key(k) for k in keys]
+        hits = sorted(driver.lookup_and_lock(self.adapter, okeys, TASK_TIMEOUT_S))
+        objs: list[Any] = [None] * len(keys)
         try:
-            memory_obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
-            if memory_obj is None:
-                return None
-            if driver.load(self.adapter, [okey], [memory_obj], TASK_TIMEOUT_S) == [0]:
-                loaded, memory_obj = memory_obj, None
-                return loaded
-            return None  # a failed check or read: a miss, the buffer's bytes never handed out
+            for i in hits:
+                objs[i] = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
+            todo = [i for i in hits if objs[i] is not None]
+            if todo:
+                loaded = driver.load(self.adapter, [okeys[i] for i in todo], [objs[i] for i in todo], TASK_TIMEOUT_S)
+                done = {todo[j] for j in loaded}
+                for i in todo:
+                    if i not in done:
+                        objs[i], failed = None, objs[i]
+                        failed.ref_count_down()
+            return objs
+        except BaseException:
+            for obj in objs:
+                if obj is not None:
+                    obj.ref_count_down()
+            raise
         finally:
-            if memory_obj is not None:
-                memory_obj.ref_count_down()
-            self.adapter.submit_unlock([okey])
+            if hits:
+                self.adapter.submit_unlock([okeys[i] for i in hits])
 
     async def get(self, key: Any) -> Any:
         """The object of ``key`` in a new L1 object, every byte verified; ``None`` on a miss or failed load."""
-        return await self._off_loop(lambda: self._get(key))
+        return (await self._off_loop(lambda: self._get_many([key])))[0]
+
+    def support_batched_get(self) -> bool:
+        """Yes: :meth:`batched_get` is one lookup and one load task."""
+        return True
+
+    async def batched_get(self, keys: list[Any]) -> list[Any]:
+        """:meth:`get` for every key at once: per key its L1 object or ``None``."""
+        return await self._off_loop(lambda: self._get_many(list(keys)))
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[Any]) -> list[Any]:
+        """The L1 objects of the leading keys loaded, up to the first that was not (later ones released)."""
+        objs = await self.batched_get(keys)
+        ends = next((i for i, obj in enumerate(objs) if obj is None), len(objs))
+        for obj in objs[ends:]:
+            if obj is not None:
+                obj.ref_count_down()
+        return objs[:ends]
 
     async def list(self) -> list[str]:
         """Always empty: the tier's keys are digests of LMCache's, not the keys themselves."""
