@@ -135,13 +135,14 @@ def test_the_report_has_a_line_per_pass_and_the_commands_wall_time():
 def test_policies_line_names_admission_the_cost_model_and_tenant_limits():
     tiers = [
         {"type": "fs", "root": "/x", "admission": "second_sighting",
-         "tenants": {"default": {"quota_bytes": "4MiB", "ttl_s": 2}, "overrides": {"t1": {"quota_bytes": 2 << 20}}}},
+         "tenants": {"default": {"quota_bytes": "4MiB", "ttl_s": 2},
+                     "overrides": {"t1": {"quota_bytes": 2 << 20}, "t2": {"ttl_s": "1h"}}}},
         {"type": "s3", "bucket": "b"},
     ]  # fmt: skip
     assert policies_line(tiers, "load cost model: off (every hit is loaded)") == (
         "policies: admission: 0:fs second_sighting (sketch of 1.0 MiB), 1:s3 always; "
         "load cost model: off (every hit is loaded); tenant limits: 0:fs default quota 4.0 MiB, TTL 2 s; "
-        "t1 quota 2.0 MiB"
+        "t1 quota 2.0 MiB; t2 TTL 3600 s"
     )
     assert policies_line([], "load cost model: off (every hit is loaded)").endswith("; tenant limits: none")
 

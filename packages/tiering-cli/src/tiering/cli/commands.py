@@ -133,6 +133,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
                 wait(args.wait)
             stats = dict(tier.stats())
             entry = {"index": index, "type": tier.tier_type, "stats": stats}
+            if "pinned_blocks" in stats and not stats.get("max_pinned_bytes"):
+                # pinning is off in this config, so the tier counts no pin: another config's pins still hold
+                from tiering.cli.pin import live_pins
+
+                entry["pins_on_medium"] = len(live_pins(tier))
             inspector = inspector_for(spec.secondary_tiers[index], index)
             if inspector is not None:
                 entry["location"] = tier_location(inspector, spec.secondary_tiers[index])

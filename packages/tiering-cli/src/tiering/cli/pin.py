@@ -106,7 +106,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
         if args.unpin:
             for index, tier in enumerate(tiers):
                 can_pin = "pinned_blocks" in tier.stats() and isinstance(tier, PinnableTier)
-                before = set(_live_pins(tier))
+                before = set(live_pins(tier))
                 if isinstance(tier, PinnableTier):
                     tier.unpin(keys)
                 ended = len(before & set(keys))
@@ -148,7 +148,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0 if results and all(results) else 1
 
 
-def _live_pins(tier: Any) -> dict[OffloadKey, float]:
+def live_pins(tier: Any) -> dict[OffloadKey, float]:
     """The tier's live pins as its medium holds them now: key -> expiry (epoch seconds); {} when it cannot pin.
 
     Read from the pin records themselves, so pins another process made are listed also where this process's
@@ -181,7 +181,7 @@ def _list_pins(spec: Any, say: Callable[[str], None], as_json: bool) -> int:
                 say(f"{name}: cannot pin")
                 continue
             bound = int(stats.get("max_pinned_bytes", 0))
-            pins = _live_pins(tier)
+            pins = live_pins(tier)
             limit = (
                 f"max_pinned_bytes {format_bytes(bound)}"
                 if bound
