@@ -160,11 +160,12 @@ def test_a_tier_capped_for_the_whole_fleet_is_not_shown_without_a_cap():
         ],
     }  # fmt: skip
     header = format_header("t", 10, stack)
-    assert "-> 0:redis (capped at 8.0 MiB for the whole fleet, the server evicts)" in header
+    assert "-> 0:redis (capped at 8.0 MiB for the whole fleet (one LRU on the server, shared by every process" in header
     assert "no cap" not in header
-    stats = {"capacity_bytes": 0, "configured_capacity_bytes": 8 << 20, "used_bytes": 0}
+    stats = {"capacity_bytes": 0, "configured_capacity_bytes": 8 << 20, "used_bytes": 0, "fleet_evictions": 42}
     text = format_report(_data(tier_stats={"0:redis": stats}))
-    assert "capacity 8.0 MiB for the whole fleet (the server evicts)" in text
+    assert "capacity 8.0 MiB for the whole fleet (one LRU on the server, shared by every process, which evicts)" in text
+    assert "evictions 42 at the fleet's cap, failed stores" in text  # the tier's victims, not its own LRU's 0
     assert "unbounded" not in text
 
 

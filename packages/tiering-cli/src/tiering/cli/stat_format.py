@@ -22,6 +22,10 @@ SCAN_FIGURES = ("bad_blocks_removed", "temps_removed", "failed_deletes", "forgot
 """Counters a start-up scan can move: printed when not 0."""
 
 
+FLEET_CAP = "for the whole fleet (one LRU on the server, shared by every process, which evicts)"
+"""How a cap every process of a fleet enforces together is shown (a redis tier with ``eviction: "tier"``)."""
+
+
 def _bytes(n: float) -> str:
     """``"103.6 MiB = 108605440 bytes"``; a count under 1 KiB as ``"512 B"``."""
     return format_bytes(n) if n < 1024 else f"{format_bytes(n)} = {int(n)} bytes"
@@ -37,7 +41,7 @@ def _capacity(stats: Mapping[str, Any], used: float) -> str:
     if cap:
         return f"{_bytes(cap)}, {used / cap:.1%} used"
     if configured:
-        return f"{_bytes(configured)} for the whole fleet (the server evicts)"
+        return f"{_bytes(configured)} {FLEET_CAP}"
     return "unbounded (no capacity_bytes)"
 
 

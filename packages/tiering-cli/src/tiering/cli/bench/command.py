@@ -390,7 +390,7 @@ def _stack(
             "temporary": temporary and locations.get(name) is not None,
         }
         if not entry["capacity_bytes"] and stats.get("configured_capacity_bytes"):
-            entry["fleet_capacity_bytes"] = int(stats["configured_capacity_bytes"])  # a server evicts at it
+            entry["fleet_capacity_bytes"] = int(stats["configured_capacity_bytes"])  # the fleet's processes evict at it
         tiers.append(entry)
     block_tokens = requests[0].block_tokens if requests else spec.block_size
     return describe_stack(spec, tiers, block_tokens, default_stack)
