@@ -86,3 +86,19 @@ def test_the_default_fs_cap_scales_with_the_primary_tier_so_larger_blocks_still_
     assert report["hits"]["0:fs"] > 0  # under the floor alone (3 blocks) the fs tier served none
     assert report["bytes_loaded"]["0:fs"] == report["hits"]["0:fs"] * (64 << 10)
     assert stack.bench_capacity_bytes(1 << 30) == 4 << 30  # --cpu-bytes 1GiB: a 4 GiB fs tier, 64 blocks of 64 MiB
+
+
+def test_json_without_a_file_prints_the_report_as_json_alone_as_the_other_commands_do(tmp_path, capsys):
+    assert main(["bench", "--config", primary_only_config(tmp_path), "--requests", "20", "--json"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out)  # stdout holds the JSON document and nothing else
+    assert data["requests"] == 20 and data["hits_total"] == sum(data["hits"].values())
+    assert not list(tmp_path.glob("-*"))  # no file named after the flag's default
+
+
+def test_json_with_a_file_writes_it_beside_the_text_report(tmp_path, capsys):
+    target = tmp_path / "r.json"
+    assert main(["bench", "--config", primary_only_config(tmp_path), "--requests", "20", "--json", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "measured: the storage path only" in out and not out.lstrip().startswith("{")
+    assert json.loads(target.read_text())["requests"] == 20

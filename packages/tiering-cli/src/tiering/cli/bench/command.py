@@ -110,7 +110,14 @@ def add_bench_parser(sub: Any) -> None:
             "for the default stack); it must fit in this machine's memory"
         ),
     )
-    bench.add_argument("--json", help="also write the report as JSON to this file")
+    bench.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="the report as JSON: written to FILE besides the text report, or, without FILE, printed instead of it "
+        "(as the other commands' --json)",
+    )
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
     bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
     bench.add_argument(
@@ -200,7 +207,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # Paths are checked before the replay, not after it: a typo must not cost the run.
     if args.root is not None:
         check_output_dir("--root", args.root)
-    if args.json:
+    to_stdout = args.json == "-"
+    if args.json and not to_stdout:
         check_output_file("--json", args.json)
     if args.plot:
         check_plot_file(args.plot)
@@ -249,14 +257,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             data["modelled_ttft"] = {"recompute_tokens_per_s": rate, **views}
         data["passes"] = summaries
         data["command_wall_s"] = time.monotonic() - started
-        # Where stdout and stderr are one terminal or file the header printed at the start is there: not twice.
-        print(format_report(data, None if shares_terminal() else header))
-        if rate:
-            print("\n".join(format_ttft_rows(views, rate)))
         if pin_views:
             data["pin_comparison"] = pin_views
-            print("\n".join(format_pin_rows(pin_views)))
-        if args.json:
+        if to_stdout:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            # Where stdout and stderr are one terminal or file the header printed at the start is there: not twice.
+            print(format_report(data, None if shares_terminal() else header))
+            if rate:
+                print("\n".join(format_ttft_rows(views, rate)))
+            if pin_views:
+                print("\n".join(format_pin_rows(pin_views)))
+        if args.json and not to_stdout:
             Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         if args.plot:
             from tiering.cli.bench.plot import plot_report
