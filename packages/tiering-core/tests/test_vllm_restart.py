@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,22 +27,10 @@ pytestmark = pytest.mark.skipif(
     reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
 )
 HAS_FS = importlib.util.find_spec("tiering.fs") is not None
-HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
 
 MODULE = "tiering.core.vllm.tiers"
 ROW = 16384
 KINDS = ["fs", "s3"]
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[dict[str, Any]]:
-    if not HAS_S3:
-        pytest.skip("tiering-s3 or moto is not installed")
-    from tiering.s3.testing import moto_server
-
-    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    with moto_server("tiering-kv") as server:
-        yield {**server.connection(), "client": server.client()}
 
 
 class Backend:
