@@ -43,7 +43,7 @@ def test_shares_terminal_tells_one_terminal_from_pipes(monkeypatch):
     import pty
     import sys
 
-    from tiering.cli.bench.command import shares_terminal
+    from tiering.cli.terminal import shares_terminal
 
     master, slave = pty.openpty()
     try:

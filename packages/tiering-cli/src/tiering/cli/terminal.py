@@ -16,6 +16,8 @@ declares in its schema; whole configs go through
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -103,3 +105,12 @@ def tier_location(tier_config: Mapping[str, Any], index: int = 0) -> str | None:
 
     inspector = inspector_for(tier_config, index)
     return None if inspector is None else redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
+
+
+def shares_terminal() -> bool:
+    """Whether stdout and stderr are one terminal, file or pipe (a shell without redirection, or ``> log 2>&1``)."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+    return (out.st_dev, out.st_ino, out.st_rdev) == (err.st_dev, err.st_ino, err.st_rdev)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from tiering.cli.bench.throttle import parse_throttle
+from tiering.core.configfile import install_hint
 from tiering.core.units import size_argument
 
 
@@ -121,3 +122,15 @@ def check_output_dir(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: cannot write in {existing} (permission denied)")
+
+
+def check_plot_available() -> None:
+    """``--plot`` needs matplotlib (the ``[plot]`` extra).
+
+    Raises:
+        ImportError: matplotlib is not installed; the message gives the install line.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"--plot needs matplotlib: {install_hint('tiering-core', extra='plot')}") from exc

@@ -13,9 +13,7 @@ ended by SIGINT / SIGTERM (the partial report is printed and written).
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 from tiering.cli.bench.arguments import (
     check_output_dir,
     check_output_file,
+    check_plot_available,
     check_plot_file,
     positive_float,
     positive_int,
@@ -56,7 +55,7 @@ from tiering.cli.bench.workload import (
     tenant_rule,
 )
 from tiering.cli.bench.workspace import workspace
-from tiering.cli.terminal import documentation_url, redact_text, tier_location
+from tiering.cli.terminal import documentation_url, redact_text, shares_terminal, tier_location
 from tiering.core.capabilities import PinnableTier
 from tiering.core.configfile import install_hint, load_config
 from tiering.core.factory import redact_offloading_config
@@ -152,13 +151,6 @@ def add_bench_parser(sub: Any) -> None:
     bench.set_defaults(func=cmd_bench)
 
 
-def _check_plot_available() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(f"--plot needs matplotlib: {install_hint('tiering-core', extra='plot')}") from exc
-
-
 def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str, Any]:
     if args.config or directory is None:
         # A given config is used as it is, so bench stores blocks in the very
@@ -219,7 +211,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"at {documentation_url('index.md')}), or replay without --root (CPU primary tier only), or with --config"
         )
     if args.plot:
-        _check_plot_available()
+        check_plot_available()
     trace = resolve_trace(args.trace)
     rate = args.recompute_tokens_per_s
     if rate and args.pin:
@@ -372,15 +364,6 @@ def _manager(spec: Any, throttle: tuple[float, float | None] | None, block_token
     tiers = spec.create_secondary_tiers(primary.kv_view)
     tiers = [ThrottledTier(tier, *throttle) for tier in tiers] if throttle is not None else tiers
     return TieringManager(primary, tiers, spec.load_cost, block_tokens, admission=spec.admission())
-
-
-def shares_terminal() -> bool:
-    """Whether stdout and stderr are one terminal, file or pipe (a shell without redirection, or ``> log 2>&1``)."""
-    try:
-        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return False
-    return (out.st_dev, out.st_ino, out.st_rdev) == (err.st_dev, err.st_ino, err.st_rdev)
 
 
 def _stack(
