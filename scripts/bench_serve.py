@@ -127,7 +127,13 @@ def ratio_line(runs: dict[str, list[dict[str, float]]], num: str, den: str) -> s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the configurations (>= 5 for figures)")
-    parser.add_argument("--num-prompts", type=int, default=200, help="requests per run (>= 200 for figures)")
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=204,
+        help="requests per run (>= 200 for figures); vLLM's prefix_repetition rounds it down to a multiple of "
+        "--num-prefixes",
+    )
     parser.add_argument("--request-rate", type=float, default=1.0, help="requests per second (Poisson arrivals)")
     parser.add_argument("--max-concurrency", type=int, default=4)
     parser.add_argument("--prefix-len", type=int, default=960)
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "tiering-fs-cost is the cost model alone; recompute_tokens_per_s = probe tokens / probe time in recompute"
     )
     print(f"# vLLM's client: {' '.join(client_options(args))}")
+    requests = args.num_prompts // args.num_prefixes * args.num_prefixes
+    print(f"# requests per run: {requests} ({args.num_prefixes} prefixes x {requests // args.num_prefixes})")
     print(
         f"# model {args.layers} layers x {args.hidden}, float32, block {block} tokens = {block_bytes} bytes; "
         f"working set {args.num_prefixes} prefixes x {prefix_blocks} blocks = {args.num_prefixes * prefix_blocks} "
