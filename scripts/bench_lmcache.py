@@ -18,6 +18,19 @@ instance serves the whole round, as in a running server. Prints GB/s (1e9
 bytes/s of object payload) per round, the ratios ours / theirs per round
 and their medians.
 
+**LMCache's own benchmark**, ``lmcache bench l2`` (LMCache's CLI, in the
+same environment), against the same three adapter configs: per round (order
+rotating), each adapter gets a fresh directory, one ``lmcache bench l2 --only
+store`` process stores ``--bench-rounds`` rounds of ``--batch`` objects
+(after a warm-up round), ``sync`` and the page cache dropped, then a second
+``--only load`` process loads the same keys (LMCache's bench uses the same
+keys in both) and every object must be reported loaded. Prints LMCache's
+throughput (its MB/s, 1e6 bytes/s) per round and the ratios. Its store time
+is until the adapter reports the task done (LMCache's adapters write into
+the page cache; ours into the disk, ``O_DIRECT``). LMCache's bench compares
+bytes only when store and load run in one process, so that comparison is the
+steady-state pass above; our adapter checks every load's checksum in both.
+
 **First-touch cost** (paid once): what our adapter pays at start to fault in
 its staging buffer (``staging_populate_s`` of ``report_status``, per GiB),
 and, as the reason, one copy of every object into a freshly mapped buffer
@@ -31,13 +44,17 @@ Needs the ``lmcache`` hatch environment (``hatch run lmcache:bench``).
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import os
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
@@ -163,6 +180,94 @@ def bench(name: str, cfg: dict[str, Any], payloads: list[bytes], warmup: list[by
     }
 
 
+def print_ratios(rounds: Sequence[dict[str, dict[str, float]]], names: Sequence[str], unit: str) -> None:
+    """Print each adapter's store / load figures per round, then ours / theirs per round and the medians."""
+    print("| adapter | " + " | ".join(f"round {r + 1}" for r in range(len(rounds))) + f" | median ({unit}) |")
+    print("|---|" + "---:|" * (len(rounds) + 1))
+    for name in names:
+        cells = [f"{rd[name]['store']:.2f} / {rd[name]['load']:.2f}" for rd in rounds]
+        med = f"{statistics.median(rd[name]['store'] for rd in rounds):.2f} / "
+        med += f"{statistics.median(rd[name]['load'] for rd in rounds):.2f}"
+        print(f"| {name} | " + " | ".join(cells) + f" | {med} |")
+    for theirs in names[1:]:
+        for kind in ("store", "load"):
+            ratios = [rd[OURS][kind] / rd[theirs][kind] for rd in rounds]
+            per = ", ".join(f"{x:.2f}x" for x in ratios)
+            print(f"ours / {theirs}, {kind}: {per} (median {statistics.median(ratios):.2f}x)")
+
+
+def lmcache_bench_l2(cfg: dict[str, Any], op: str, args: argparse.Namespace, object_bytes: int) -> float:
+    """One ``lmcache bench l2 --only op`` process over the adapter of ``cfg``; LMCache's mean MB/s.
+
+    Raises:
+        SystemExit: the command failed, or not every object of a round was stored / loaded.
+    """
+    lmcache = os.path.join(os.path.dirname(sys.executable), "lmcache")
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [
+            lmcache if os.path.exists(lmcache) else "lmcache",
+            "bench",
+            "l2",
+            "--l2-adapter",
+            json.dumps(cfg),
+            "--only",
+            op,
+            "--num-keys",
+            str(args.batch),
+            "--rounds",
+            str(args.bench_rounds),
+            "--data-size-kb",
+            str(object_bytes // 1024),
+            "--l1-align-bytes",
+            "4096",  # LMCache's advice for O_DIRECT adapters; the same buffers for every adapter
+            "--format",
+            "json",
+            "--output",
+            out.name,
+            "-q",
+        ]
+        env = {**os.environ, "LMCACHE_DISABLE_BANNER": "1"}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"lmcache bench l2 --only {op} {cfg['type']}: exit {done.returncode}\n{done.stderr[-2000:]}"
+            )
+        with open(out.name) as f:
+            result = json.load(f)["metrics"]["op_0"]
+    if result["total_success"] != result["total_keys"] or result["rounds_timed_out"]:
+        raise SystemExit(f"lmcache bench l2 --only {op} {cfg['type']}: {result}")
+    return float(result["throughput_avg_mbps"])
+
+
+def run_lmcache_bench(args: argparse.Namespace, names: list[str], object_bytes: int, o_direct: bool | str) -> None:
+    """Paired rounds of LMCache's own ``lmcache bench l2``: store process, sync and drop, load process."""
+    print(
+        f"\nlmcache bench l2: {args.bench_rounds} rounds of {args.batch} objects per process (after one warm-up "
+        f"round), page cache dropped before each load process, load average {os.getloadavg()[0]:.1f} at start"
+    )
+    rounds: list[dict[str, dict[str, float]]] = []
+    cold = True
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        results: dict[str, dict[str, float]] = {}
+        for name in order:
+            base = tempfile.mkdtemp(prefix="bench-lmcache-l2-", dir=args.dir)
+            try:
+                cfg = config(name, base, object_bytes, o_direct, args.native_odirect)
+                store = lmcache_bench_l2(cfg, "store", args, object_bytes)
+                cold = drop_caches() and cold
+                results[name] = {"store": store, "load": lmcache_bench_l2(cfg, "load", args, object_bytes)}
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
+        rounds.append(results)
+        line = ", ".join(f"{n}: store {results[n]['store']:.0f} load {results[n]['load']:.0f}" for n in order)
+        print(f"round {r + 1} (order {' / '.join(order)}), MB/s: {line}, load average {os.getloadavg()[0]:.1f}")
+    print("\nlmcache bench l2, LMCache's MB/s per round (store / load):")
+    print_ratios(rounds, names, "MB/s")
+    if not cold:
+        print("note: page cache not dropped (not root): loads are warm")
+
+
 def first_touch(payloads: list[bytes]) -> dict[str, float]:
     """One copy of every payload into rows of a freshly mapped buffer, then again into the now mapped rows."""
     row_bytes = max(map(len, payloads))
@@ -198,6 +303,10 @@ def main() -> None:
     )
     parser.add_argument("--native-odirect", action="store_true", help="LMCache's fs_native adapter with use_odirect")
     parser.add_argument("--no-native", action="store_true", help="leave LMCache's fs_native (C++) adapter out")
+    parser.add_argument(
+        "--bench-rounds", type=int, default=4, help="measured rounds inside each `lmcache bench l2` process"
+    )
+    parser.add_argument("--no-lmcache-bench", action="store_true", help="skip the `lmcache bench l2` runs")
     args = parser.parse_args()
     object_bytes = int(args.object_mib * 1024 * 1024)
     payloads = [os.urandom(object_bytes) for _ in range(args.objects)]
@@ -225,18 +334,7 @@ def main() -> None:
         line = ", ".join(f"{n}: store {results[n]['store']:.2f} load {results[n]['load']:.2f}" for n in order)
         print(f"round {r + 1} (order {' / '.join(order)}), GB/s: {line}")
     print("\nsteady state, GB/s per round (store / load, every load verified):")
-    print("| adapter | " + " | ".join(f"round {r + 1}" for r in range(len(rounds))) + " | median |")
-    print("|---|" + "---:|" * (len(rounds) + 1))
-    for name in names:
-        cells = [f"{rd[name]['store']:.2f} / {rd[name]['load']:.2f}" for rd in rounds]
-        med = f"{statistics.median(rd[name]['store'] for rd in rounds):.2f} / "
-        med += f"{statistics.median(rd[name]['load'] for rd in rounds):.2f}"
-        print(f"| {name} | " + " | ".join(cells) + f" | {med} |")
-    for theirs in names[1:]:
-        for kind in ("store", "load"):
-            ratios = [rd[OURS][kind] / rd[theirs][kind] for rd in rounds]
-            per = ", ".join(f"{x:.2f}x" for x in ratios)
-            print(f"ours / {theirs}, {kind}: {per} (median {statistics.median(ratios):.2f}x)")
+    print_ratios(rounds, names, "GB/s")
     ours = rounds[0][OURS]
     starts = ", ".join(f"{n} {statistics.median(rd[n]['start_s'] for rd in rounds) * 1e3:.0f} ms" for n in names)
     if ours["staging_bytes"]:
@@ -256,9 +354,11 @@ def main() -> None:
         f"once mapped: {touch['mapped_s'] * 1e3:.0f} ms ({total / touch['mapped_s'] / 1e9:.2f} GB/s, "
         f"{touch['mapped_faults']:.0f} faults)"
     )
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     if not all(res["cold"] for rd in rounds for res in rd.values()):
         print("note: page cache not dropped (not root): loads are warm")
+    if not args.no_lmcache_bench:
+        run_lmcache_bench(args, names, object_bytes, o_direct)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

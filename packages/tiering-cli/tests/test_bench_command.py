@@ -11,8 +11,8 @@ from tiering.cli.bench import Replayer, load_mooncake_trace
 from tiering.cli.bench.interrupt import StopOnSignal
 from tiering.cli.bench.progress import Progress
 from tiering.cli.bench.workload import resolve_trace
-from tiering.cli.commands import option_pairs
 from tiering.cli.main import build_parser, split_tier_options
+from tiering.cli.stacks import option_pairs
 from tiering.core import TieringOffloadingSpec
 from tiering.core.configfile import install_hint, plain_tier_entries
 from tiering.testing import requires_tier

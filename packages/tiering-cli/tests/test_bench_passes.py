@@ -135,13 +135,14 @@ def test_the_report_has_a_line_per_pass_and_the_commands_wall_time():
 def test_policies_line_names_admission_the_cost_model_and_tenant_limits():
     tiers = [
         {"type": "fs", "root": "/x", "admission": "second_sighting",
-         "tenants": {"default": {"quota_bytes": "4MiB", "ttl_s": 2}, "overrides": {"t1": {"quota_bytes": 2 << 20}}}},
+         "tenants": {"default": {"quota_bytes": "4MiB", "ttl_s": 2},
+                     "overrides": {"t1": {"quota_bytes": 2 << 20}, "t2": {"ttl_s": "1h"}}}},
         {"type": "s3", "bucket": "b"},
     ]  # fmt: skip
     assert policies_line(tiers, "load cost model: off (every hit is loaded)") == (
         "policies: admission: 0:fs second_sighting (sketch of 1.0 MiB), 1:s3 always; "
         "load cost model: off (every hit is loaded); tenant limits: 0:fs default quota 4.0 MiB, TTL 2 s; "
-        "t1 quota 2.0 MiB"
+        "t1 quota 2.0 MiB; t2 TTL 3600 s"
     )
     assert policies_line([], "load cost model: off (every hit is loaded)").endswith("; tenant limits: none")
 
@@ -159,11 +160,12 @@ def test_a_tier_capped_for_the_whole_fleet_is_not_shown_without_a_cap():
         ],
     }  # fmt: skip
     header = format_header("t", 10, stack)
-    assert "-> 0:redis (capped at 8.0 MiB for the whole fleet, the server evicts)" in header
+    assert "-> 0:redis (capped at 8.0 MiB for the whole fleet (one LRU on the server, shared by every process" in header
     assert "no cap" not in header
-    stats = {"capacity_bytes": 0, "configured_capacity_bytes": 8 << 20, "used_bytes": 0}
+    stats = {"capacity_bytes": 0, "configured_capacity_bytes": 8 << 20, "used_bytes": 0, "fleet_evictions": 42}
     text = format_report(_data(tier_stats={"0:redis": stats}))
-    assert "capacity 8.0 MiB for the whole fleet (the server evicts)" in text
+    assert "capacity 8.0 MiB for the whole fleet (one LRU on the server, shared by every process, which evicts)" in text
+    assert "evictions 42 at the fleet's cap, failed stores" in text  # the tier's victims, not its own LRU's 0
     assert "unbounded" not in text
 
 

@@ -75,13 +75,13 @@ def test_header_says_what_was_measured_the_stack_and_the_real_block_size():
     assert header[0] == "tiering bench: trace mooncake-conversation, 2,000 requests"
     assert header[1].startswith("measured: the storage path only: no engine, no model, no GPU.")
     assert header[2] == (
-        "stack: CPU primary tier 1,024 blocks = 16.0 MiB (lru) -> 0:fs (capped at 256.0 MiB), blocks written to "
-        "/tmp/kv (temporary, removed after the run)"
+        "stack: CPU primary tier 1,024 blocks = 16.0 MiB (lru) -> 0:fs (capped at 256.0 MiB: the default stack's "
+        "cap, max(256 MiB, 4 x the primary tier)), blocks written to /tmp/kv (temporary, removed after the run)"
     )
     assert header[3] == (
         "blocks: 512 tokens, 16.0 KiB of payload (32 B/token); scaled down: a Llama-3.1-8B block of 512 tokens "
-        "(bf16) is 64.0 MiB (128.0 KiB/token); replay with real sizes: --block-bytes 64MiB --cpu-bytes 4GiB "
-        "--requests 10 (a primary tier of 64 blocks; 1,024 would need 64.0 GiB of memory), or --config with your "
+        "(bf16) is 64.0 MiB (128.0 KiB/token); replay with real sizes: --block-bytes 64MiB --cpu-bytes 1GiB "
+        "--requests 10 (a primary tier of 16 blocks; 1,024 would need 64.0 GiB of memory), or --config with your "
         "block_bytes and cpu_bytes_to_use."
     )
 

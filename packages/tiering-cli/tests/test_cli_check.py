@@ -207,8 +207,8 @@ def test_check_probe_reports_a_raising_tier_constructor_in_one_line(tmp_path, ca
 def test_check_says_cpu_bytes_to_use_must_hold_one_block(tmp_path, capsys):
     assert main(["check", _write(tmp_path, {"cpu_bytes_to_use": 65536, "block_bytes": 100000})]) == 2
     assert (
-        "config key 'cpu_bytes_to_use' must be an integer >= 100000 (the primary tier must hold at least one "
-        "block of block_bytes 100000), got 65536"
+        "config key 'cpu_bytes_to_use' must be an integer of bytes >= 100000 (the primary tier must hold at least "
+        "one block of block_bytes 100000) or a size with a unit (e.g. 4GiB, 256MiB, 500MB or 65536), got 65536"
     ) in capsys.readouterr().err
 
 

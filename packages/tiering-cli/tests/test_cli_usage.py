@@ -56,8 +56,8 @@ def test_bench_root_without_a_local_tier_is_refused_and_creates_nothing(tmp_path
             "tiering verify: error: unrecognized option --samples (did you mean --sample?)",
         ),
         (
-            ["verify", "--json"],
-            "tiering verify: error: unrecognized option --json; tier keys (--KEY VALUE) follow --tier TYPE",
+            ["verify", "--jsn"],
+            "tiering verify: error: unrecognized option --jsn (did you mean --json?); tier keys (--KEY VALUE) follow",
         ),
         (
             ["ls", "--tier", "example", "--custom-parm", "1"],
@@ -180,3 +180,46 @@ def test_verbose_is_taken_after_the_subcommand_too():
     assert parser.parse_args(["-v", "check", "cfg.json"]).verbose is True
     assert parser.parse_args(["check", "cfg.json"]).verbose is False
     assert parser.parse_args(["ls", "--root", "x", "--verbose"]).verbose is True
+
+
+INSPECTION = [
+    ["check"],
+    ["ls"],
+    ["stat", "--wait", "30"],
+    ["gc", "--to-bytes", "1GiB", "--dry-run"],
+    ["verify"],
+    ["pin", "--list"],
+]
+
+
+@requires_tier("fs")
+@pytest.mark.parametrize("command", INSPECTION, ids=lambda c: c[0])
+def test_every_inspection_subcommand_takes_root_and_json_alike(tmp_path, capsys, command):
+    root = tmp_path / "kv"
+    assert main(["bench", "--root", str(root), "--requests", "2"]) == 0
+    capsys.readouterr()
+    assert main([*command, "--root", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tiers = report["tiers"] if isinstance(report, dict) else report
+    assert tiers[0]["type"] == "fs" and tiers[0]["index"] == 0
+
+
+@requires_tier("fs")
+def test_check_takes_a_config_with_json_and_a_tier_with_its_keys(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    entry = {"type": "fs", "root": str(tmp_path / "kv"), "capacity_bytes": "1GiB"}
+    config.write_text(json.dumps({"cpu_bytes_to_use": "1MiB", "block_bytes": 16384, "secondary_tiers": [entry]}))
+    assert main(["check", "--json", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["primary"] == {"blocks": 64, "block_bytes": 16384, "bytes": 1 << 20}
+    assert report["tiers"][0]["sizes"]["capacity_bytes"] == 1 << 30
+    assert main(["check", "--tier", "fs", "--root", str(tmp_path / "kv"), "--capacity-bytes", "2GiB"]) == 0
+    assert "capacity_bytes: 2147483648 bytes (2.0 GiB)" in capsys.readouterr().out
+
+
+def test_pin_usage_says_ttl_is_required_to_pin(capsys):
+    with pytest.raises(SystemExit):
+        main(["pin", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "(--ttl DURATION (--tokens FILE | --hash-ids IDS | --keys HEX [HEX ...]) | --unpin" in usage
+    assert "[--ttl DURATION]" not in usage

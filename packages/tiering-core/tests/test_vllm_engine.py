@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,7 +37,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 HAS_FS = importlib.util.find_spec("tiering.fs") is not None
-HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
 
 PROMPT_TOKENS = 330  # 10 full blocks of 32 tokens + 10
 FULL_BLOCKS = PROMPT_TOKENS // 32
@@ -86,17 +84,6 @@ def reference(model: str, prompt: list[int]) -> list[int]:
     out = result["outputs"][0]
     assert out["num_cached_tokens"] == 0 and len(out["tokens"]) == MAX_TOKENS
     return list(out["tokens"])
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[dict[str, Any]]:
-    if not HAS_S3:
-        pytest.skip("tiering-s3 or moto is not installed")
-    from tiering.s3.testing import moto_server
-
-    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    with moto_server("tiering-kv") as server:
-        yield {**server.connection(), "client": server.client()}
 
 
 def _tier_hits(metrics: dict[str, float], tier_type: str) -> float:

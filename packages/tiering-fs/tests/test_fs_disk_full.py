@@ -9,15 +9,19 @@ root needed) and a real 20 MiB tmpfs (root only), on both I/O paths.
 import errno
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
+from tiering.core import JobMetadata
+from tiering.core.base import block_view
 from tiering.fs import FsspecSecondaryTierManager
 from tiering.fs.io.local import LocalBackend
 from tiering.fs.layout import TRAILER_BYTES
-from tiering.fs.testing import BB, loads_exact, make_spec, store
+from tiering.fs.testing import BB, CTX, loads_exact, make_spec, store
 from tiering.testing import make_key
+from tiering.testing.harness import block_payload, next_job_id, wait_for_jobs
 
 STORED = BB + TRAILER_BYTES
 MIB = 1 << 20
@@ -111,3 +115,41 @@ def test_c22_probe_says_the_cap_follows_a_full_disk(tmp_path):
     fits = FsspecSecondaryTierManager.probe({"type": "fs", "root": str(tmp_path / "kv"), "capacity_bytes": 1 << 20})
     assert "lowers its cap" not in fits
     assert not (tmp_path / "kv").exists()  # a probe creates nothing
+
+
+@pytest.mark.usefixtures("python_io")
+def test_c22_a_write_in_flight_when_the_disk_refuses_does_not_lift_the_cap_above_the_disk(
+    tmp_path, open_tier, monkeypatch
+):
+    # A write in flight holds a reservation of a whole block while the disk still reports its unwritten bytes
+    # free: counting both set a cap above what the disk holds (seen on a real tmpfs, one trailer too high).
+    disk = 6 * STORED
+    real_pwritev = os.pwritev
+    held, release, refuse = threading.Event(), threading.Event(), threading.Event()
+
+    def pwritev(fd, buffers, offset):
+        if refuse.is_set() and held.is_set():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if refuse.is_set():
+            held.set()  # the first write after the resident blocks: stays in flight, nothing written yet
+            assert release.wait(60)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    monkeypatch.setattr(
+        LocalBackend, "free_bytes", lambda self, path: disk - _block_bytes_on_disk(tmp_path), raising=False
+    )
+    tier, view = open_tier(tmp_path, capacity_bytes=100 * STORED, n_read_threads=1, n_write_threads=2)
+    keys = [make_key(i, b"c22-in-flight") for i in range(6)]
+    assert store(tier, view, keys[:4])
+    refuse.set()
+    block_view(view, 4)[:] = block_payload(keys[4], tier.block_bytes)
+    in_flight = JobMetadata(next_job_id(), [keys[4]], [4], False, CTX)
+    tier.submit_store(in_flight)
+    assert held.wait(60)
+    assert store(tier, view, [keys[5]], [5]) is False  # refused, retried once, refused again
+    assert tier.stats()["capacity_bytes"] == disk  # the 4 resident + the 2 free; the write in flight not twice
+    release.set()
+    assert wait_for_jobs(tier, [in_flight.job_id])[in_flight.job_id] is True
+    s = tier.stats()
+    assert s["capacity_bytes"] == disk and s["used_bytes"] == _block_bytes_on_disk(tmp_path) == 5 * STORED

@@ -71,3 +71,16 @@ def test_a_tenants_ttl_takes_a_duration_with_a_unit(tmp_path, capsys):
     bad = _config(tmp_path, tenants={"default": {"ttl_s": "soon"}})
     assert main(["check", bad]) == 2
     assert "default.ttl_s must be seconds or a duration such as '1h' (is 'soon')" in capsys.readouterr().err
+
+
+def test_stat_with_pinning_off_counts_the_pins_the_tier_holds(tmp_path, capsys):
+    pinning = _config(tmp_path, max_pinned_bytes="100KiB")
+    assert main(["pin", pinning, "--ttl", "1h", "--hash-ids", "0,1"]) == 0
+    assert main(["stat", pinning]) == 0
+    assert "  pins           0 blocks pinned (0 B), 2 pinned but not stored yet" in capsys.readouterr().out
+    off = _config(tmp_path)  # the same root, pinning off: its counters count no pin, the medium holds two
+    assert main(["stat", off]) == 0
+    out = capsys.readouterr().out
+    assert "pinning off in this config (max_pinned_bytes 0); 2 live pins on the tier" in out
+    assert main(["stat", off, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tiers"][0]["pins_on_medium"] == 2

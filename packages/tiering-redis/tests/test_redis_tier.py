@@ -153,6 +153,18 @@ def test_keys_values_and_ttl(redis_server, prefix):
         tier.shutdown()
 
 
+def test_ttl_takes_a_duration_with_a_unit(redis_server, prefix):
+    tier, view = make_tier({"url": redis_server.url, "prefix": prefix, "ttl_s": "10m"})  # as a tenant's ttl_s
+    key = make_key(8, b"layout")
+    try:
+        assert store(tier, view, [key])
+        client = redis_server.client()
+        assert 60 < client.ttl(f"{prefix}:{tier.blocks.digest}:{key.hex()}") <= 600
+        client.close()
+    finally:
+        tier.shutdown()
+
+
 # -- two processes, one server -----------------------------------------------------------
 CHILD = """
 import json, sys

@@ -50,7 +50,7 @@ def load(tier, view, keys, slots=None, timeout_s=30.0):
     return ok
 
 
-def wait_until(predicate, timeout_s=10.0):
+def wait_until(predicate, timeout_s=60.0):
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"

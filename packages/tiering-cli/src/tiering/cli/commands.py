@@ -11,7 +11,7 @@ names no backend):
   is the tier's config key ``some_key`` (``--tier s3 --bucket kv --prefix a``),
   its value read as the tier's schema declares it.
 
-The stack around that tier is the benchmark's default one (its namespace).
+The stack around that tier is the benchmark's default one (its namespace); :mod:`tiering.cli.stacks` builds it.
 """
 
 from __future__ import annotations
@@ -28,101 +28,15 @@ from typing import Any
 from tqdm import tqdm
 
 from tiering.cli.bench.arguments import positive_size
-from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
-from tiering.cli.terminal import echo, printable, redact_text
-from tiering.core.configfile import load_config
-from tiering.core.factory import SecondaryTierFactory
+from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES
+from tiering.cli.options import STACK_EPILOG, add_namespace_argument, add_stack_arguments
+from tiering.cli.stacks import in_namespace, persistent_tiers, stack_config, text_output, tier_location
+from tiering.cli.terminal import echo, printable
 from tiering.core.inspection import BlockInfo, TierInspector, inspector_for
 from tiering.core.store.settings import inspecting
 from tiering.core.units import duration_argument, format_bytes, size_argument
 
 STAT_WAIT_S = 60.0
-
-
-def option_pairs(argv: Sequence[str]) -> dict[str, str]:
-    """``["--bucket", "kv", "--endpoint-url=http://h:9000"]`` -> ``{"bucket": "kv", "endpoint_url": "http://h:9000"}``.
-
-    Raises:
-        ValueError: a token is not ``--key`` or lacks its value.
-    """
-    out: dict[str, str] = {}
-    items = list(argv)
-    while items:
-        token = items.pop(0)
-        if not token.startswith("--") or len(token) < 3:
-            raise ValueError(f"unrecognized argument {token!r} (tier keys are given as --key VALUE)")
-        key, eq, value = token[2:].partition("=")
-        if not eq:
-            if not items or items[0].startswith("--"):
-                raise ValueError(f"tier option {token} needs a value")
-            value = items.pop(0)
-        out[key.replace("-", "_")] = value
-    return out
-
-
-def _coerce(cls: type, key: str, text: str) -> Any:
-    """A command-line value as the tier's schema declares ``key`` (a string when it accepts one, else JSON)."""
-    schema = getattr(cls, "config_schema", None)
-    spec = schema.keys.get(key) if schema is not None else None
-    if spec is not None and str in spec.types:
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def stack_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The config a command works on: the CONFIG file, or a stack built from ``--root`` / ``--tier`` options.
-
-    Raises:
-        ValueError: both or neither given; no installed tier offers a local default.
-    """
-    options: dict[str, str] = dict(getattr(args, "tier_options", None) or {})
-    if args.config:
-        if args.tier or args.root or options:
-            raise ValueError("give either a CONFIG file or --root / --tier options, not both")
-        return load_config(args.config)
-    if args.tier is None:
-        if args.root is None:
-            raise ValueError(
-                "give a CONFIG file, --root DIR (the directory of `tiering bench --root DIR`), or --tier TYPE "
-                "with the tier's keys as options (--KEY VALUE)"
-            )
-        entry = default_local_tier(args.root)
-        if entry is None:
-            raise ValueError("no installed tier keeps blocks in a local directory; use --tier TYPE or a CONFIG")
-    else:
-        entry = {"type": args.tier}
-        if args.root is not None:
-            entry["root"] = args.root
-    cls = SecondaryTierFactory.get_class(entry["type"])
-    entry.update({key: _coerce(cls, key, value) for key, value in options.items()})
-    return bench_config([entry], getattr(args, "block_bytes", None) or DEFAULT_BENCH_BLOCK_BYTES)
-
-
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    return stack_config(args)
-
-
-def _location(inspector: TierInspector, tier_config: Mapping[str, Any]) -> str:
-    return redact_text(inspector.location(), {"secondary_tiers": [tier_config]})
-
-
-def _inspectors(config: dict[str, Any]) -> list[tuple[int, dict[str, Any], TierInspector]]:
-    tiers = config.get("secondary_tiers", [])
-    if not isinstance(tiers, list):
-        raise ValueError("config key 'secondary_tiers' must be a list of objects")
-    out = []
-    for index, tier_config in enumerate(tiers):
-        inspector = inspector_for(tier_config, index)
-        if inspector is None:
-            echo(f"secondary_tiers[{index}] ({tier_config.get('type')}): nothing persistent to inspect")
-        else:
-            out.append((index, tier_config, inspector))
-    if not out:
-        raise ValueError("the config has no persistent secondary tier to inspect")
-    return out
 
 
 def _when(ts: float | None) -> str:
@@ -140,8 +54,8 @@ def _walk(inspector: TierInspector, digest: str, label: str) -> list[BlockInfo]:
 def cmd_ls(args: argparse.Namespace) -> int:
     """Per tier: namespaces present (fields from namespace.json), block count and bytes, oldest and newest."""
     report = []
-    for index, tier_config, inspector in _inspectors(_config(args)):
-        location = _location(inspector, tier_config)
+    for index, tier_config, inspector in persistent_tiers(stack_config(args)):
+        location = tier_location(inspector, tier_config)
         entry: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
         entry["namespaces"] = []
         for digest in inspector.namespaces():
@@ -189,7 +103,8 @@ def cmd_stat(args: argparse.Namespace) -> int:
     from tiering.core.primary import allocate_host_buffer
     from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
 
-    spec = create_spec(_config(args))
+    config = stack_config(args)
+    spec = create_spec(in_namespace(config, args.namespace) if args.namespace else config)
     if not isinstance(spec, TieringOffloadingSpec):
         raise ValueError(f"tiering stat needs a TieringOffloadingSpec, got {type(spec).__name__}")
     missing = _tiers_without_namespace(spec.secondary_tiers, spec.namespace.digest)
@@ -198,7 +113,11 @@ def cmd_stat(args: argparse.Namespace) -> int:
         echo(f"tiering stat: no namespace {spec.namespace.digest} ({fields}) in:", sys.stderr)
         for line in missing:
             echo(f"  {line}", sys.stderr)
-        echo("(stat opens a tier only where its namespace is; `tiering ls` shows what each holds)", sys.stderr)
+        echo(
+            "(stat opens a tier only where its namespace is; `tiering ls` shows what each holds, and "
+            "--namespace DIGEST opens one of them, such as an engine's)",
+            sys.stderr,
+        )
         return 1
     with inspecting():  # read-only: no eviction down to the config's cap, no expiry, no trim, nothing written
         tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
@@ -214,9 +133,14 @@ def cmd_stat(args: argparse.Namespace) -> int:
                 wait(args.wait)
             stats = dict(tier.stats())
             entry = {"index": index, "type": tier.tier_type, "stats": stats}
+            if "pinned_blocks" in stats and not stats.get("max_pinned_bytes"):
+                # pinning is off in this config, so the tier counts no pin: another config's pins still hold
+                from tiering.cli.pin import live_pins
+
+                entry["pins_on_medium"] = len(live_pins(tier))
             inspector = inspector_for(spec.secondary_tiers[index], index)
             if inspector is not None:
-                entry["location"] = _location(inspector, spec.secondary_tiers[index])
+                entry["location"] = tier_location(inspector, spec.secondary_tiers[index])
             if "capacity_bytes" in stats:
                 entry["capacity"] = "unbounded" if not stats["capacity_bytes"] else stats["capacity_bytes"]
             report["tiers"].append(entry)
@@ -249,7 +173,7 @@ def _tiers_without_namespace(tier_configs: Sequence[Mapping[str, Any]], digest: 
             continue
         present = inspector.namespaces()
         if digest not in present:
-            where = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+            where = f"secondary_tiers[{index}] {tier_config['type']} at {tier_location(inspector, tier_config)}"
             lines.append(f"{where}: namespaces there: {', '.join(present) or 'none'}")
     return lines
 
@@ -264,17 +188,26 @@ def cmd_gc(args: argparse.Namespace) -> int:
     cutoff = time.time() - args.older_than if args.older_than is not None else None
     verb = "would remove" if args.dry_run else "removed"
     found_namespace = False
-    for index, tier_config, inspector in _inspectors(_config(args)):
-        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+    say = text_output(args)
+    results: list[dict[str, Any]] = []
+    for index, tier_config, inspector in persistent_tiers(stack_config(args)):
+        location = tier_location(inspector, tier_config)
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {location}"
         foreign = sorted(inspector.foreign())
+        result: dict[str, Any] = {"index": index, "type": tier_config["type"], "location": location}
+        result.update({"dry_run": args.dry_run, "foreign": len(foreign)})
+        results.append(result)
         if args.namespace:
             if args.namespace not in inspector.namespaces():
-                echo(f"{label}: no namespace {args.namespace}")
+                say(f"{label}: no namespace {args.namespace}")
+                result.update(namespace=None, blocks=0, bytes=0)
                 continue
             found_namespace = True
             blocks = _walk(inspector, args.namespace, label)
             n = len(blocks) if args.dry_run else inspector.remove_namespace(args.namespace)
-            echo(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {_size(sum(b.size for b in blocks))})")
+            size = sum(b.size for b in blocks)
+            result.update(namespace=args.namespace, blocks=n, bytes=size)
+            say(f"{label}: {verb} namespace {args.namespace} ({n} blocks, {_size(size)})")
         else:
             everything = [(d, b) for d in inspector.namespaces() for b in _walk(inspector, d, label)]
             if cutoff is not None:
@@ -293,9 +226,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 n = 0
                 for digest in {d for d, _ in victims}:
                     n += inspector.remove_blocks(digest, [b for d, b in victims if d == digest])
-            echo(f"{label}: {verb} {n} blocks ({_size(sum(b.size for _, b in victims))})")
+            size = sum(b.size for _, b in victims)
+            result.update(blocks=n, bytes=size)
+            say(f"{label}: {verb} {n} blocks ({_size(size)})")
         if foreign:
-            echo(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+            say(f"{label}: left {len(foreign)} foreign entries alone, e.g. {foreign[0]}")
+    if args.json:
+        print(json.dumps(results, indent=2))
     if args.namespace and not found_namespace:
         echo(f"tiering gc: no tier holds namespace {args.namespace} (see `tiering ls`)", sys.stderr)
         return 1
@@ -305,11 +242,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Read blocks, check their headers and checksums; report (and with --remove, delete) corrupt ones."""
     corrupt_total = 0
-    for index, tier_config, inspector in _inspectors(_config(args)):
-        label = f"secondary_tiers[{index}] {tier_config['type']} at {_location(inspector, tier_config)}"
+    say = text_output(args)
+    results: list[dict[str, Any]] = []
+    for index, tier_config, inspector in persistent_tiers(stack_config(args)):
+        location = tier_location(inspector, tier_config)
+        label = f"secondary_tiers[{index}] {tier_config['type']} at {location}"
         digests = list(inspector.namespaces())
         if not digests:
-            print(f"{label}: no namespace found, nothing to verify (see `tiering ls`)")
+            say(f"{label}: no namespace found, nothing to verify (see `tiering ls`)")
         for digest in digests:
             blocks = _walk(inspector, digest, label)
             if args.sample is not None and args.sample < len(blocks):
@@ -324,43 +264,43 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     continue  # removed meanwhile (eviction by a running engine)
                 if reason is not None:
                     corrupt.append(block)
-                    echo(f"{label}: CORRUPT {block.name}: {reason}")
+                    say(f"{label}: CORRUPT {block.name}: {reason}")
             if corrupt and args.remove:
                 inspector.remove_blocks(digest, corrupt)
-            echo(
+            results.append(
+                {
+                    "index": index,
+                    "type": tier_config["type"],
+                    "location": location,
+                    "namespace": digest,
+                    "checked": len(blocks),
+                    "sound": len(blocks) - len(corrupt),
+                    "corrupt": [block.name for block in corrupt],
+                    "removed": bool(corrupt and args.remove),
+                }
+            )
+            say(
                 f"{label}: namespace {digest}: {len(blocks)} checked, {len(blocks) - len(corrupt)} sound, "
                 f"{len(corrupt)} corrupt" + (" (removed)" if corrupt and args.remove else "")
             )
             corrupt_total += len(corrupt)
+    if args.json:
+        print(json.dumps(results, indent=2))
     return 1 if corrupt_total else 0
-
-
-STACK_EPILOG = (
-    "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
-    "opens one tier of that type with those config keys (e.g. --tier s3 --bucket kv --prefix fleet-a)."
-)
-
-
-def _stack_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="JSON config file (or the options below)")
-    parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
-    parser.add_argument("--root", metavar="DIR", help="the directory of the tier (`tiering bench --root DIR`)")
-    parser.set_defaults(accepts_tier_options=True)
 
 
 def add_commands(sub: Any) -> None:
     """Register ls, stat, gc and verify on the ``tiering`` sub-parser."""
     ls = sub.add_parser("ls", help="namespaces, blocks and bytes held by each persistent tier", epilog=STACK_EPILOG)
-    _stack_arguments(ls)
-    ls.add_argument("--json", action="store_true", help="print JSON")
+    add_stack_arguments(ls, "print JSON: per tier its namespaces, blocks, bytes, oldest and newest")
     ls.set_defaults(func=cmd_ls)
     stat = sub.add_parser(
         "stat",
         help="the state of each tier: blocks, bytes, cap, pins, tenants (--json: every counter)",
         epilog=STACK_EPILOG,
     )
-    _stack_arguments(stat)
-    stat.add_argument("--json", action="store_true", help="print JSON, with every counter of each tier")
+    add_stack_arguments(stat, "print JSON, with every counter of each tier")
+    add_namespace_argument(stat)
     stat.add_argument("--wait", type=float, default=STAT_WAIT_S, help="seconds to wait for start-up scans")
     stat.add_argument(
         "--block-bytes",
@@ -369,7 +309,7 @@ def add_commands(sub: Any) -> None:
     )
     stat.set_defaults(func=cmd_stat)
     gc = sub.add_parser("gc", help="remove stale namespaces, old blocks, or evict down to a size", epilog=STACK_EPILOG)
-    _stack_arguments(gc)
+    add_stack_arguments(gc, "print JSON: per tier the blocks and bytes removed (or that would be)")
     what = gc.add_mutually_exclusive_group(required=True)
     what.add_argument("--namespace", metavar="DIGEST", help="remove this whole namespace")
     what.add_argument(
@@ -387,7 +327,7 @@ def add_commands(sub: Any) -> None:
     gc.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     gc.set_defaults(func=cmd_gc)
     verify = sub.add_parser("verify", help="check stored blocks' headers and checksums", epilog=STACK_EPILOG)
-    _stack_arguments(verify)
+    add_stack_arguments(verify, "print JSON: per tier and namespace the blocks checked, sound and corrupt")
     verify.add_argument("--sample", type=int, metavar="N", help="check N random blocks per namespace")
     verify.add_argument("--remove", action="store_true", help="delete the corrupt blocks found")
     verify.set_defaults(func=cmd_verify)

@@ -17,17 +17,18 @@ import logging
 import platform
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, distributions, packages_distributions, version
 from typing import Any
 
 from tiering.cli.bench.command import add_bench_parser
-from tiering.cli.commands import add_commands, option_pairs
-from tiering.cli.options import check_tier_options, split_tier_options
+from tiering.cli.commands import add_commands
+from tiering.cli.options import STACK_EPILOG, add_stack_arguments, check_tier_options, split_tier_options
 from tiering.cli.pin import add_pin_parser
 from tiering.cli.sizes import size_lines, sized_by_engine, spec_size_warnings
+from tiering.cli.stacks import option_pairs, stack_config, text_output
 from tiering.cli.terminal import echo, redact_text
-from tiering.core.configfile import install_hint, load_config
+from tiering.core.configfile import install_hint
 from tiering.core.declared import check_one_block
 from tiering.core.factory import (
     POLICY_KEYS,
@@ -63,8 +64,8 @@ def provider_of(cls: type) -> str:
     return "not from an installed distribution"
 
 
-PLUGIN_GROUPS = ("tiering.tiers", "tiering.cache_policies", "tiering.specs")
-"""Entry-point groups through which installed distributions add tiers, cache policies and specs."""
+PLUGIN_GROUPS = ("tiering.tiers", "tiering.cache_policies", "tiering.specs", "tiering.config_forms")
+"""Entry-point groups through which installed distributions add tiers, cache policies, specs and config forms."""
 
 
 def installed_distributions() -> list[tuple[str, str]]:
@@ -100,37 +101,72 @@ class _VersionAction(argparse.Action):
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Check a config without side effects (every value against each tier's schema); ``--probe`` opens each tier."""
+    """Check a config without side effects (every value against each tier's schema); ``--probe`` opens each tier.
+
+    The stack is a CONFIG file, or ``--root DIR`` / ``--tier TYPE --KEY VALUE`` as for ``ls`` and ``stat``.
+    ``--json`` prints what was checked as one JSON object (spec, namespace, primary, tiers with their sizes in
+    bytes, warnings, probe lines) instead of the lines.
+    """
+    say = text_output(args)
     notes: list[str] = []
-    config = load_config(args.config, notes)
+    config = stack_config(args, notes)
+    report: dict[str, Any] = {"notes": notes, "warnings": [], "tiers": []}
     for line in notes:
-        echo(line)
+        say(line)
     spec = create_spec(config)
-    echo(f"spec: {type(spec).__module__}.{type(spec).__qualname__}")
-    echo(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
+    report["spec"] = f"{type(spec).__module__}.{type(spec).__qualname__}"
+    say(f"spec: {report['spec']}")
+    engine_sized = bool(args.config) and sized_by_engine(args.config)
+    report["block_bytes_set_by_engine"] = engine_sized
+    if engine_sized:
+        # the digest of this file's keys alone ("model": "unknown") is not one the engine ever writes
+        report["namespace"] = {"set_by_engine": True}
+        say(
+            "namespace: the engine's, set when it starts (model, dtype, row layout and block_bytes from its own "
+            "config); `tiering ls CONFIG` lists the namespaces the root holds, `tiering stat CONFIG --namespace "
+            "DIGEST` opens one"
+        )
+    else:
+        report["namespace"] = {"digest": spec.namespace.digest, "fields": spec.namespace.to_dict()}
+        say(f"namespace {spec.namespace.digest}: {json.dumps(spec.namespace.to_dict(), sort_keys=True)}")
     primary = spec.num_primary_blocks * spec.block_bytes
-    blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
-    echo(f"primary: {blocks} = {primary} bytes ({format_bytes(primary)})")
+    report["primary"] = {"blocks": spec.num_primary_blocks, "block_bytes": spec.block_bytes, "bytes": primary}
+    if engine_sized:  # 65536-byte blocks are this file's default, not the engine's rows
+        report["primary"] = {"bytes": primary}
+        say(
+            f"primary: {primary} bytes ({format_bytes(primary)}); "
+            "its blocks are the engine's rows, sized when it starts"
+        )
+    else:
+        blocks = f"{spec.num_primary_blocks} blocks x {spec.block_bytes} bytes"
+        say(f"primary: {blocks} = {primary} bytes ({format_bytes(primary)})")
     check_primary_fits(primary)
     for line in spec_size_warnings(config):
-        echo(line)
+        report["warnings"].append(line)
+        say(line)
     policy = getattr(spec, "eviction_policy", None)
     if policy is not None:
         cls = CachePolicyFactory.get_class(policy, getattr(spec, "cache_policy_module_path", None))
-        echo(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
+        report["eviction_policy"] = policy
+        say(f"eviction_policy {policy!r}: {cls.__module__}.{cls.__qualname__} ({provider_of(cls)})")
     load_cost = getattr(spec, "load_cost", None)
     if load_cost is not None:
-        echo(load_cost.describe())
+        say(load_cost.describe())
     tier_configs = list(getattr(spec, "secondary_tiers", []))
-    engine_sized = sized_by_engine(args.config)
     if engine_sized and tier_configs:
-        echo("block_bytes: set by the engine (not in the config): bounds are compared with one block when it starts")
+        say("block_bytes: set by the engine (not in the config): bounds are compared with one block when it starts")
     for index, tier_config in enumerate(tier_configs):
         tier_cls, tier_type, kwargs = resolve_tier(tier_config, index)
         check_tier_constructor(tier_cls, tier_type, kwargs, spec, index=index)
         schema = getattr(tier_cls, "config_schema", None)
         label = f"secondary_tiers[{index}]"
         sizes: list[str] = []
+        entry: dict[str, Any] = {
+            "index": index,
+            "type": tier_type,
+            "class": f"{tier_cls.__module__}.{tier_cls.__qualname__}",
+        }
+        report["tiers"].append(entry)
         if schema is not None:
             values = schema.validate(kwargs, entry=label, also_accepted=POLICY_KEYS)
             # the bench or an engine would refuse it when the tier opens; the block size is known here
@@ -138,6 +174,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             if not engine_sized:
                 check_one_block(tier_type, values, stored_block_bytes, label)
             sizes = size_lines(label, schema, tier_config, values)
+            entry["sizes"] = {name: values.get(name) for name, key in schema.keys.items() if key.size}
             checked = (
                 f"every value checked against its schema ({len(schema.keys)} key{'' if len(schema.keys) == 1 else 's'})"
             )
@@ -146,17 +183,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         admission = admission_config(tier_config, index)
         if admission.policy != ALWAYS:
             checked += f"; admission {admission.policy!r} (sketch of {format_bytes(admission.sketch_bytes)})"
-        echo(
+        entry["checked"] = checked
+        say(
             f"secondary_tiers[{index}] type {tier_type!r}: "
             f"{tier_cls.__module__}.{tier_cls.__qualname__} ({provider_of(tier_cls)}); {checked}"
         )
         for line in sizes:
-            echo(line)
+            if line.startswith("warning:"):
+                report["warnings"].append(line)
+            say(line)
     if args.probe:
-        _probe(spec, tier_configs)
-        echo("config ok (every tier opened)")
+        report["probe"] = []
+        _probe(spec, tier_configs, say if not args.json else report["probe"].append)
+        say("config ok (every tier opened)")
     else:
-        echo("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
+        say("config ok (no side effects: nothing opened; --probe also opens each root, bucket or server)")
+    if args.json:
+        print(json.dumps({"ok": True, **report}, indent=2, sort_keys=True))
     return 0
 
 
@@ -168,7 +211,7 @@ CONFIG_ERRORS = (ValueError, TypeError, ImportError, AttributeError, OSError, Ti
 """What a command reports as one line with exit status 2 (a bad config, argument, path or tier)."""
 
 
-def _probe(spec: Any, tier_configs: list[Any]) -> None:
+def _probe(spec: Any, tier_configs: list[Any], say: Callable[[str], None]) -> None:
     """Open each tier: its class's ``probe(entry)`` when it offers one (creates nothing), else construct it.
 
     Every error names the entry (``secondary_tiers[N]`` and, where it can be told, ``.<key>``), as plain check does.
@@ -182,7 +225,7 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
     view = allocate_host_buffer(1, spec.block_bytes)
     for index, tier_config in enumerate(tier_configs):
         try:
-            _probe_tier(spec, view, tier_config, index)
+            _probe_tier(spec, view, tier_config, index, say)
         except Exception as exc:
             labelled = tier_error(exc, tier_config, index)
             if not isinstance(labelled, CONFIG_ERRORS):
@@ -197,7 +240,7 @@ def _probe(spec: Any, tier_configs: list[Any]) -> None:
             raise labelled from exc
 
 
-def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> None:
+def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int, say: Callable[[str], None]) -> None:
     """Probe or open entry ``secondary_tiers[index]`` and print what was found; errors unlabelled."""
     from tiering.core.capabilities import Probeable, ReportsProbe
     from tiering.core.inspection import inspector_for
@@ -212,19 +255,19 @@ def _probe_tier(spec: Any, view: memoryview, tier_config: Any, index: int) -> No
     tail = "" if where else " (in memory, nothing kept)"
     capacity = kwargs.get("capacity_bytes")  # in bytes, also where the config wrote "4GiB"
     if free is not None and isinstance(capacity, int) and capacity > free:
-        echo(
+        say(
             f"warning: secondary_tiers[{index}].capacity_bytes: {capacity} bytes ({format_bytes(capacity)}) is "
             f"more than the {free} bytes ({format_bytes(free)}) free at {where}; the tier holds no more than the disk "
             "does"
         )
     if found is not None:
-        echo(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
+        say(f"{head}: ok{tail}; {redact_text(found, {'secondary_tiers': [tier_config]})}")
         return
     tier = create_secondary_tier(tier_config, view, spec, index=index)
     try:
-        echo(f"{head}: ok{tail}")
+        say(f"{head}: ok{tail}")
         for line in tier.probe_report() if isinstance(tier, ReportsProbe) else []:
-            echo(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
+            say(f"  {redact_text(line, {'secondary_tiers': [tier_config]})}")
     finally:
         tier.shutdown()
 
@@ -243,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check",
         help="check a config: every value, without side effects (--probe: also open each tier)",
+        epilog=STACK_EPILOG,
     )
-    check.add_argument("config", help="JSON config file")
+    add_stack_arguments(check, "print what was checked as JSON (sizes in bytes, warnings, probe lines)")
     check.add_argument("--probe", action="store_true", help="also construct each tier: opens roots, buckets, servers")
     check.set_defaults(func=cmd_check)
     add_commands(sub)

@@ -1,4 +1,7 @@
-"""The ``--KEY VALUE`` tier options of ``tiering ls / stat / gc / verify``: told apart from mistyped options.
+"""The arguments every inspection subcommand shares, and its ``--KEY VALUE`` tier options.
+
+:func:`add_stack_arguments` gives ``check``, ``ls``, ``stat``, ``gc``, ``verify`` and ``pin`` the same
+``CONFIG`` / ``--root DIR`` / ``--tier TYPE`` / ``--json``, so a flag one of them takes the others take alike.
 
 ``tiering ls --tier s3 --bucket kv`` gives a tier's config keys as options.
 :func:`split_tier_options` separates them from the sub-command's own
@@ -15,7 +18,52 @@ import difflib
 import inspect
 from typing import Any
 
-__all__ = ["check_tier_options", "split_tier_options", "tier_option_keys"]
+__all__ = [
+    "STACK_EPILOG",
+    "add_namespace_argument",
+    "add_stack_arguments",
+    "check_tier_options",
+    "split_tier_options",
+    "tier_option_keys",
+]
+
+STACK_EPILOG = (
+    "Without CONFIG: --root DIR opens the tier `tiering bench --root DIR` uses; --tier TYPE --KEY VALUE ... "
+    "opens one tier of that type with those config keys (e.g. --tier s3 --bucket kv --prefix fleet-a)."
+)
+"""The help's epilog of every subcommand that takes :func:`add_stack_arguments`."""
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser, json_help: str) -> None:
+    """Add ``CONFIG`` (optional), ``--tier TYPE``, ``--root DIR`` and ``--json`` to an inspection subcommand.
+
+    The stack is a CONFIG file or one tier given on the command line (``--root DIR``: the default stack's tier
+    there; ``--tier TYPE`` with its keys as ``--KEY VALUE``, which :func:`split_tier_options` sets aside);
+    :func:`tiering.cli.stacks.stack_config` builds it and refuses both or neither.
+
+    Args:
+        parser: the subcommand's parser.
+        json_help: what ``--json`` prints for this subcommand.
+    """
+    parser.add_argument("config", nargs="?", help="JSON config file (or --root / --tier)")
+    parser.add_argument("--tier", metavar="TYPE", help="a tier type; its config keys follow as --KEY VALUE")
+    parser.add_argument("--root", metavar="DIR", help="the directory of the tier (`tiering bench --root DIR`)")
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.set_defaults(accepts_tier_options=True)
+
+
+def add_namespace_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--namespace DIGEST`` to a subcommand that opens the tiers (``stat``, ``pin``).
+
+    It opens the namespace a root already holds (its ``namespace.json``: :func:`tiering.cli.stacks.in_namespace`)
+    instead of the config's own, which an engine binding completes only when the engine starts.
+    """
+    parser.add_argument(
+        "--namespace",
+        metavar="DIGEST",
+        help="open this namespace of the root (a digest `tiering ls` lists, or a unique prefix), e.g. the one an "
+        "engine wrote: its namespace.json gives the model, dtype, layout and block size",
+    )
 
 
 def split_tier_options(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

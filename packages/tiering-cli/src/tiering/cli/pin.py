@@ -24,9 +24,11 @@ import datetime
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tiering.cli.options import STACK_EPILOG, add_namespace_argument, add_stack_arguments
 from tiering.cli.terminal import echo
 from tiering.core.base import OffloadKey, ReqContext
 from tiering.core.capabilities import PinnableTier
@@ -81,15 +83,17 @@ def _keys(args: argparse.Namespace, block_size: int) -> list[OffloadKey]:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """Pin (or unpin) the given prefix in every secondary tier of the stack; one line per tier."""
-    from tiering.cli.commands import stack_config
+    from tiering.cli.stacks import in_namespace, stack_config, text_output
     from tiering.core.factory import create_spec
     from tiering.core.primary import allocate_host_buffer
 
-    spec: Any = create_spec(stack_config(args))
+    config = stack_config(args)
+    spec: Any = create_spec(in_namespace(config, args.namespace) if args.namespace else config)
+    say = text_output(args)
     if args.list:
         if args.unpin or args.ttl is not None:
             raise ValueError("--list changes nothing: give it without --ttl and --unpin")
-        return _list_pins(spec)
+        return _list_pins(spec, say, args.json)
     keys = scope_keys(args.tenant, _keys(args, int(getattr(spec, "block_size", 16))))
     if not keys:
         raise ValueError("no keys to pin")
@@ -97,13 +101,12 @@ def cmd_pin(args: argparse.Namespace) -> int:
         raise ValueError(f"give --ttl DURATION ({DURATION_EXAMPLES}) or --unpin")
     with inspecting():  # read-only: the command writes pin records only, never evicts, expires or trims a block
         tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
+    report: list[dict[str, Any]] = []
     try:
         if args.unpin:
             for index, tier in enumerate(tiers):
-                can_pin = "pinned_blocks" in tier.stats()
-                pinnable = isinstance(tier, PinnableTier)
-                can_pin = pinnable and "pinned_blocks" in tier.stats()
-                before = set(_live_pins(tier))
+                can_pin = "pinned_blocks" in tier.stats() and isinstance(tier, PinnableTier)
+                before = set(live_pins(tier))
                 if isinstance(tier, PinnableTier):
                     tier.unpin(keys)
                 ended = len(before & set(keys))
@@ -112,17 +115,23 @@ def cmd_pin(args: argparse.Namespace) -> int:
                     if can_pin
                     else "cannot pin (nothing to unpin)"
                 )
-                echo(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
+                report.append({"index": index, "type": tier.tier_type, "can_pin": can_pin, "unpinned": ended})
+                say(f"secondary_tiers[{index}] {tier.tier_type}: {state}")
+            if args.json:
+                print(json.dumps(report, indent=2))
             return 0
         results = pin_in_tiers(tiers, keys, args.ttl)
         for index, (tier, ok) in enumerate(zip(tiers, results, strict=True)):
             stats, name = tier.stats(), f"secondary_tiers[{index}] {tier.tier_type}"
+            entry: dict[str, Any] = {"index": index, "type": tier.tier_type, "can_pin": "pinned_blocks" in stats}
+            report.append(entry)
             if "pinned_blocks" not in stats:
-                echo(f"{name}: cannot pin")
+                say(f"{name}: cannot pin")
                 continue
             state = f"pinned {len(keys)} blocks {_lifetime(args.ttl)}" if ok else "refused (see the warning above)"
             pinned, pending = stats["pinned_blocks"], stats["pins_pending"]
-            echo(f"{name}: {state}; the tier now has {pinned} blocks pinned, {pending} pinned but not stored yet")
+            entry.update(pinned=len(keys) if ok else 0, refused=not ok, pinned_blocks=pinned, pins_pending=pending)
+            say(f"{name}: {state}; the tier now has {pinned} blocks pinned, {pending} pinned but not stored yet")
             if not stats.get("resident_blocks"):
                 echo(
                     f"{name}: warning: the tier holds no block of namespace {spec.namespace.digest}: check that "
@@ -132,12 +141,14 @@ def cmd_pin(args: argparse.Namespace) -> int:
     finally:
         for tier in tiers:
             tier.shutdown()
+    if args.json:
+        print(json.dumps(report, indent=2))
     if not any(results):
         echo("tiering pin: no tier pinned the prefix", sys.stderr)
     return 0 if results and all(results) else 1
 
 
-def _live_pins(tier: Any) -> dict[OffloadKey, float]:
+def live_pins(tier: Any) -> dict[OffloadKey, float]:
     """The tier's live pins as its medium holds them now: key -> expiry (epoch seconds); {} when it cannot pin.
 
     Read from the pin records themselves, so pins another process made are listed also where this process's
@@ -154,26 +165,30 @@ def _live_pins(tier: Any) -> dict[OffloadKey, float]:
     return out
 
 
-def _list_pins(spec: Any) -> int:
-    """``tiering pin --list``: each tier's pins, one line per pin, soonest expiry first; changes nothing."""
+def _list_pins(spec: Any, say: Callable[[str], None], as_json: bool) -> int:
+    """``tiering pin --list``: each tier's pins, one line per pin, soonest expiry first (or JSON); changes nothing."""
     from tiering.core.primary import allocate_host_buffer
 
+    report: list[dict[str, Any]] = []
     tiers = spec.create_secondary_tiers(allocate_host_buffer(1, spec.block_bytes))
     try:
         now = time.time()
         for index, tier in enumerate(tiers):
             name, stats = f"secondary_tiers[{index}] {tier.tier_type}", tier.stats()
+            entry: dict[str, Any] = {"index": index, "type": tier.tier_type, "can_pin": "pinned_blocks" in stats}
+            report.append(entry)
             if "pinned_blocks" not in stats:
-                echo(f"{name}: cannot pin")
+                say(f"{name}: cannot pin")
                 continue
             bound = int(stats.get("max_pinned_bytes", 0))
-            pins = _live_pins(tier)
+            pins = live_pins(tier)
             limit = (
                 f"max_pinned_bytes {format_bytes(bound)}"
                 if bound
                 else "pinning is off in this config (max_pinned_bytes 0; --max-pinned-bytes SIZE turns it on)"
             )
-            echo(f"{name}: {len(pins)} pins; {limit}")
+            say(f"{name}: {len(pins)} pins; {limit}")
+            entry.update(max_pinned_bytes=bound, pins=[])
             policy = getattr(tier, "tenants", None)
             for key, expiry in sorted(pins.items(), key=lambda item: item[1]):
                 tag = tag_of(key)
@@ -183,26 +198,37 @@ def _list_pins(spec: Any) -> int:
                 found = tier.lookup(key, _LIST_CONTEXT)
                 stored = "stored" if found else "not stored yet" if found is False else "stored: not known yet"
                 who = f", tenant {tenant}" if tenant else ""
-                echo(f"  {own.hex()}{who}: until {until} UTC (in {max(expiry - now, 0):,.0f} s), {stored}")
+                entry["pins"].append({"key": own.hex(), "tenant": tenant, "expiry": expiry, "stored": found})
+                say(f"  {own.hex()}{who}: until {until} UTC (in {max(expiry - now, 0):,.0f} s), {stored}")
     finally:
         for tier in tiers:
             tier.shutdown()
+    if as_json:
+        print(json.dumps(report, indent=2))
     return 0
 
 
 def add_pin_parser(sub: Any) -> None:
     """Register ``tiering pin`` on the ``tiering`` sub-parser."""
-    from tiering.cli.commands import STACK_EPILOG, _stack_arguments
-
     pin = sub.add_parser(
-        "pin", help="pin a prefix in every tier that can pin, for a while (or --unpin it)", epilog=STACK_EPILOG
+        "pin",
+        help="pin a prefix in every tier that can pin, for a while (or --unpin it)",
+        epilog=STACK_EPILOG,
+        # argparse cannot say "required unless --unpin or --list": the usage line says it
+        usage=(
+            "tiering pin [CONFIG | --root DIR | --tier TYPE [--KEY VALUE ...]] [--namespace DIGEST] [--tenant NAME]\n"
+            "             [--json]\n"
+            "             (--ttl DURATION (--tokens FILE | --hash-ids IDS | --keys HEX [HEX ...])\n"
+            "              | --unpin (--tokens FILE | --hash-ids IDS | --keys HEX [HEX ...]) | --list)"
+        ),
     )
-    _stack_arguments(pin)
+    add_stack_arguments(pin, "print JSON: per tier what it pinned (or unpinned), or with --list its pins")
+    add_namespace_argument(pin)
     pin.add_argument(
         "--ttl",
         type=duration_argument,
         metavar="DURATION",
-        help="how long (required to pin): 90 (seconds), 90s, 30m, 1h, 7d",
+        help="how long: 90 (seconds), 90s, 30m, 1h, 7d; required to pin (not with --unpin or --list)",
     )
     what = pin.add_mutually_exclusive_group(required=True)
     what.add_argument(

@@ -22,6 +22,10 @@ SCAN_FIGURES = ("bad_blocks_removed", "temps_removed", "failed_deletes", "forgot
 """Counters a start-up scan can move: printed when not 0."""
 
 
+FLEET_CAP = "for the whole fleet (one LRU on the server, shared by every process, which evicts)"
+"""How a cap every process of a fleet enforces together is shown (a redis tier with ``eviction: "tier"``)."""
+
+
 def _bytes(n: float) -> str:
     """``"103.6 MiB = 108605440 bytes"``; a count under 1 KiB as ``"512 B"``."""
     return format_bytes(n) if n < 1024 else f"{format_bytes(n)} = {int(n)} bytes"
@@ -37,15 +41,16 @@ def _capacity(stats: Mapping[str, Any], used: float) -> str:
     if cap:
         return f"{_bytes(cap)}, {used / cap:.1%} used"
     if configured:
-        return f"{_bytes(configured)} for the whole fleet (the server evicts)"
+        return f"{_bytes(configured)} {FLEET_CAP}"
     return "unbounded (no capacity_bytes)"
 
 
-def _pins(stats: Mapping[str, Any]) -> str:
+def _pins(stats: Mapping[str, Any], on_medium: int) -> str:
     bound = int(stats.get("max_pinned_bytes", 0))
     pinned, pending = int(stats.get("pinned_blocks", 0)), int(stats.get("pins_pending", 0))
     if not bound and not pinned and not pending:
-        return "pinning off (max_pinned_bytes 0)"
+        held = f"; {on_medium:,} live pins on the tier, made with pinning on (tiering pin --list)" if on_medium else ""
+        return f"pinning off in this config (max_pinned_bytes 0){held}"
     text = f"{pinned:,} blocks pinned ({format_bytes(stats.get('pinned_bytes', 0))})"
     text += f", {pending:,} pinned but not stored yet" if pending else ""
     return text + (f"; max_pinned_bytes {format_bytes(bound)}" if bound else "; pinning off in this config")
@@ -75,7 +80,8 @@ def stat_lines(report: Mapping[str, Any]) -> list[str]:
 
     Args:
         report: ``{"namespace", "primary": {"blocks", "capacity_bytes"}, "tiers": [{"index", "type", "stats",
-            "location"?}]}``.
+            "location"?, "pins_on_medium"?}]}``; ``pins_on_medium``: live pins a tier holds where this config has
+            pinning off (its counters then count none).
     """
     primary = report["primary"]
     lines = [
@@ -96,7 +102,7 @@ def stat_lines(report: Mapping[str, Any]) -> list[str]:
         if "capacity_bytes" in stats or "configured_capacity_bytes" in stats:
             lines.append(_row("capacity", _capacity(stats, used)))
         if "pinned_blocks" in stats:
-            lines.append(_row("pins", _pins(stats)))
+            lines.append(_row("pins", _pins(stats, int(entry.get("pins_on_medium", 0)))))
         lines += _tenants(stats)
         if "scan_done" in stats:
             done = "done" if stats["scan_done"] else "still running (stat waited --wait seconds)"

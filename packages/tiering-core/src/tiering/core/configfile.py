@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from tiering.core.factory import SecondaryTierFactory, entry_policies
@@ -113,6 +114,11 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
             config = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read config {path}: {exc}") from exc
+    other = _other_form(path, config)
+    if other is not None:
+        config, lines = other
+        _note(lines, notes)
+        return config
     wrapped = isinstance(config, dict) and isinstance(config.get("kv_connector_extra_config"), dict)
     if wrapped:
         config = config["kv_connector_extra_config"]
@@ -120,13 +126,44 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(f"config {path} must hold a JSON object")
     if wrapped or config.get("spec_name") == VLLM_SPEC[0]:
         _check_vllm_byte_counts(path, config)
-    lines = plain_spec(config) + plain_tier_entries(config)
+    _note(plain_spec(config) + plain_tier_entries(config), notes)
+    return config
+
+
+def _note(lines: list[str], notes: list[str] | None) -> None:
+    """Give what :func:`load_config` says of the file to ``notes``, or print it to stderr when None."""
     if notes is None:
         for line in lines:
             print(line, file=sys.stderr)
     else:
         notes.extend(lines)
-    return config
+
+
+CONFIG_FORMS_GROUP = "tiering.config_forms"
+"""Entry-point group of readers of other programs' config objects (an engine's adapter JSON): each is called
+with the file's JSON value and returns ``(tiering config, a line saying how it was read)``, or None when the
+value is not its form. Core names no adapter: the adapter's distribution declares its reader."""
+
+
+def _other_form(path: str, raw: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """The tiering config of ``raw`` when an installed reader (:data:`CONFIG_FORMS_GROUP`) knows its form.
+
+    Raises:
+        ValueError: a reader refused the value (its message), or ``raw`` is an adapter's object (it has
+            ``adapter_params``) that no installed reader knows: the message names its ``module_path``.
+    """
+    for entry_point in entry_points(group=CONFIG_FORMS_GROUP):
+        found = entry_point.load()(raw)
+        if found is not None:
+            config, line = found
+            return config, [f"config {path}: {line}"]
+    if isinstance(raw, dict) and "adapter_params" in raw:
+        raise ValueError(
+            f"config {path} is an engine's adapter object (it has adapter_params) for module_path "
+            f"{raw.get('module_path')!r}, which no installed distribution reads as a tiering config: install the "
+            "distribution of that adapter beside the tiering command"
+        )
+    return None
 
 
 def _check_vllm_byte_counts(path: str, config: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from tiering.core.base import TIER_PARAMETERS
 from tiering.core.schema import ConfigKey, ConfigSchema, InvalidValueError
-from tiering.core.units import parse_size
+from tiering.core.units import size_or_none
 
 T = TypeVar("T")
 
@@ -143,12 +143,8 @@ def tenant_quotas(tenants: Any) -> Iterator[tuple[str, int]]:
     limits = [("default", tenants.get("default"))]
     limits += [(f"overrides.{name}", v) for name, v in overrides.items()] if isinstance(overrides, Mapping) else []
     for where, value in limits:
-        quota = value.get("quota_bytes") if isinstance(value, Mapping) else None
-        try:
-            quota = parse_size(quota) if isinstance(quota, str) else quota
-        except ValueError:
-            continue
-        if isinstance(quota, int) and not isinstance(quota, bool):
+        quota = size_or_none(value.get("quota_bytes")) if isinstance(value, Mapping) else None
+        if quota is not None:  # a malformed one is named by the tenants' own check
             yield f"{where}.quota_bytes", quota
 
 
@@ -170,12 +166,9 @@ def check_one_block(tier: str, entry: Mapping[str, Any], stored_block_bytes: int
     bounds: list[tuple[str, Any]] = [(k, entry.get(k)) for k in ("capacity_bytes", "max_pinned_bytes")]
     bounds += [(f"tenants.{where}", quota) for where, quota in tenant_quotas(entry.get("tenants"))]
     for key, value in bounds:
-        try:
-            value = parse_size(value) if isinstance(value, str) else value
-        except ValueError:
-            continue  # the schema names a malformed size
+        value = size_or_none(value)
         zero_is_off = key != "capacity_bytes"
-        if not isinstance(value, int) or isinstance(value, bool) or (zero_is_off and value == 0):
+        if value is None or (zero_is_off and value == 0):  # the schema names a malformed size
             continue
         if value < stored_block_bytes:
             raise InvalidValueError(

@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tiering.core.redact import REDACTED
-from tiering.core.units import parse_size
+from tiering.core.units import parse_duration, parse_size
 
 RESERVED_KEYS = frozenset({"type", "module_path"})
 """Keys of a ``secondary_tiers`` entry that select the class; never part of a tier's schema."""
@@ -122,6 +122,10 @@ class ConfigKey:
         size: a byte count: besides an integer, a size with a unit
             (``"4GiB"``, ``"500MB"``; :func:`tiering.core.units.parse_size`)
             is accepted and normalized to an integer of bytes.
+        duration: a number of seconds: besides a number, a duration with a
+            unit (``"90s"``, ``"30m"``, ``"1h"``, ``"7d"``;
+            :func:`tiering.core.units.parse_duration`) is accepted and
+            normalized to seconds (an integer where only ``int`` is declared).
         check: extra check, returns a problem text or None (must be side-effect free).
         doc: one line for docs and ``tiering check``.
     """
@@ -138,6 +142,7 @@ class ConfigKey:
     non_empty: bool = False
     secret: bool = False
     size: bool = False
+    duration: bool = False
     check: Callable[[Any], str | None] | None = None
     doc: str = ""
 
@@ -158,6 +163,8 @@ class ConfigKey:
                 text += " " + " and ".join(bounds)
             if self.size:
                 text += " (bytes) or a size with a unit (e.g. '4GiB', '500MB')"
+            if self.duration:
+                text += " (seconds) or a duration with a unit (e.g. '90s', '30m', '1h', '7d')"
         return text + (" or null" if self.nullable else "")
 
 
@@ -289,6 +296,15 @@ class ConfigSchema:
                 value = parse_size(value)
             except ValueError:
                 raise InvalidValueError(self.tier, name, f"must be {expected}, got {shown}", entry) from None
+        if spec.duration and isinstance(value, str):
+            try:
+                value = parse_duration(value)
+            except ValueError:
+                raise InvalidValueError(self.tier, name, f"must be {expected}, got {shown}", entry) from None
+            if int in spec.types and float not in spec.types:
+                if not value.is_integer():  # "1.5s" where whole seconds are declared
+                    raise InvalidValueError(self.tier, name, f"must be {expected}, got {shown}", entry)
+                value = int(value)
         if not _type_ok(value, spec.types):
             raise InvalidTypeError(self.tier, name, f"must be {expected}, got {shown}", entry)
         if float in spec.types and int not in spec.types and isinstance(value, int) and not isinstance(value, bool):

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from tiering.core.format import FORMAT_VERSION, NAMESPACE_DIGEST_BYTES
 from tiering.core.redact import redact_config
 from tiering.core.registry import closest_name
-from tiering.core.units import SIZE_EXAMPLES, parse_size
+from tiering.core.units import size_value
 
 SPEC_KEYS = frozenset(
     {
@@ -95,6 +95,24 @@ class Namespace:
         """All fields, in clear text (what ``namespace.json`` files hold)."""
         return dataclasses.asdict(self)
 
+    @staticmethod
+    def config_keys(fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The offloading-config keys that give back the namespace of ``fields`` (a ``namespace.json``).
+
+        An engine binding sets them from the engine's config when it starts (the vLLM binding: the model, dtype,
+        row layout and size), so a config file alone does not say them; ``tiering stat --namespace DIGEST``
+        reads them from the root instead.
+
+        Raises:
+            ValueError: a field is missing (a ``namespace.json`` of another format); the message names it.
+        """
+        keys = {"model": "model", "model_revision": "revision", "kv_dtype": "kv_dtype", "kv_layout": "kv_layout"}
+        keys.update({name: name for name in ("block_size", "block_bytes", "rank", "world_size")})
+        missing = [field for field in keys.values() if field not in fields]
+        if missing:
+            raise ValueError(f"namespace.json lacks {', '.join(missing)}: written by another format of tiering")
+        return {key: fields[field] for key, field in keys.items()}
+
     @property
     def digest_bytes(self) -> bytes:
         """SHA-256 of the canonical JSON of :meth:`to_dict`, first 16 bytes."""
@@ -121,15 +139,9 @@ def _int_key(config: Mapping[str, Any], key: str, default: int | None, minimum: 
 def _bytes_key(config: Mapping[str, Any], key: str, default: int | None, minimum: int, why: str = "") -> int:
     """:func:`_int_key` for a byte count, which may also be written with a unit (``"4GiB"``, ``"500MB"``)."""
     value = config.get(key, default)
-    if isinstance(value, str):
-        try:
-            value = parse_size(value)
-        except ValueError:
-            raise ValueError(
-                f"config key {key!r} must be an integer of bytes >= {minimum} or a size with a unit "
-                f"({SIZE_EXAMPLES}), got {value!r}"
-            ) from None
-    return _int_key({key: value}, key, default, minimum, why)
+    if value is None:
+        raise ValueError(f"config key {key!r} is required")
+    return size_value(value, f"config key {key!r}", minimum, why)
 
 
 def _str_key(config: Mapping[str, Any], key: str, default: str) -> str:
@@ -149,7 +161,7 @@ class OffloadingSpec:
       bytes per block for all layers, default 65536; an engine binding
       supplies the real figure).
     - Both byte counts may be written with a unit (``"4GiB"``, ``"500MB"``;
-      :func:`tiering.core.units.parse_size`).
+      :func:`tiering.core.units.size_value`).
     - ``model`` (default ``"unknown"``), ``model_revision`` (``"main"``),
       ``kv_dtype`` (``"bfloat16"``), ``kv_layout`` (``"opaque"``), ``rank`` (0),
       ``world_size`` (1): namespace fields.

@@ -1,7 +1,8 @@
 """Byte sizes and durations, read and written one way everywhere: ``"4GiB"`` in, ``"4.0 GiB"`` out.
 
 :func:`parse_size` reads what a person writes (``gc --to-bytes 100MB``, a
-config's ``"cpu_bytes_to_use": "4GiB"``); :func:`format_bytes` is how every
+config's ``"cpu_bytes_to_use": "4GiB"``), :func:`size_value` reads a config's size key through it (one
+path, one message); :func:`format_bytes` is how every
 report prints a size (binary units: KiB, MiB, GiB, TiB).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -32,6 +33,46 @@ def parse_size(text: str) -> int:
     number, unit, binary = match.groups()
     power = "kmgtp".find(unit.lower()) + 1 if unit else 0
     return int(float(number) * (1024 if binary else 1000) ** power)
+
+
+def size_value(value: Any, where: str, minimum: int = 0, why: str = "") -> int:
+    """A byte count as every key tiering reads takes it: an integer, or text with a unit (:func:`parse_size`).
+
+    The one path of the sizes tiering reads outside a tier's schema (the spec's ``cpu_bytes_to_use`` and
+    ``block_bytes``, tenants' ``quota_bytes``, LMCache's ``object_bytes``), so each takes the same forms and
+    answers a bad one alike. Keys vLLM reads itself stay integers (:mod:`tiering.core.configfile` says so).
+
+    Args:
+        value: the config's value (``"4GiB"``, ``"500MB"``, ``"65536"`` or ``65536``).
+        where: the key for messages (``"config key 'block_bytes'"``, ``"tenants.default.quota_bytes"``).
+        minimum: the smallest count accepted, bytes.
+        why: where the minimum comes from, for the message.
+
+    Raises:
+        ValueError: ``"<where> must be an integer of bytes >= <minimum> or a size with a unit (e.g. ...), got
+            <value>"``, for a malformed text, a bool, a float, another type or a count below ``minimum``.
+    """
+    count = value
+    if isinstance(value, str):
+        try:
+            count = parse_size(value)
+        except ValueError:
+            count = None
+    if isinstance(count, bool) or not isinstance(count, int) or count < minimum:
+        because = f" ({why})" if why else ""
+        raise ValueError(
+            f"{where} must be an integer of bytes >= {minimum}{because} or a size with a unit ({SIZE_EXAMPLES}), "
+            f"got {value!r}"
+        )
+    return count
+
+
+def size_or_none(value: Any) -> int | None:
+    """:func:`size_value` where a malformed value is reported elsewhere: the count, or None."""
+    try:
+        return size_value(value, "size")
+    except ValueError:
+        return None
 
 
 def decimal_unit_note(text: str) -> str | None:

@@ -49,8 +49,8 @@ from tiering.core.base import SecondaryTierManager as TieringTier
 from tiering.core.capabilities import PinnableTier, can_pin
 from tiering.core.factory import create_secondary_tier
 from tiering.core.runtime.tiering_spec import TieringOffloadingSpec
-from tiering.lmcache.keys import encode_key, namespace_config
-from tiering.lmcache.params import AdapterParams, parse_params
+from tiering.lmcache.keys import encode_key
+from tiering.lmcache.params import AdapterParams, parse_params, stack_config
 from tiering.lmcache.staging import StagingBuffer
 from tiering.lmcache.usage import SaltUsage, scan_keys
 from tiering.lmcache.worker import Task, TierWorker
@@ -91,15 +91,12 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     def __init__(self, adapter_params: Mapping[str, Any], l1_memory_desc: Any = None, **_unused: Any) -> None:
         super().__init__(max_capacity_bytes=0)
         self.params: AdapterParams = parse_params(adapter_params)
-        config = namespace_config(self.params.object_bytes)
+        config = stack_config(self.params)  # the stack `tiering stat` opens from this adapter's JSON, too
         self.block_bytes: int = config["block_bytes"]
-        rows = self.params.staging_objects
         # Page-aligned, pre-faulted rows of whole 4 KiB pages: O_DIRECT tiers use them as they are.
-        self.staging = StagingBuffer(rows, self.block_bytes)
+        self.staging = StagingBuffer(self.params.staging_objects, self.block_bytes)
         self._view = self.staging.view
-        spec = TieringOffloadingSpec(
-            {**config, "cpu_bytes_to_use": rows * self.block_bytes, "secondary_tiers": [dict(self.params.tier)]}
-        )
+        spec = TieringOffloadingSpec(config)
         self.namespace = spec.namespace
         try:
             self.tier: TieringTier = create_secondary_tier(self.params.tier, self._view, spec)
@@ -132,7 +129,7 @@ class TieringL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             "tiering L2 adapter: tier %r, rows of %d bytes, %d staging rows (faulted in in %.3f s), namespace %s",
             self.params.tier["type"],
             self.block_bytes,
-            rows,
+            self.params.staging_objects,
             self.staging.populate_s,
             self.namespace.digest,
         )

@@ -1,6 +1,7 @@
 """Drive an LMCache L2 adapter as LMCache's storage controllers do: submit, poll the event fd, collect.
 
-For tests and ``scripts/bench_lmcache.py``; works with any
+For the in-process connector (:mod:`~tiering.lmcache.connector`), tests and
+``scripts/bench_lmcache.py``; works with any
 ``L2AdapterInterface`` (ours and LMCache's own). Imports LMCache and torch.
 """
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from tiering.core.policies.admission import refuse_admission
 from tiering.core.registry import closest_name
-from tiering.core.units import SIZE_EXAMPLES, parse_size
+from tiering.core.units import size_value
+from tiering.lmcache.keys import namespace_config
 
 PARAM_KEYS = ("tier", "object_bytes", "staging_objects", "lock_ttl_s", "lookup_timeout_s")
 """Keys accepted in ``adapter_params``."""
@@ -70,16 +71,9 @@ def parse_params(params: Any) -> AdapterParams:
             f"got {'an object without a type' if isinstance(tier, Mapping) else repr(tier)}"
         )
     refuse_admission(tier, "adapter_params.tier", "LMCache")
-    raw = params.get("object_bytes")
-    try:
-        object_bytes = parse_size(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        object_bytes = None
-    if isinstance(object_bytes, bool) or not isinstance(object_bytes, int) or object_bytes < 1:
-        raise ValueError(
-            "adapter_params.object_bytes (the largest LMCache object, bytes) must be an integer >= 1 "
-            f"or a size with a unit ({SIZE_EXAMPLES}), got {raw!r}"
-        )
+    object_bytes = size_value(
+        params.get("object_bytes"), "adapter_params.object_bytes", 1, "the largest LMCache object"
+    )
     staging = params.get("staging_objects", DEFAULT_STAGING_OBJECTS)
     if isinstance(staging, bool) or not isinstance(staging, int) or staging < 1:
         raise ValueError(f"adapter_params.staging_objects must be an integer >= 1, got {staging!r}")
@@ -89,4 +83,46 @@ def parse_params(params: Any) -> AdapterParams:
         staging_objects=staging,
         lock_ttl_s=_positive_number(params, "lock_ttl_s", DEFAULT_LOCK_TTL_S),
         lookup_timeout_s=_positive_number(params, "lookup_timeout_s", DEFAULT_LOOKUP_TIMEOUT_S),
+    )
+
+
+def stack_config(params: AdapterParams) -> dict[str, Any]:
+    """The tiering config of the stack the adapter opens: its tier in the LMCache namespace, one staging row a block.
+
+    The adapter builds its spec from it, and ``tiering check`` / ``ls`` / ``stat`` / ``verify`` read LMCache's
+    ``--l2-adapter`` object through it (:func:`read_l2_adapter`, an entry point of ``tiering.config_forms``),
+    so they open the very namespace the adapter stores in (``model`` = ``lmcache``, rows of
+    :func:`~tiering.lmcache.keys.row_bytes` of ``object_bytes``).
+    """
+    config = namespace_config(params.object_bytes)
+    return {
+        **config,
+        "cpu_bytes_to_use": params.staging_objects * config["block_bytes"],
+        "secondary_tiers": [dict(params.tier)],
+    }
+
+
+ADAPTER_MODULE = "tiering.lmcache.adapter"
+"""The ``module_path`` of this adapter in LMCache's ``--l2-adapter`` object."""
+
+
+def read_l2_adapter(raw: Any) -> tuple[dict[str, Any], str] | None:
+    """LMCache's ``--l2-adapter`` object for this adapter as the tiering config of the stack it opens; else None.
+
+    The ``tiering.config_forms`` entry point of this distribution: :func:`tiering.core.configfile.load_config`
+    asks it of every config file, so ``tiering check / ls / stat / verify / gc`` take the adapter's JSON.
+
+    Returns:
+        ``(``:func:`stack_config` ``, a line saying how the file was read)``, or None for another object.
+
+    Raises:
+        ValueError: a bad ``adapter_params`` (named, as :func:`parse_params` does).
+    """
+    if not isinstance(raw, Mapping) or raw.get("module_path") != ADAPTER_MODULE or "adapter_params" not in raw:
+        return None
+    config = stack_config(parse_params(raw["adapter_params"]))
+    fields = ", ".join(f"{k}={config[k]}" for k in ("model", "kv_layout", "block_bytes"))
+    return config, (
+        "LMCache's --l2-adapter object: read as the stack tiering's adapter opens (adapter_params.tier as "
+        f"secondary_tiers[0], in the adapter's namespace: {fields})"
     )

@@ -164,7 +164,8 @@ SCHEMA = ConfigSchema(
         ConfigKey("pipeline_blocks", (int,), default=8, minimum=1, maximum=4096,
                   doc="blocks per pipeline (one round trip per node)"),
         ConfigKey("prefix", (str,), default="tiering", check=check_prefix, doc="key prefix (no hash tags)"),
-        ConfigKey("ttl_s", (int,), nullable=True, minimum=1, doc="expire blocks after this many seconds (SET EX)"),
+        ConfigKey("ttl_s", (int,), nullable=True, minimum=1, duration=True,
+                  doc="expire blocks after this many seconds (SET EX)"),
         ConfigKey("eviction", (str,), default="server", choices=EVICTION,
                   doc="eviction authority: server (maxmemory + allkeys-lru), tier (capacity_bytes for the whole "
                       "fleet, a shared LRU on the server) or process (capacity_bytes per process)"),

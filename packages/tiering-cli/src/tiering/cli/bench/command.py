@@ -36,7 +36,13 @@ from tiering.cli.bench.pins import PIN_TTL_S, format_pin_rows, pin_candidates, p
 from tiering.cli.bench.progress import Progress
 from tiering.cli.bench.replay import Replayer, VerificationError
 from tiering.cli.bench.report import describe_stack, format_header, format_report
-from tiering.cli.bench.stack import DEFAULT_BENCH_BLOCK_BYTES, bench_config, default_local_tier
+from tiering.cli.bench.stack import (
+    DEFAULT_BENCH_BLOCK_BYTES,
+    DEFAULT_BENCH_PRIMARY_BLOCKS,
+    bench_capacity_bytes,
+    bench_config,
+    default_local_tier,
+)
 from tiering.cli.bench.throttle import ThrottledTier
 from tiering.cli.bench.ttft import format_ttft_rows, modelled_ttft
 from tiering.cli.bench.workload import (
@@ -104,7 +110,14 @@ def add_bench_parser(sub: Any) -> None:
             "for the default stack); it must fit in this machine's memory"
         ),
     )
-    bench.add_argument("--json", help="also write the report as JSON to this file")
+    bench.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="the report as JSON: written to FILE besides the text report, or, without FILE, printed instead of it "
+        "(as the other commands' --json)",
+    )
     bench.add_argument("--plot", help="also draw hit ratio, bytes moved and latency into this PNG (needs [plot])")
     bench.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (needs [metrics])")
     bench.add_argument(
@@ -160,7 +173,9 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
                 print(f"{LABEL}: {flag} {value} overrides the config's {key}", file=sys.stderr)
                 config[key] = value
         return config
-    tier = default_local_tier(directory)
+    block_bytes = args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES
+    primary_bytes = args.cpu_bytes if args.cpu_bytes is not None else DEFAULT_BENCH_PRIMARY_BLOCKS * block_bytes
+    tier = default_local_tier(directory, bench_capacity_bytes(primary_bytes))
     if tier is None:
         print(
             f"{LABEL}: no installed tier keeps blocks on a local disk; replaying through the CPU primary tier "
@@ -168,7 +183,7 @@ def _stack_config(args: argparse.Namespace, directory: Path | None) -> dict[str,
             f"are listed at {documentation_url('index.md')}) or pass --config",
             file=sys.stderr,
         )
-    return bench_config([tier] if tier else [], args.block_bytes or DEFAULT_BENCH_BLOCK_BYTES, args.cpu_bytes)
+    return bench_config([tier] if tier else [], block_bytes, args.cpu_bytes)
 
 
 def _check_primary_fits(spec: Any) -> None:
@@ -192,7 +207,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # Paths are checked before the replay, not after it: a typo must not cost the run.
     if args.root is not None:
         check_output_dir("--root", args.root)
-    if args.json:
+    to_stdout = args.json == "-"
+    if args.json and not to_stdout:
         check_output_file("--json", args.json)
     if args.plot:
         check_plot_file(args.plot)
@@ -241,14 +257,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             data["modelled_ttft"] = {"recompute_tokens_per_s": rate, **views}
         data["passes"] = summaries
         data["command_wall_s"] = time.monotonic() - started
-        # Where stdout and stderr are one terminal or file the header printed at the start is there: not twice.
-        print(format_report(data, None if shares_terminal() else header))
-        if rate:
-            print("\n".join(format_ttft_rows(views, rate)))
         if pin_views:
             data["pin_comparison"] = pin_views
-            print("\n".join(format_pin_rows(pin_views)))
-        if args.json:
+        if to_stdout:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            # Where stdout and stderr are one terminal or file the header printed at the start is there: not twice.
+            print(format_report(data, None if shares_terminal() else header))
+            if rate:
+                print("\n".join(format_ttft_rows(views, rate)))
+            if pin_views:
+                print("\n".join(format_pin_rows(pin_views)))
+        if args.json and not to_stdout:
             Path(args.json).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         if args.plot:
             from tiering.cli.bench.plot import plot_report
@@ -382,7 +402,7 @@ def _stack(
             "temporary": temporary and locations.get(name) is not None,
         }
         if not entry["capacity_bytes"] and stats.get("configured_capacity_bytes"):
-            entry["fleet_capacity_bytes"] = int(stats["configured_capacity_bytes"])  # a server evicts at it
+            entry["fleet_capacity_bytes"] = int(stats["configured_capacity_bytes"])  # the fleet's processes evict at it
         tiers.append(entry)
     block_tokens = requests[0].block_tokens if requests else spec.block_size
     return describe_stack(spec, tiers, block_tokens, default_stack)

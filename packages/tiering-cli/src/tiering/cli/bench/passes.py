@@ -17,7 +17,7 @@ from typing import Any
 from tiering.core.declared import tenant_quotas
 from tiering.core.policies.admission import ALWAYS, admission_config
 from tiering.core.policies.tenancy import tenant_tag
-from tiering.core.units import format_bytes
+from tiering.core.units import format_bytes, parse_duration
 
 NAME_WIDTH = 18
 
@@ -40,8 +40,9 @@ def _tenants_text(tenants: Mapping[str, Any]) -> str:
         figures = []
         if f"{where}.quota_bytes" in quotas:
             figures.append(f"quota {format_bytes(quotas[f'{where}.quota_bytes'])}")
-        if limits.get("ttl_s") is not None:
-            figures.append(f"TTL {limits['ttl_s']:g} s")
+        ttl = limits.get("ttl_s")
+        if ttl is not None:  # seconds or a duration with a unit ("1h"), as the tier's own parser takes it
+            figures.append(f"TTL {parse_duration(ttl) if isinstance(ttl, str) else ttl:g} s")
         if figures:
             parts.append(f"{name} {', '.join(figures)}")
     return "; ".join(parts) or "no quota, no TTL"

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from tiering.cli.bench.passes import declined_counts, format_declined_row, format_pass_rows, tenant_rows
+from tiering.cli.bench.stack import CAPACITY_RULE
+from tiering.cli.bench.stores import format_store_rows, store_accounting
+from tiering.cli.stat_format import FLEET_CAP
 from tiering.core.units import format_bytes
 
 LLAMA_3_1_8B_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
@@ -18,8 +21,11 @@ LLAMA_3_1_8B_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
 
 NAME_WIDTH = 18
 
-REAL_PRIMARY_BLOCKS = 64
-"""Primary blocks the header advises for a replay with real block sizes (64 x 64 MiB = 4 GiB of memory)."""
+REAL_PRIMARY_BLOCKS = 16
+"""Primary blocks the header advises for a replay with real block sizes (16 x 64 MiB = 1 GiB of memory).
+
+A small primary tier evicts early, so the persistent tier (4 times it, 64 blocks) serves hits within the
+advised 10 requests of the conversation trace; with 64 primary blocks it serves none before about 20."""
 
 
 def describe_stack(spec: Any, tiers: list[dict[str, Any]], block_tokens: int, default_stack: bool) -> dict[str, Any]:
@@ -51,8 +57,10 @@ def format_header(trace: str, requests: int, stack: dict[str, Any]) -> str:
     tiers = []
     for tier in stack["tiers"]:
         cap = f"capped at {format_bytes(tier['capacity_bytes'])}" if tier["capacity_bytes"] else "no cap"
-        if not tier["capacity_bytes"] and tier.get("fleet_capacity_bytes"):  # a server evicts at a fleet-wide cap
-            cap = f"capped at {format_bytes(tier['fleet_capacity_bytes'])} for the whole fleet, the server evicts"
+        if tier["capacity_bytes"] and stack["default_stack"]:
+            cap += f": the default stack's cap, {CAPACITY_RULE}"
+        if not tier["capacity_bytes"] and tier.get("fleet_capacity_bytes"):  # a cap the fleet's processes share
+            cap = f"capped at {format_bytes(tier['fleet_capacity_bytes'])} {FLEET_CAP}"
         where = f"blocks written to {tier['location']}" if tier["location"] else "in memory: nothing persistent"
         temporary = " (temporary, removed after the run)" if tier["temporary"] else ""
         tiers.append(f"{tier['name']} ({cap}), {where}{temporary}")
@@ -137,14 +145,17 @@ def _tier_rows(data: dict[str, Any]) -> list[str]:
     for name, stats in sorted(data["tier_stats"].items(), key=_primary_first):
         cap = stats.get("capacity_bytes")
         cap_text = "unknown" if cap is None else format_bytes(cap) if cap else "unbounded"
-        if not cap and stats.get("configured_capacity_bytes"):  # the medium evicts at a fleet-wide cap
-            cap_text = f"{format_bytes(stats['configured_capacity_bytes'])} for the whole fleet (the server evicts)"
+        if not cap and stats.get("configured_capacity_bytes"):  # a cap the fleet's processes share
+            cap_text = f"{format_bytes(stats['configured_capacity_bytes'])} {FLEET_CAP}"
         used = stats.get("used_bytes", stats.get("resident_bytes"))
         used_text = "unknown" if used is None else format_bytes(used)
         if "resident_blocks" in stats:
             used_text += f" ({int(stats['resident_blocks']):,} blocks)"
         evictions = int(stats.get("evictions", 0))
         evicted = f" ({format_bytes(stats['evicted_bytes'])})" if evictions and "evicted_bytes" in stats else ""
+        if "fleet_evictions" in stats:  # the fleet cap's victims this process deleted; the tier's own LRU has none
+            evictions = int(stats["fleet_evictions"])
+            evicted = " at the fleet's cap"
         if "quota_evictions" in stats or "expirations" in stats:  # a tier with tenants: evictions by cause
             quota = int(stats.get("quota_evictions", 0))
             evicted += (
@@ -224,6 +235,9 @@ def format_report(data: dict[str, Any], header: str | None = None) -> str:
             "failed or no primary slot was free; the rest was recomputed)",
         ),
         _row("blocks stored", f"{data['blocks_stored']:,} (no free primary slot: {data['store_rejected']:,})"),
+    ]
+    lines += format_store_rows(store_accounting(data.get("metrics") or {}))
+    lines += [
         _row("payload bytes", "written into / served by each tier (block bytes, headers excluded)"),
     ]
     for tier in sorted(set(data["bytes_stored"]) | set(data["bytes_loaded"]), key=lambda t: _primary_first((t, 0))):

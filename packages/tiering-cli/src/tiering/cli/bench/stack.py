@@ -34,14 +34,33 @@ evicts while the replay runs, on its own threads, and the temporary
 directory holds about a third of them at the end, which keeps its removal
 short (file deletes cost milliseconds each on some disks)."""
 
+DEFAULT_BENCH_CAPACITY_PRIMARIES = 4
+"""The default stack's persistent tier holds at least this many times the primary tier's bytes.
 
-def default_local_tier(directory: str | Path) -> dict[str, Any] | None:
+With real block sizes (``--block-bytes 64MiB``) 256 MiB is 3 blocks: a block
+the primary tier evicts is gone from the persistent tier too before a later
+request asks for it, so the tier serves nothing."""
+
+CAPACITY_RULE = f"max({DEFAULT_BENCH_CAPACITY_BYTES >> 20} MiB, {DEFAULT_BENCH_CAPACITY_PRIMARIES} x the primary tier)"
+"""The default persistent tier's cap, in words (the report's header prints it)."""
+
+
+def bench_capacity_bytes(primary_bytes: int) -> int:
+    """The default stack's persistent tier cap in bytes: :data:`CAPACITY_RULE` for a primary of ``primary_bytes``."""
+    return max(DEFAULT_BENCH_CAPACITY_BYTES, DEFAULT_BENCH_CAPACITY_PRIMARIES * primary_bytes)
+
+
+def default_local_tier(
+    directory: str | Path, capacity_bytes: int = DEFAULT_BENCH_CAPACITY_BYTES
+) -> dict[str, Any] | None:
     """The ``secondary_tiers`` entry of the first installed tier with a default local configuration.
 
     Each installed tier class is asked ``default_local_config(directory)``;
     the first non-None answer wins, with ``type`` set to the tier's name
     (unless the answer has one) and, when the class accepts
-    ``capacity_bytes``, a cap of at most :data:`DEFAULT_BENCH_CAPACITY_BYTES`.
+    ``capacity_bytes``, a cap of ``capacity_bytes`` (:func:`bench_capacity_bytes` of the primary tier): at
+    :data:`DEFAULT_BENCH_CAPACITY_BYTES` the tier's own default cap wins when lower; a larger one, which
+    larger blocks need, wins over it.
 
     Returns:
         The entry, or None when no installed tier keeps blocks in a local directory.
@@ -57,7 +76,8 @@ def default_local_tier(directory: str | Path) -> dict[str, Any] | None:
         entry: dict[str, Any] = {"type": name, **dict(config)}
         if _accepts(cls, "capacity_bytes"):
             own = entry.get("capacity_bytes")
-            entry["capacity_bytes"] = min(own, DEFAULT_BENCH_CAPACITY_BYTES) if own else DEFAULT_BENCH_CAPACITY_BYTES
+            floor = capacity_bytes <= DEFAULT_BENCH_CAPACITY_BYTES
+            entry["capacity_bytes"] = min(own, capacity_bytes) if own and floor else capacity_bytes
         return entry
     return None
 

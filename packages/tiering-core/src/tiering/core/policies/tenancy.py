@@ -56,7 +56,7 @@ from typing import Any
 from tiering.core.base import OffloadKey
 from tiering.core.format import MAX_KEY_BYTES
 from tiering.core.schema import ConfigKey
-from tiering.core.units import parse_duration, parse_size
+from tiering.core.units import parse_duration, size_value
 
 MARK = b"\xf7tn\x1e"
 """First bytes of a tenant's key (engine keys are hashes: one starts so by chance once in 2**32)."""
@@ -149,13 +149,8 @@ def _limits(value: Any, where: str, base: TenantLimits) -> TenantLimits:
     quota, ttl = base.quota_bytes, base.ttl_s
     if "quota_bytes" in value:
         quota = value["quota_bytes"]
-        if isinstance(quota, str):
-            try:
-                quota = parse_size(quota)
-            except ValueError:
-                raise ValueError(f"{where}.quota_bytes must be bytes or a size such as '2GiB' (is {quota!r})") from None
-        if quota is not None and (isinstance(quota, bool) or not isinstance(quota, int) or quota < 0):
-            raise ValueError(f"{where}.quota_bytes must be an integer >= 0 or a size such as '2GiB' (is {quota!r})")
+        if quota is not None:
+            quota = size_value(quota, f"{where}.quota_bytes")
     if "ttl_s" in value:
         ttl = value["ttl_s"]
         if isinstance(ttl, str):  # a duration with a unit ("1h"), as every duration tiering reads

@@ -110,4 +110,6 @@ def record_job(
         done = "loaded" if meta.is_promotion else "stored"
         metrics.inc(f"blocks_{done}_total", labels, len(meta.keys))
         metrics.inc(f"{done}_bytes_total", labels, len(meta.keys) * block_bytes)
+    elif kind == "store":
+        metrics.inc("store_job_failed_blocks_total", labels, len(meta.keys))
     return seconds

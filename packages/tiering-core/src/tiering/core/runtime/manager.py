@@ -30,6 +30,7 @@ from tiering.core.policies.costmodel import LoadCostConfig, LoadCostModel
 from tiering.core.policies.pinning import pin_in_tiers
 from tiering.core.policies.tenants import caller_allocation, scope_keys
 from tiering.core.primary import PRIMARY, Allocation, CPUPrimaryTier
+from tiering.core.runtime.cascade import StoreCascade
 from tiering.core.runtime.guard import FinishedJob, GuardedTier
 from tiering.core.runtime.load_records import JobContext, LoadResult, PendingLoad, record_job
 from tiering.core.runtime.metrics import StackMetrics, label_key, tier_labels
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["PRIMARY", "LoadResult", "TieringManager"]
 
 
-class TieringManager:
+class TieringManager(StoreCascade):
     """Orchestrates one CPU primary tier and an ordered list of secondary tiers.
 
     Args:
@@ -262,38 +263,11 @@ class TieringManager:
         self.metrics.inc("blocks_stored_total", self._primary_labels, len(keys))
         self.metrics.inc("stored_bytes_total", self._primary_labels, len(keys) * self.primary.block_bytes)
         self._seen(keys, req_context, write_resident=False)
-        self._cascade(keys, req_context, range(len(self.secondary_tiers)))
+        self._cascade(keys, req_context, range(len(self.secondary_tiers)), "store")
 
     def pin(self, keys: Sequence[OffloadKey], ttl_s: float, tenant: str = "") -> list[bool]:
         """Pin ``tenant``'s ``keys`` in every secondary tier: per tier, whether it did (:func:`pin_in_tiers`)."""
         return pin_in_tiers(self.secondary_tiers, scope_keys(tenant, keys), ttl_s)
-
-    def _cascade(self, keys: Sequence[OffloadKey], req_context: ReqContext, tier_indices: range) -> None:
-        """Write resident ``keys`` to each tier of ``tier_indices`` that lacks them (one job per tier)."""
-        for idx in tier_indices:
-            # A block whose load from this tier failed for the request, or whose lookup raised, is stored again.
-            held_set = {key for key in keys if self._guards[idx].lookup(key, req_context) is True}
-            held = [key for key in keys if key in held_set]
-            missing = [key for key in keys if key not in held_set]
-            if held:
-                self._guards[idx].touch(held, req_context)
-            self._write(idx, missing, req_context)
-
-    def _write(self, idx: int, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        """Store in tier ``idx`` (one job) the resident ``keys`` its admission policy lets through."""
-        keys = self._admission.admit(idx, keys)
-        if not keys:
-            return
-        block_ids = self.primary.pin(keys, record_access=False)
-        job = JobMetadata(next(self._job_ids), keys, block_ids, False, req_context)
-        self._jobs.start(job, JobContext(idx))
-        self._submit(idx, job)
-
-    def _seen(self, keys: Sequence[OffloadKey], req_context: ReqContext, write_resident: bool = True) -> None:
-        """A request used ``keys``: count a sighting; ``write_resident``: offer those in the primary tier again."""
-        for idx in self._admission.seen(keys):  # a tier that holds a block, or is still writing it, is not offered it
-            ready = [k for k in keys if write_resident and self.primary.lookup(k)]
-            self._write(idx, [k for k in ready if self._guards[idx].lookup(k, req_context) is False], req_context)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Record a use of ``keys`` in every tier."""
@@ -304,10 +278,6 @@ class TieringManager:
             guard.touch(keys, req_context)
 
     # -- jobs ---------------------------------------------------------------
-    def _submit(self, idx: int, job: JobMetadata) -> None:
-        # A refused job is reported failed by the next poll, once the caller's records of it are complete.
-        self._guards[idx].submit(job)
-
     def _poll_tiers(self) -> None:
         self._owner.check()  # every other public method starts here: a forked child's copy fails at once
         for idx, guard in enumerate(self._guards):
@@ -341,7 +311,7 @@ class TieringManager:
             first = min(load.keys.index(k) for k in failed)
             load.failed_at = first if load.failed_at is None else min(load.failed_at, first)
         if ok and idx > 0:
-            self._cascade(ok, meta.req_context, range(idx))  # fill the tiers above the one that had them
+            self._cascade(ok, meta.req_context, range(idx), "fill")  # fill the tiers above the one that had them
         self._maybe_finish_load(load)
 
     def _record_job(self, idx: int, job: JobState, success: bool) -> None:

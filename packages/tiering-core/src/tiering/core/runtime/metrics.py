@@ -49,6 +49,12 @@ COUNTERS = {
         "Blocks a store offered to a tier with an admission policy, by outcome (admitted: written, declined: not)."
     ),
     "tier_errors_total": "Exceptions raised by a tier's methods (each turned into a miss or a failed job).",
+    "store_offers_total": (
+        "Blocks offered to a secondary tier's store, by origin (store: a primary store; fill: loaded from a lower "
+        "tier; resighted: a resident block seen again, for second_sighting) and outcome (held: the tier had it, "
+        "touched and not written again; offered: passed to admission, then written)."
+    ),
+    "store_job_failed_blocks_total": "Blocks of the store jobs the tier reported failed (causes: store_failures).",
     "loads_declined_total": (
         "Blocks found in the tier and left to recompute because loading them was predicted not to pay, "
         "by reason (cost, max_load_s); counted once per request."
@@ -61,6 +67,7 @@ GAUGES = {
     "used_bytes": "Bytes counted against the cap: resident, being written, and pending or failed deletes.",
     "pending_delete_bytes": "Bytes of blocks whose delete is pending or failed (still stored).",
     "in_flight_jobs": "Transfer jobs submitted to the tier and not yet reported.",
+    "in_flight_store_blocks": "Blocks of the store jobs submitted to the tier and not yet reported.",
     "load_model_latency_seconds": "The cost model's fitted latency of one load job of the tier.",
     "load_model_bytes_per_second": "The cost model's fitted load throughput of the tier (0: not measured yet).",
     "recompute_tokens_per_second": "The recompute rate the cost model uses (0: unknown), labelled by its source.",
@@ -204,10 +211,11 @@ def collect(
     cost = manager.cost.state()
     rate_key = (("source", cost["recompute_rate_source"]),)
     gauges["recompute_tokens_per_second"][rate_key] = float(cost["recompute_tokens_per_s"] or 0.0)
-    inflight = manager.in_flight_jobs()
+    inflight, inflight_stores = manager.in_flight_jobs(), manager.in_flight_store_blocks()
     for idx, tier in enumerate(manager.secondary_tiers):
         key = tuple(sorted(tier_labels(tier.tier_type, idx).items()))
         gauges["in_flight_jobs"][key] = inflight.get(idx, 0)
+        gauges["in_flight_store_blocks"][key] = inflight_stores.get(idx, 0)
         gauges["load_model_latency_seconds"][key] = cost["tiers"][idx]["latency_s"]
         gauges["load_model_bytes_per_second"][key] = cost["tiers"][idx]["bytes_per_s"]
         try:

@@ -250,6 +250,12 @@ class IndexState:
             return self._used()
 
     @property
+    def settled_bytes(self) -> int:
+        """Bytes the medium holds for certain: :attr:`used_bytes` less the writes in flight (deletes pending kept)."""
+        with self._lock:
+            return self._used() - self._writing_bytes
+
+    @property
     def resident_bytes(self) -> int:
         """Bytes of resident blocks."""
         with self._lock:

@@ -341,15 +341,19 @@ class Stores:
     def _fit_cap_to_medium(self) -> None:
         """The medium refused a write for lack of space: cap the store at what the medium holds for it.
 
-        That is what the index counts now (resident blocks, writes in flight,
-        pending deletes, other writers' temporaries; the refused blocks'
-        reservations are released already) plus what the medium reports free
-        now (a refusal by a medium that others filled for a moment lowers the
-        cap little). Never below one stored block, so stores are still tried.
+        That is what the index knows to be on the medium (resident blocks,
+        pending deletes; the refused blocks' reservations are released
+        already) plus what the medium reports free now (a refusal by a medium
+        that others filled for a moment lowers the cap little). Writes in
+        flight are left out: a reservation counts a whole block while the
+        medium holds only what was written so far and reports the rest as
+        free, so counting both would set a cap above what the medium holds.
+        Leaving them out errs low by at most what they had written. Never
+        below one stored block, so stores are still tried.
         """
         free = self.medium.free_bytes() or 0
         before = self.index.capacity_bytes
-        victims = self.index.lower_cap(max(self.index.used_bytes + free, self.stored_block_bytes))
+        victims = self.index.lower_cap(max(self.index.settled_bytes + free, self.stored_block_bytes))
         after = self.index.capacity_bytes
         if after != before:
             logger.warning(
