@@ -56,7 +56,10 @@ TARGET_VS_RECOMPUTE = 0.5
 
 
 def docs_setup(page: Path = DOCS_PAGE) -> dict[str, Any]:
-    """The CPU-backend command of the page: ``{"env", "engine_args", "kv_transfer_config", "command"}``.
+    """The CPU-backend command of the page: ``{"env", "engine_args", "server_flags", "kv_transfer_config", "command"}``.
+
+    ``engine_args`` are the engine's (``vllm.LLM`` keywords), ``server_flags`` the command's words after
+    ``--model`` and ``--kv-transfer-config`` are taken out (for the OpenAI server, as the page runs it).
 
     Raises:
         ValueError: the page has no ``bash`` block that selects ``TieringSpec`` with ``--kv-transfer-config``.
@@ -72,11 +75,13 @@ def docs_setup(page: Path = DOCS_PAGE) -> dict[str, Any]:
         start = next(i for i, w in enumerate(words) if w.startswith("--"))
         engine_args: dict[str, Any] = {}
         kv: dict[str, Any] = {}
+        server_flags: list[str] = []
         flags = words[start:]
         i = 0
         while i < len(flags):
             flag = flags[i]
             if flag in SERVER_ONLY_FLAGS:
+                server_flags.append(flag)
                 i += 1
                 continue
             value = flags[i + 1]
@@ -84,8 +89,15 @@ def docs_setup(page: Path = DOCS_PAGE) -> dict[str, Any]:
                 kv = json.loads(value)
             elif flag != "--model":  # the benchmark's own model replaces the page's path
                 engine_args[flag[2:].replace("-", "_")] = int(value) if value.isdigit() else value
+                server_flags += [flag, value]
             i += 2
-        return {"env": env, "engine_args": engine_args, "kv_transfer_config": kv, "command": block.strip()}
+        return {
+            "env": env,
+            "engine_args": engine_args,
+            "server_flags": server_flags,
+            "kv_transfer_config": kv,
+            "command": block.strip(),
+        }
     raise ValueError(f"{page}: no bash block with TieringSpec and --kv-transfer-config")
 
 

