@@ -19,6 +19,7 @@ from tiering.core.capabilities import LocalTier
 
 EXE = Path(sys.executable).parent / "tiering"
 PROGRESS = "requests, hit ratio"
+CAPPED = "(capped at 256.0 MiB: the default stack's cap, max(256 MiB, 4 x the primary tier))"  # 1,024 blocks of 16 KiB
 
 
 def persistent_tier():
@@ -60,9 +61,7 @@ def test_bench_without_arguments_replays_the_shipped_trace_in_a_removed_temporar
     ((name, where),) = report["locations"].items()
     assert name == f"0:{LOCAL}" and where["temporary"] is True
     assert where["location"].startswith(env["TMPDIR"])
-    assert f"0:{LOCAL} (capped at 256.0 MiB), blocks written to {where['location']} (temporary, removed after" in (
-        proc.stdout
-    )
+    assert f"0:{LOCAL} {CAPPED}, blocks written to {where['location']} (temporary, removed after" in proc.stdout
     assert PROGRESS in proc.stderr  # stderr is a pipe here: plain progress lines
     assert os.listdir(env["TMPDIR"]) == []  # the temporary directory is gone
 
@@ -173,7 +172,7 @@ def test_root_form_of_ls_stat_verify_gc_sees_what_bench_root_wrote(env, tmp_path
     root = tmp_path / "bench"
     proc = tiering("bench", "--root", root, "--requests", "100", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert f"0:{LOCAL} (capped at 256.0 MiB), blocks written to {root}\n" in proc.stdout
+    assert f"0:{LOCAL} {CAPPED}, blocks written to {root}\n" in proc.stdout
     assert root.is_dir()  # --root is kept
     ls = tiering("ls", "--root", root, "--json", env=env)
     assert ls.returncode == 0, ls.stderr
