@@ -17,7 +17,6 @@ import sys
 import textwrap
 import types
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,7 +27,6 @@ needs_vllm = pytest.mark.skipif(
     reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
 )
 HAS_FS = importlib.util.find_spec("tiering.fs") is not None
-HAS_S3 = importlib.util.find_spec("tiering.s3") is not None and importlib.util.find_spec("moto") is not None
 
 MODULE = "tiering.core.vllm.tiers"
 ROW = 16384  # worker bytes per block in the default geometry (page aligned, world size 1)
@@ -98,17 +96,6 @@ def test_supported_versions_parse_and_others_are_refused() -> None:
 # -- fixtures over the real vLLM --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[dict[str, Any]]:
-    if not HAS_S3:
-        pytest.skip("tiering-s3 or moto is not installed")
-    from tiering.s3.testing import moto_server
-
-    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    with moto_server("tiering-kv") as server:
-        yield server.connection()
-
-
 def tier_entry(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> dict[str, Any]:
     """The secondary_tiers entry a user writes for our tier ``kind``."""
     entry: dict[str, Any] = {"type": f"tiering_{kind}", "module_path": MODULE, "model_revision": "r1"}
@@ -117,8 +104,8 @@ def tier_entry(kind: str, tmp_path: Any, request: pytest.FixtureRequest) -> dict
             pytest.skip("tiering-fs is not installed")
         entry["root"] = str(tmp_path / "kv")
     elif kind == "s3":
-        s3 = request.getfixturevalue("s3_endpoint")
-        entry.update(s3, prefix=f"t-{uuid.uuid4().hex[:8]}")
+        s3 = request.getfixturevalue("s3_server")  # conftest's moto server: its connection keys, and a client
+        entry.update({k: v for k, v in s3.items() if k != "client"}, prefix=f"t-{uuid.uuid4().hex[:8]}")
     return entry
 
 
