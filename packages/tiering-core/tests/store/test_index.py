@@ -129,6 +129,31 @@ def test_C13_adoption_by_a_lookup_fallback_agrees_with_eviction():
         assert index.adopt(k(1), 10, ticket)
 
 
+def test_a_read_begun_between_an_eviction_and_its_delete_cannot_adopt_the_key():
+    """The bytes leave the medium when the delete ends, not when the key is evicted: a read in between saw them."""
+    index = CapacityIndex(10)
+    store(index, k(1))
+    (victim,) = index.reserve(k(2), 10).victims  # k(1) evicted; its file is still there
+    with index.reading() as ticket:  # a probe starts and finds k(1)'s file
+        index.deleted(victim.key, True)  # ... which the eviction's delete then removes
+        assert not index.adopt(k(1), 10, ticket)
+    assert index.lookup(k(1)) is KeyState.ABSENT
+    with index.reading() as ticket:  # a probe begun after the delete may adopt a block stored again
+        assert index.adopt(k(1), 10, ticket)
+
+
+def test_a_read_begun_before_a_rescan_settles_a_failed_delete_cannot_adopt_the_key():
+    index = CapacityIndex(10)
+    store(index, k(1))
+    (victim,) = index.reserve(k(2), 10).victims
+    index.deleted(victim.key, False)
+    index.commit(k(2), False)
+    with index.reading() as ticket:  # a probe starts while k(1)'s undeleted file is still there
+        with index.reading() as scan:
+            assert index.reconcile({}, scan).deletes_confirmed == (k(1),)  # ... and the rescan finds it gone
+        assert not index.adopt(k(1), 10, ticket)
+
+
 def test_adopt_refused_while_writing_or_deleting():
     index = CapacityIndex(None)
     index.reserve(k(1), 10)

@@ -26,8 +26,8 @@ keeps that account true under concurrency:
   fail as no space) instead of letting the medium grow past the cap; the
   deletes in flight never exceed the cap either.
 - **Epochs.** A read that may :meth:`CapacityIndex.adopt` a key takes a
-  :meth:`CapacityIndex.ticket` first; a key removed after that is not
-  re-inserted (see :mod:`~tiering.core.store.epochs`).
+  :meth:`CapacityIndex.ticket` first; a key removed, or whose delete
+  ended, after that is not re-inserted (see :mod:`~tiering.core.store.epochs`).
 - **Reconciliation.** :meth:`CapacityIndex.reconcile` replaces the contents
   with what a rescan found, keeping in-flight reservations and every change
   made since the scan's ticket.
@@ -239,8 +239,8 @@ class CapacityIndex(IndexState):
         """Record that a read (begun at ``ticket``) found ``key`` complete with ``size`` bytes.
 
         A resident key is only touched. The key is *not* inserted when it was
-        removed (evicted, deleted, found bad, vanished) after ``ticket`` was
-        taken, when a delete of it is pending or failed, or while this process
+        removed (evicted, deleted, found bad, vanished) or its delete ended
+        after ``ticket`` was taken, when a delete of it is pending or failed, or while this process
         writes it: in each case the bytes the read saw may be gone.
 
         Returns:
@@ -336,7 +336,10 @@ class CapacityIndex(IndexState):
         """
         with self._lock:
             for key, ok in outcomes:
-                self._deletes.report(key, ok)
+                if self._deletes.report(key, ok):
+                    # The bytes are gone only now: a read whose ticket is older (taken after the eviction,
+                    # before this delete ended) may have seen them and must not adopt the key.
+                    self._epochs.removed(key)
             self._space.notify_all()
 
     def retry_deletes(self) -> tuple[Victim, ...]:
@@ -373,5 +376,7 @@ class CapacityIndex(IndexState):
             vanished = [k for k, (_, added_at) in self._resident.items() if k not in found and added_at <= ticket]
             self._drop(vanished, "vanished")
             confirmed = self._deletes.settle_absent(found)
+            for key in confirmed:  # gone from the medium: no read begun before the scan may adopt it
+                self._epochs.removed(key)
             self._space.notify_all()
             return ReconcileReport(tuple(added), tuple(vanished), confirmed)

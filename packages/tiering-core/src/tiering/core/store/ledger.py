@@ -54,19 +54,23 @@ class DeleteLedger:
         self.pending_bytes += size
         return Victim(key, size)
 
-    def report(self, key: OffloadKey, ok: bool) -> None:
+    def report(self, key: OffloadKey, ok: bool) -> bool:
         """A delete's outcome: ``ok`` forgets the key and its bytes; a failure keeps them, as failed.
 
         An outcome for a key not handed out is ignored.
+
+        Returns:
+            True when the key was forgotten (its bytes are gone from the medium).
         """
         size = self._pending.pop(key, None)
         if size is None:
-            return
+            return False
         self.pending_bytes -= size
         if not ok:
             self._failed[key] = size
             self.failed_bytes += size
             self.failed_deletes += 1
+        return ok
 
     def retry(self) -> tuple[Victim, ...]:
         """Hand out again every key whose delete failed (now pending)."""
