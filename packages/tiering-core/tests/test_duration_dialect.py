@@ -43,3 +43,17 @@ def test_a_key_without_the_flag_still_refuses_a_unit():
     schema = ConfigSchema("t", [ConfigKey("n", (int,), minimum=1)])
     with pytest.raises(InvalidTypeError, match="n: must be an integer >= 1, got '1h'"):
         schema.validate({"n": "1h"})
+
+
+def test_every_seconds_key_of_every_installed_tier_takes_a_duration():
+    """A key in seconds (named ``*_s`` or documented as seconds) reads "30s" / "2m" like any other, in every tier."""
+    from tiering.core.factory import SecondaryTierFactory
+
+    seconds_keys = {
+        f"{name}.{key.name}": key.duration
+        for name in SecondaryTierFactory.known_names()
+        if (schema := SecondaryTierFactory.get_class(name).config_schema) is not None
+        for key in schema.keys.values()
+        if key.name.endswith("_s") or (key.doc or "").startswith("seconds")
+    }
+    assert [k for k, duration in seconds_keys.items() if not duration] == []

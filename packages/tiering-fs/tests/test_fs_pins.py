@@ -194,7 +194,7 @@ def test_tiering_pin_on_a_tier_that_cannot_pin_says_so_without_a_traceback(tmp_p
     config.write_text(json.dumps(stack))
     assert main(["pin", str(config), "--ttl", "1h", "--hash-ids", "1", "--tenant", "acme"]) == 1
     out = capsys.readouterr().out
-    assert "secondary_tiers[0] fs: pinned 1 blocks" in out and "secondary_tiers[1] example: cannot pin" in out
+    assert "secondary_tiers[0] fs: pinned 1 block " in out and "secondary_tiers[1] example: cannot pin" in out
     assert [parse_marker(p.name)[0] for p in markers(tmp_path)] == [scope_key("acme", trace_block_key(1))]
     assert main(["pin", str(config), "--unpin", "--hash-ids", "1", "--tenant", "acme"]) == 0
     assert "example: cannot pin (nothing to unpin)" in capsys.readouterr().out and markers(tmp_path) == []

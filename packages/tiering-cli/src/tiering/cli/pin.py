@@ -38,7 +38,7 @@ from tiering.core.policies.pinning import pin_in_tiers, prefix_keys
 from tiering.core.policies.tenancy import DEFAULT_TAG, PREFIX_BYTES, tag_of
 from tiering.core.policies.tenants import scope_keys
 from tiering.core.store.settings import inspecting
-from tiering.core.units import DURATION_EXAMPLES, duration_argument, format_bytes
+from tiering.core.units import DURATION_EXAMPLES, duration_argument, format_bytes, format_count
 
 __all__ = ["add_pin_parser", "cmd_pin", "read_token_ids"]
 
@@ -128,10 +128,15 @@ def cmd_pin(args: argparse.Namespace) -> int:
             if "pinned_blocks" not in stats:
                 say(f"{name}: cannot pin")
                 continue
-            state = f"pinned {len(keys)} blocks {_lifetime(args.ttl)}" if ok else "refused (see the warning above)"
+            state = (
+                f"pinned {format_count(len(keys), 'block')} {_lifetime(args.ttl)}"
+                if ok
+                else "refused (see the warning above)"
+            )
             pinned, pending = stats["pinned_blocks"], stats["pins_pending"]
             entry.update(pinned=len(keys) if ok else 0, refused=not ok, pinned_blocks=pinned, pins_pending=pending)
-            say(f"{name}: {state}; the tier now has {pinned} blocks pinned, {pending} pinned but not stored yet")
+            now = f"the tier now has {format_count(pinned, 'block')} pinned, {pending} pinned but not stored yet"
+            say(f"{name}: {state}; {now}")
             if not stats.get("resident_blocks"):
                 echo(
                     f"{name}: warning: the tier holds no block of namespace {spec.namespace.digest}: check that "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.core.units import format_bytes
+from tiering.core.units import format_bytes, format_count
 
 WIDTH = 14
 
@@ -51,7 +51,7 @@ def _pins(stats: Mapping[str, Any], on_medium: int) -> str:
     if not bound and not pinned and not pending:
         held = f"; {on_medium:,} live pins on the tier, made with pinning on (tiering pin --list)" if on_medium else ""
         return f"pinning off in this config (max_pinned_bytes 0){held}"
-    text = f"{pinned:,} blocks pinned ({format_bytes(stats.get('pinned_bytes', 0))})"
+    text = f"{format_count(pinned, 'block')} pinned ({format_bytes(stats.get('pinned_bytes', 0))})"
     text += f", {pending:,} pinned but not stored yet" if pending else ""
     return text + (f"; max_pinned_bytes {format_bytes(bound)}" if bound else "; pinning off in this config")
 

@@ -125,6 +125,16 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_count(n: int, noun: str) -> str:
+    """A count and its noun in agreement: ``(1, "block")`` -> ``"1 block"``, ``(1024, "block")`` -> ``"1,024 blocks"``.
+
+    Args:
+        n: the count.
+        noun: the noun in the singular, made plural by an ``s``.
+    """
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
     """``parse`` as an argparse ``type``: its ``ValueError`` becomes argparse's error, which names the flag.
 

@@ -30,7 +30,7 @@ LOOKUP_FALLBACKS = ("auto", "stat", "async", "off")
 
 
 def _seconds(name: str, default: float, doc: str) -> ConfigKey:
-    return ConfigKey(name, (float,), default=default, minimum=0, doc=doc)
+    return ConfigKey(name, (float,), default=default, minimum=0, duration=True, doc=doc)
 
 
 FS_SCHEMA = ConfigSchema(

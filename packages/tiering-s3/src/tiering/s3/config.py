@@ -72,8 +72,12 @@ SCHEMA = ConfigSchema(
         ConfigKey("max_concurrency", (int,), default=16, minimum=1, maximum=1024, doc="I/O threads and connections"),
         ConfigKey("retry_mode", (str,), default="standard", choices=RETRY_MODES, doc="botocore retry mode"),
         ConfigKey("max_attempts", (int,), default=3, minimum=1, maximum=100, doc="per request, first included"),
-        ConfigKey("connect_timeout", (float,), default=5.0, minimum=0, exclusive_minimum=True, doc="seconds"),
-        ConfigKey("read_timeout", (float,), default=30.0, minimum=0, exclusive_minimum=True, doc="seconds"),
+        ConfigKey(
+            "connect_timeout", (float,), default=5.0, minimum=0, exclusive_minimum=True, duration=True, doc="seconds"
+        ),
+        ConfigKey(
+            "read_timeout", (float,), default=30.0, minimum=0, exclusive_minimum=True, duration=True, doc="seconds"
+        ),
         ConfigKey("request_checksum_calculation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
         ConfigKey("response_checksum_validation", (str,), nullable=True, choices=CHECKSUM_MODES, doc="botocore"),
         ConfigKey("capacity_bytes", (int,), nullable=True, minimum=1, size=True, doc="cap on object bytes; null: none"),
