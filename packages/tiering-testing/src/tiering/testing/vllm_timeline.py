@@ -324,16 +324,15 @@ def side_by_side(columns: Mapping[str, Sequence[Event]]) -> list[str]:
         columns: column title -> that run's events (:func:`read_events`), e.g. ``{"tiering-fs": ..., "vllm-fs": ...}``.
     """
     marks = {name: milestones(events) for name, events in columns.items()}
-    width = 18
-    lines = [f"{'milestone (ms)':<22}" + "".join(f"{name:>{width}}" for name in columns)]
+    widths = {name: max(18, len(name) + 2) for name in columns}
+    lines = [f"{'milestone (ms)':<22}" + "".join(f"{name:>{widths[name]}}" for name in columns)]
     for row in MILESTONES:
-        cells = []
+        cells = ""
         for name in columns:
             span = marks[name][row]
-            cells.append(
-                "-" if span is None else f"{span[0]:.1f}-{span[1]:.1f}" if span[1] > span[0] else f"{span[0]:.1f}"
-            )
-        lines.append(f"{row:<22}" + "".join(f"{c:>{width}}" for c in cells))
+            cell = "-" if span is None else f"{span[0]:.1f}-{span[1]:.1f}" if span[1] > span[0] else f"{span[0]:.1f}"
+            cells += f"{cell:>{widths[name]}}"
+        lines.append(f"{row:<22}{cells}")
     for name, events in columns.items():
         lines.append(f"steps of {name} (ms after arrival):")
         lines += [f"  {a:8.1f} {b:8.1f}  {text}" for a, b, text in step_rows(events)]
