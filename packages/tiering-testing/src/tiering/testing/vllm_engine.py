@@ -130,7 +130,9 @@ def run_engine(
         timeout_s: limit for the whole process.
         env: environment variables set on top of :data:`ENGINE_ENV` (e.g.
             ``{"VLLM_CPU_OMP_THREADS_BIND": "auto"}``: vLLM's default
-            thread binding).
+            thread binding); with
+            :data:`~tiering.testing.vllm_timeline.TIMELINE_DIR_ENV` set, every
+            process of the engine writes its timeline events to that folder.
 
     Returns:
         ``{"outputs": [{"tokens", "num_cached_tokens", "ttft_s", "total_s"}], "metrics": {...}, "startup_s"}``.
@@ -233,7 +235,7 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     for n, ids in enumerate(request["prompts"]):
         req_id = f"req-{n}"
         started = time.perf_counter()
-        if timeline:
+        if timeline is not None:
             timeline.mark("arrival", started, req_id)
         engine.add_request(req_id, TokensPrompt(prompt_token_ids=list(ids)), params)
         ttft, final = None, None
@@ -243,7 +245,7 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
                     continue
                 if ttft is None and out.outputs and len(out.outputs[0].token_ids) > 0:
                     ttft = time.perf_counter() - started
-                    if timeline:
+                    if timeline is not None:
                         timeline.mark("first token", started + ttft, req_id)
                 if out.finished:
                     final = out
