@@ -25,8 +25,25 @@ of each round with how many rounds meet the targets (<= 1.0 and <= 0.5),
 and one run per tier with every stored block corrupted (one byte flipped,
 same size).
 
+``--timeline`` adds, before the corrupted runs, where one warm request's
+time goes: a fresh engine per tier (page cache dropped) with the probes of
+``tiering.testing.vllm_timeline`` in vLLM's engine core and worker
+processes, printed side by side in milliseconds from the request's arrival
+(engine core ``add_request``, first lookup, promotion submitted, the tier's
+I/O done (tiering tiers only; vLLM's fs tier reports its I/O time with the
+promotion), promotion reported, the lookup that hits, the CPU-to-engine
+copy, prefill, first token), then every engine step in that span; and the
+floor of the same run: a raw read of tiering-fs's block files of the prompt
+(page cache dropped, the tier's 8 read threads) plus the TTFT of a fresh
+recompute engine given only the uncached tokens (the prompt's tail, at
+positions from 0), with each tier's TTFT / floor. ``--timeline-env
+NAME=VALUE`` (a deviation) traces tiering-fs once more with that variable
+set, e.g. ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``.
+
     python scripts/bench_engine.py --repeat 5
     python scripts/bench_engine.py --repeat 5 --enforce-eager
+    python scripts/bench_engine.py --repeat 5 --timeline
+    python scripts/bench_engine.py --repeat 5 --timeline --timeline-env VLLM_CPU_NUM_OF_RESERVED_CPU=1
 """
 
 from __future__ import annotations
@@ -41,10 +58,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tiering.testing.vllm_engine import ENGINE_ENV, build_tiny_llama, prompt_ids, run_engine
+from tiering.testing.vllm_timeline import TIMELINE_DIR_ENV, Event, read_events, side_by_side
 
 CONFIGS = ("recompute", "vllm-fs", "tiering-fs")
 DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "content" / "vllm.md"
@@ -53,6 +72,9 @@ SERVER_ONLY_FLAGS = ("--enable-prompt-tokens-details",)
 
 TARGET_VS_VLLM = 1.0
 TARGET_VS_RECOMPUTE = 0.5
+TIMELINE_CONFIGS = ("tiering-fs", "vllm-fs")
+FS_READ_THREADS = 8
+"""Threads of the floor's raw read: tiering-fs's ``n_read_threads`` default (the page's entry sets none)."""
 
 
 def docs_setup(page: Path = DOCS_PAGE) -> dict[str, Any]:
@@ -150,6 +172,28 @@ def corrupt(root: str) -> int:
     return len(paths)
 
 
+def raw_read(root: str, threads: int) -> tuple[float, int]:
+    """Seconds and bytes to read every block file under ``root`` with ``threads`` threads, page cache dropped first.
+
+    Each file is read whole into a buffer allocated (and touched) before the clock starts, as a tier reads a
+    block into its primary slot.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = block_files(root)
+    buffers = [bytearray(os.path.getsize(p)) for p in paths]
+    drop_page_cache(root)
+
+    def read(i: int) -> int:
+        with open(paths[i], "rb", buffering=0) as f:
+            return f.readinto(buffers[i]) or 0
+
+    with ThreadPoolExecutor(threads) as pool:
+        started = time.perf_counter()
+        nbytes = sum(pool.map(read, range(len(paths))))
+        return time.perf_counter() - started, nbytes
+
+
 def native_fs_io() -> bool:
     """Whether vLLM's native fs I/O extension loads in this environment."""
     try:
@@ -172,6 +216,62 @@ def paired(runs: dict[str, list[dict[str, Any]]], num: str, den: str, target: fl
     return f"{num}/{den}: median {statistics.median(ratios):.2f} ({each}); {met}/{len(ratios)} rounds <= {target}"
 
 
+def report_timeline(
+    request: Callable[[str], dict[str, Any]],
+    env: dict[str, str],
+    roots: dict[str, str],
+    prompt: list[int],
+    runs: dict[str, list[dict[str, Any]]],
+    extra_env: list[str],
+) -> None:
+    """Print one warm request's timeline per tier side by side, the floor, and each tier's TTFT / floor.
+
+    Each tier: a fresh engine, its files dropped from the page cache, the
+    probes of :mod:`tiering.testing.vllm_timeline` in the engine core and
+    worker processes. The floor: :func:`raw_read` of tiering-fs's block files
+    plus the TTFT of a fresh recompute engine whose prompt is only the tokens
+    that tier did not serve (the prompt's tail, at positions from 0; traced
+    too, as the third column). Each ``NAME=VALUE`` of ``extra_env`` adds a
+    column: tiering-fs again with that variable set (a deviation, named in
+    the column's title).
+    """
+    columns: dict[str, list[Event]] = {}
+    ttft, cached = {}, {}
+
+    def traced(config: str, label: str, prompts: list[list[int]] | None = None, env: dict[str, str] = env) -> None:
+        changes = {} if prompts is None else {"prompts": prompts}
+        with tempfile.TemporaryDirectory(prefix="timeline-") as folder:
+            out = run_engine({**request(config), **changes}, env={**env, TIMELINE_DIR_ENV: folder})["outputs"][0]
+            columns[label] = read_events(folder)
+        ttft[label], cached[label] = out["ttft_s"], out["num_cached_tokens"]
+        print(f"# timeline run {label}: ttft {ttft[label]:.3f} s, cached {cached[label]}, load {load()}", flush=True)
+
+    for config in TIMELINE_CONFIGS:
+        drop_page_cache(roots[config])
+        traced(config, config)
+    for assignment in extra_env:
+        name, _, value = assignment.partition("=")
+        drop_page_cache(roots["tiering-fs"])
+        traced("tiering-fs", f"tiering-fs {assignment}", env={**env, name: value})
+    files = len(block_files(roots["tiering-fs"]))
+    read_s, nbytes = raw_read(roots["tiering-fs"], FS_READ_THREADS)
+    suffix = prompt[cached["tiering-fs"] :]
+    traced("recompute", "uncached only", prompts=[suffix])
+    suffix_s = ttft["uncached only"]
+    for line in side_by_side(columns):
+        print(line)
+    floor = read_s + suffix_s
+    print(
+        f"floor {floor * 1e3:.1f} ms = raw read of tiering-fs's {files} block files ({nbytes / 1e6:.1f} MB, "
+        f"{FS_READ_THREADS} threads, page cache dropped) {read_s * 1e3:.1f} ms + TTFT of a fresh recompute engine "
+        f"given only the {len(suffix)} uncached tokens {suffix_s * 1e3:.1f} ms; load {load()}"
+    )
+    for label in (c for c in columns if c != "uncached only"):
+        median = statistics.median(o["ttft_s"] for o in runs[label]) if label in runs else None
+        rounds = f"{median / floor:.2f} (median of the rounds, {median * 1e3:.1f} ms), " if median else ""
+        print(f"{label}: TTFT / floor {rounds}{ttft[label] / floor:.2f} (timeline run, {ttft[label] * 1e3:.1f} ms)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=1000)
@@ -182,8 +282,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--enforce-eager", action="store_true", help="deviation: vLLM's enforce_eager=True")
     parser.add_argument("--omp-bind", default=None, help="deviation: VLLM_CPU_OMP_THREADS_BIND (page: vLLM's default)")
+    parser.add_argument("--timeline", action="store_true", help="one warm request's timeline per tier, and the floor")
+    parser.add_argument(
+        "--timeline-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="deviation: one more timeline column, tiering-fs with this environment variable set (repeatable)",
+    )
     parser.add_argument("--dir", default=None, help="folder for the model and the tiers (default: a temp dir)")
     args = parser.parse_args(argv)
+    for assignment in args.timeline_env:
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", assignment):
+            parser.error(f"--timeline-env {assignment!r}: expected NAME=VALUE")
     setup = docs_setup()
     engine_args = dict(setup["engine_args"])
     # The test helper's environment pins the KV cache and disables binding; undo what the page does not set.
@@ -261,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{config:<12} {ttft:8.3f} {total:8.3f} {cached:7.0f} {same:>6}/{len(outs)}")
         print(paired(runs, "tiering-fs", "vllm-fs", TARGET_VS_VLLM))
         print(paired(runs, "tiering-fs", "recompute", TARGET_VS_RECOMPUTE))
+        if args.timeline:
+            report_timeline(request, env, roots, prompt, runs, args.timeline_env)
         for config in CONFIGS[1:]:
             n = corrupt(roots[config])
             out = run(config)

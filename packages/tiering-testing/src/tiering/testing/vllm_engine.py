@@ -26,6 +26,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tiering.testing.vllm_timeline import install_from_env
+
 BLOCK_SIZE = 32
 """Tokens per KV block (vLLM's CPU attention needs a multiple of 32)."""
 
@@ -128,7 +130,9 @@ def run_engine(
         timeout_s: limit for the whole process.
         env: environment variables set on top of :data:`ENGINE_ENV` (e.g.
             ``{"VLLM_CPU_OMP_THREADS_BIND": "auto"}``: vLLM's default
-            thread binding).
+            thread binding); with
+            :data:`~tiering.testing.vllm_timeline.TIMELINE_DIR_ENV` set, every
+            process of the engine writes its timeline events to that folder.
 
     Returns:
         ``{"outputs": [{"tokens", "num_cached_tokens", "ttft_s", "total_s"}], "metrics": {...}, "startup_s"}``.
@@ -221,6 +225,7 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     if request.get("kv_events_config"):
         kwargs["kv_events_config"] = KVEventsConfig(**request["kv_events_config"])
     kwargs.update(request.get("engine_kwargs") or {})
+    timeline = install_from_env(probes=())  # this process only marks arrival and first token
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t0
@@ -230,6 +235,8 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
     for n, ids in enumerate(request["prompts"]):
         req_id = f"req-{n}"
         started = time.perf_counter()
+        if timeline is not None:
+            timeline.mark("arrival", started, req_id)
         engine.add_request(req_id, TokensPrompt(prompt_token_ids=list(ids)), params)
         ttft, final = None, None
         while engine.has_unfinished_requests():
@@ -238,6 +245,8 @@ def _serve_request(request: Mapping[str, Any]) -> dict[str, Any]:
                     continue
                 if ttft is None and out.outputs and len(out.outputs[0].token_ids) > 0:
                     ttft = time.perf_counter() - started
+                    if timeline is not None:
+                        timeline.mark("first token", started + ttft, req_id)
                 if out.finished:
                     final = out
         total = time.perf_counter() - started
@@ -278,6 +287,9 @@ def main(argv: Sequence[str]) -> int:
         json.dump(result, f)
     return 0
 
+
+if __name__ == "__mp_main__":  # a process vLLM spawned from this one (engine core, worker): timed if asked
+    install_from_env()
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
