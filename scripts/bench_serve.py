@@ -73,8 +73,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_engine import DOCS_PAGE, docs_setup, load, native_fs_io, transfer  # the page's setup, as that benchmark
 from bench_fs import drop_caches
-from serve_trace import TRACE_BLOCK_TOKENS, scale_trace
+from serve_trace import scale_trace
 
+from tiering.cli.bench.workload import DEFAULT_TRACE, MOONCAKE_BLOCK_TOKENS
 from tiering.testing.vllm_engine import ENGINE_ENV, build_tiny_llama, prompt_ids, prompt_text
 from tiering.testing.vllm_server import VllmServer, metric_total, run_serving_client
 
@@ -82,7 +83,6 @@ CONFIGS = ("recompute", "vllm-fs", "tiering-fs", "tiering-fs-cost", "throttled-f
 OURS = ("tiering-fs", "tiering-fs-cost", "throttled-fs-cost")
 COST = ("tiering-fs-cost", "throttled-fs-cost")  # recompute_tokens_per_s measured in recompute
 SLOW = "throttled-fs-cost"
-TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 TIER_LABELS = {"vllm-fs": 'tier="1:fs"', SLOW: 'tier="1:tiering_throttled_fs"'}  # others: tiering_fs
 
 
@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         help="vLLM's prefix_repetition dataset, or the Mooncake conversation trace scaled down (serve_trace.py) "
         "and replayed by its timestamps (vLLM's timed_trace dataset)",
     )
-    parser.add_argument("--trace", default=TRACE, help="the Mooncake trace (JSONL) for --dataset mooncake")
+    parser.add_argument(
+        "--trace", default=DEFAULT_TRACE, help="--dataset mooncake: a trace shipped with tiering-cli, or a JSONL file"
+    )
     parser.add_argument("--trace-blocks", type=int, default=32, help="--dataset mooncake: hash ids kept per request")
     parser.add_argument(
         "--request-rate", type=float, default=1.0, help="requests per second (Poisson; mooncake: the mean rate)"
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--dir", default=None, help="folder for the model, tiers and logs (default: a temp dir)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     configs = tuple(c.strip() for c in args.configs.split(","))
     unknown = set(configs) - set(CONFIGS)
     if unknown:
@@ -322,12 +326,12 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             print(
                 f"# mooncake: the first {sz['requests']} requests of {args.trace} ({sz['span_s']:.0f} s of trace), "
-                f"each hash id ({TRACE_BLOCK_TOKENS} tokens) as one {block}-token block, at most {args.trace_blocks} "
-                f"ids per request, input lengths x {block}/{TRACE_BLOCK_TOKENS} (mean {sz['mean_input']:.0f}, max "
-                f"{sz['max_input']} tokens), outputs capped at {sz['output']} tokens, timestamps x "
-                f"{sz['stretch']:.2f} ({args.request_rate} req/s mean), sent at their timestamps by vLLM's "
-                f"timed_trace; {sz['block_refs']} block refs, working set {sz['unique_blocks']} blocks "
-                f"({sz['unique_blocks'] * block_bytes / 2**20:.0f} MiB) vs {cache}"
+                f"each hash id ({MOONCAKE_BLOCK_TOKENS} tokens) as one {block}-token block, at most "
+                f"{args.trace_blocks} ids per request, input lengths x {block}/{MOONCAKE_BLOCK_TOKENS} "
+                f"(mean {sz['mean_input']:.0f}, max {sz['max_input']} tokens), outputs capped at {sz['output']} "
+                f"tokens, timestamps x {sz['stretch']:.2f} ({args.request_rate} req/s mean), sent at their "
+                f"timestamps by vLLM's timed_trace; {sz['block_refs']} block refs, working set "
+                f"{sz['unique_blocks']} blocks ({sz['unique_blocks'] * block_bytes / 2**20:.0f} MiB) vs {cache}"
             )
         print(f"# vLLM's client: {' '.join(client_options(args, trace_flags))}", flush=True)
         rate: float | None = None

@@ -1,4 +1,4 @@
-"""The shipped Mooncake trace, scaled down for a small CPU server and replayed by vLLM's ``timed_trace`` dataset.
+"""A shipped Mooncake trace, scaled down for a small CPU server and replayed by vLLM's ``timed_trace`` dataset.
 
 vLLM's serving client (0.32) replays a JSONL trace with timestamps itself
 (``--dataset-name timed_trace``, self-timed): each request is sent at its
@@ -7,7 +7,7 @@ from its ``hash_ids``, ``--timed-trace-chunk-hash-size`` tokens per id, the
 same id giving the same tokens within one client run (so shared ids are
 shared token blocks). :func:`scale_trace` writes the trace such a client
 reads: the first requests of the trace in their order and relative timing,
-one trace block (512 tokens) as one engine block, inputs and outputs capped,
+one trace block (:data:`MOONCAKE_BLOCK_TOKENS`) as one engine block, inputs and outputs capped,
 and returns what the header prints and the client flags that replay it.
 """
 
@@ -17,8 +17,7 @@ import json
 import math
 from typing import Any
 
-TRACE_BLOCK_TOKENS = 512
-"""Tokens per ``hash_ids`` entry in the Mooncake traces."""
+from tiering.cli.bench.workload import MOONCAKE_BLOCK_TOKENS, resolve_trace
 
 
 def scale_trace(
@@ -31,11 +30,11 @@ def scale_trace(
     output_len: int,
     request_rate: float,
 ) -> tuple[list[str], dict[str, Any]]:
-    """Write the first ``num_requests`` requests of trace ``source`` scaled down to ``dest``.
+    """Write the first ``num_requests`` requests of trace ``source`` (a shipped name or a file) scaled down to ``dest``.
 
     Each request keeps its first ``max_blocks`` hash ids (a prefix of the
     chain: shared prefixes stay shared), each id standing for ``block_tokens``
-    tokens instead of 512; its input length is scaled by the same factor and
+    tokens instead of :data:`MOONCAKE_BLOCK_TOKENS`; its input length is scaled by the same factor and
     capped at ``max_blocks * block_tokens``; its output length is capped at
     ``output_len``; timestamps (milliseconds) are rebased to the first
     request's and stretched so the mean rate is ``request_rate`` requests per second.
@@ -47,12 +46,13 @@ def scale_trace(
         ``unique_blocks``, ``mean_input`` / ``max_input`` tokens, ``output`` tokens.
 
     Raises:
-        ValueError: ``source`` has fewer than two requests, or ``num_requests`` < 2.
+        ValueError: ``source`` is neither a shipped trace nor a file, has fewer than two requests, or
+            ``num_requests`` < 2.
     """
     if num_requests < 2:
         raise ValueError(f"num_requests must be >= 2 for a timed replay, got {num_requests}")
     rows = []
-    with open(source) as f:
+    with resolve_trace(source).open() as f:
         for line in f:
             if len(rows) == num_requests:
                 break
@@ -63,7 +63,7 @@ def scale_trace(
     span_s = (rows[-1]["timestamp"] - t0) / 1e3
     # seconds per trace millisecond: len(rows) requests spread over len(rows) / rate seconds
     multiplier = len(rows) / request_rate / span_s / 1e3 if span_s > 0 else 1e-3
-    factor = block_tokens / TRACE_BLOCK_TOKENS
+    factor = block_tokens / MOONCAKE_BLOCK_TOKENS
     refs: list[int] = []
     inputs = []
     with open(dest, "w") as out:
