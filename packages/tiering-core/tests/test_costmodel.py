@@ -94,6 +94,27 @@ def test_plan_loads_a_tier_not_measured_yet_and_one_not_measured_for_reprobe_s()
     assert m.plan([1, 1, 1]).serve == 3
 
 
+def test_a_stale_tier_gets_one_measuring_load_and_the_old_fit_holds_until_it_reports():
+    """A re-probe is one load: the requests that arrive while it runs are decided by the old fit, not let through."""
+    clock = Clock()
+    m = model(clock=clock)
+    for _ in range(SEED_JOBS):
+        m.observe(1, BLOCK, 1.0)  # 1 s per block against 25.6 ms to recompute it
+    clock.now += REPROBE_S
+    assert m.plan([PRIMARY, 0]).serve == 2  # a prefix without tier 1 does not spend tier 1's re-probe
+    assert m.plan([1, 1, 1]).serve == 3  # the re-probe
+    assert [m.plan([1, 1, 1]).serve for _ in range(5)] == [0] * 5  # meanwhile: the old fit
+    assert m.admits(1, 1) == "cost"
+    m.observe(1, BLOCK, 1.0)  # the re-probe measured the tier: still slow
+    clock.now += REPROBE_S - 0.1
+    assert m.plan([1, 1, 1]).serve == 0
+    clock.now += 0.1
+    assert m.admits(1, 1) == ""  # the next re-probe (vLLM's gate asks block by block)
+    assert m.admits(1, 2) == "cost"
+    clock.now += REPROBE_S  # that load never reported (a failed job measures nothing): another re-probe
+    assert m.plan([1, 1, 1]).serve == 3
+
+
 def test_max_load_s_cuts_even_without_a_recompute_rate():
     m = model(rate=None, max_load_s=0.05)
     for _ in range(3):

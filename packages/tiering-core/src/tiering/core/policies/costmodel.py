@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tiering.core.base import PRIMARY
@@ -68,7 +68,9 @@ COST_KEYS = frozenset(COST_SCHEMA.keys)
 
 REPROBE_S = 10.0
 """Seconds after which a tier whose loads are all declined gets one load again: its model learns whether
-the tier became faster (a declined tier produces no measurement otherwise)."""
+the tier became faster (a declined tier produces no measurement otherwise). One load, not a window: until
+its measurement comes (or for another ``REPROBE_S`` if it never does), every other decision keeps the old fit,
+so a slow tier's re-probe cannot send every request that arrives meanwhile to it."""
 
 SEED_JOBS = 3
 """Load jobs a tier's model waits for before it predicts; they are fitted median first, so one slow
@@ -147,6 +149,7 @@ class LoadTimeModel:
         self.weight = weight
         self.jobs = 0
         self.last_update = 0.0
+        self.probe_since: float | None = None  # when the load re-measuring a stale fit was let through
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._abs_err: float | None = None
         self._seed: list[tuple[int, float]] = []
@@ -156,6 +159,7 @@ class LoadTimeModel:
         """Count one finished load job of ``nbytes`` bytes that took ``seconds``; ``now`` is monotonic seconds."""
         self.jobs += 1
         self.last_update = now
+        self.probe_since = None
         if self.jobs < SEED_JOBS:
             self._seed.append((nbytes, seconds))
             return
@@ -271,14 +275,22 @@ class LoadCostModel:
         rate = self.config.recompute_tokens_per_s
         return blocks * self.block_tokens / rate if rate else None
 
-    def _fits(self, now: float) -> list[tuple[float, float] | None]:
-        # Per tier (latency_s, seconds per block); None for a tier not measured yet, or not for
-        # REPROBE_S: it counts as free, its next load is its measurement.
+    def _fits(self, now: float, loading: Collection[int]) -> list[tuple[float, float] | None]:
+        # Per tier (latency_s, seconds per block); None for a tier not measured yet: it counts as free, its loads
+        # are its measurements. A tier of ``loading`` not measured for REPROBE_S counts as free once, for the
+        # decision asking now (its load re-measures it); until that measurement comes, its old fit holds.
         fits: list[tuple[float, float] | None] = []
-        for model in self.tiers:
+        for idx, model in enumerate(self.tiers):
             fitted = model.fit()
-            fresh = fitted is not None and now - model.last_update < REPROBE_S
-            fits.append((fitted[0], fitted[1] * self.block_bytes) if fitted is not None and fresh else None)
+            if fitted is None:
+                fits.append(None)
+                continue
+            stale = now - model.last_update >= REPROBE_S
+            if stale and idx in loading and (model.probe_since is None or now - model.probe_since >= REPROBE_S):
+                model.probe_since = now
+                fits.append(None)
+                continue
+            fits.append((fitted[0], fitted[1] * self.block_bytes))
         return fits
 
     def plan(self, sources: Sequence[int]) -> LoadPlan:
@@ -299,7 +311,7 @@ class LoadCostModel:
         unbounded = cfg.recompute_tokens_per_s is None and cfg.max_load_s is None
         if not cfg.enabled or unbounded or all(s == PRIMARY for s in sources):
             return LoadPlan(len(sources), {}, "", 0.0)
-        fits = self._fits(self.clock())
+        fits = self._fits(self.clock(), set(sources))
         # The tiers' jobs run side by side: a load takes as long as its slowest job.
         counts: dict[int, int] = defaultdict(int)
         best, best_gain, best_load, load, reason = 0, 0.0, 0.0, 0.0, ""
@@ -337,7 +349,7 @@ class LoadCostModel:
             ``""`` to load it, else the reason: ``"cost"`` or ``"max_load_s"``.
         """
         cfg = self.config
-        fit = self._fits(self.clock())[tier_idx] if cfg.enabled else None
+        fit = self._fits(self.clock(), (tier_idx,))[tier_idx] if cfg.enabled else None
         if fit is None:
             return ""
         latency, per_block = fit
