@@ -28,7 +28,7 @@ all, only the tier entry differing:
   measured in the latest recompute run (see below);
 - ``throttled-fs-cost``: a tier slower than recompute, cost model on: the page's
   entry as ``tiering_throttled_fs`` (tiering-cli's bench tier, loaded by
-  ``module_path`` as the page's: the fs tier with each load reported
+  ``module_path`` ``tiering.cli.bench.throttled_fs``: the fs tier with each load reported
   ``latency_s + bytes / bytes_per_s`` late; :func:`throttle` derives both
   from the measured rate and the block size).
 
@@ -83,6 +83,7 @@ CONFIGS = ("recompute", "vllm-fs", "tiering-fs", "tiering-fs-cost", "throttled-f
 OURS = ("tiering-fs", "tiering-fs-cost", "throttled-fs-cost")
 COST = ("tiering-fs-cost", "throttled-fs-cost")  # recompute_tokens_per_s measured in recompute
 SLOW = "throttled-fs-cost"
+THROTTLED_MODULE = "tiering.cli.bench.throttled_fs"  # bench tooling: a tool's tier comes by module_path
 TIER_LABELS = {"vllm-fs": 'tier="1:fs"', SLOW: 'tier="1:tiering_throttled_fs"'}  # others: tiering_fs
 
 
@@ -104,7 +105,7 @@ def tier_config(
 
     The cost-model rows add ``recompute_tokens_per_s`` = ``rate`` (tokens per second) at the top level;
     ``throttled-fs-cost`` makes the page's entry the bench's ``tiering_throttled_fs`` (the fs tier, loads
-    throttled by :func:`throttle`), still loaded by ``module_path`` as the page's entry is.
+    throttled by :func:`throttle`), loaded by ``module_path`` (tiering-cli's module) as a user's tier is.
     """
     kv = transfer(setup, "tiering-fs" if config in OURS else config, root)
     if kv is None:
@@ -116,7 +117,7 @@ def tier_config(
     if config == SLOW:
         assert rate is not None  # measured in the recompute run before (recompute comes first)
         (entry,) = extra["secondary_tiers"]
-        entry.update(type="tiering_throttled_fs", **throttle(rate, block, block_bytes))
+        entry.update(type="tiering_throttled_fs", module_path=THROTTLED_MODULE, **throttle(rate, block, block_bytes))
     return kv
 
 

@@ -1,4 +1,4 @@
-"""The bench's ``throttled_fs`` tier: built from a config entry alone (entry point), its keys checked by name."""
+"""The bench's ``throttled_fs`` tier: built from a config entry alone (by ``module_path``), its keys checked by name."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ def view() -> memoryview:
     return memoryview(bytearray(4 * BLOCK)).cast("B", (4, BLOCK))
 
 
+MODULE = "tiering.cli.bench.throttled_fs"
+
+
 def build(entry: dict[str, Any]) -> Any:
     spec = make_spec(BLOCK, 4)
-    return create_secondary_tier({"type": "throttled_fs", **entry}, view(), spec)
+    return create_secondary_tier({"type": "throttled_fs", "module_path": MODULE, **entry}, view(), spec)
 
 
 def test_factory_builds_the_fs_tier_throttled_as_the_entry_says(tmp_path: Any) -> None:
@@ -85,7 +88,7 @@ def test_vllm_factory_builds_it_from_json_alone(tmp_path: Any) -> None:
     from tiering.cli.bench.throttled_fs import ThrottledFsTier
     from tiering.testing import vllm_driver
 
-    entry = {"type": "tiering_throttled_fs", "module_path": "tiering.core.vllm.tiers", "root": str(tmp_path)}
+    entry = {"type": "tiering_throttled_fs", "module_path": MODULE, "root": str(tmp_path)}
     extra = {
         "spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": 8 * BLOCK,

@@ -1,19 +1,19 @@
 """Bench tooling: the fs tier made slow on purpose, buildable from a config entry alone.
 
-Registered as the tier ``throttled_fs`` (tiering-cli's ``tiering.tiers``
-entry point), so an engine's server process builds it from JSON, e.g. in
-vLLM's ``secondary_tiers``::
+A tool provides no tier through the ``tiering.tiers`` entry points (that group is the backends'), so this
+one is reached by ``module_path``: importing this module registers it in-process as ``throttled_fs``, and
+the module hands vLLM's factory its vLLM tier class by attribute, e.g. in vLLM's ``secondary_tiers``::
 
-    {"type": "tiering_throttled_fs", "module_path": "tiering.core.vllm.tiers",
+    {"type": "tiering_throttled_fs", "module_path": "tiering.cli.bench.throttled_fs",
      "root": "/tmp/tier", "latency_s": 0.03, "bytes_per_s": "6MiB"}
 
+(tiering's own config: ``{"type": "throttled_fs", "module_path": "tiering.cli.bench.throttled_fs", ...}``).
 It is an fs tier (every ``fs`` key, checked as the fs tier checks them) whose
 load reports are held back by :class:`~tiering.cli.bench.throttle.ThrottledTier`:
 ``latency_s`` per load job plus the job's bytes at ``bytes_per_s``. It stands
 for a remote tier slower than recompute in benchmarks (``scripts/bench_serve.py``);
-it is no product tier. Needs tiering-fs: without it the name still
-resolves (so listing the installed tiers and ``tiering bench``'s choice of a
-local tier keep working) and building one raises ``ImportError``.
+it is no product tier. Needs tiering-fs: without it the module still imports
+and building one raises ``ImportError``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tiering.cli.bench.throttle import ThrottledTier
-from tiering.core.factory import SecondaryTierFactory
+from tiering.core.factory import SecondaryTierFactory, register_tier
 from tiering.core.schema import ConfigKey, ConfigSchema
 
 if TYPE_CHECKING:
@@ -94,3 +94,25 @@ class ThrottledFsTier(ThrottledTier):
             raise ImportError("tier 'throttled_fs' wraps the fs tier: pip install tiering-fs")
         inner = SecondaryTierFactory.get_class("fs")(offloading_spec, primary_kv_view, tier_type, **fs_keys)
         super().__init__(inner, float(latency), None if bandwidth is None else float(bandwidth))
+
+
+NAME = "throttled_fs"
+"""The tier's name: its ``type`` in tiering's config; vLLM's is ``tiering_throttled_fs``."""
+
+throttled_fs = ThrottledFsTier  # tiering's factory takes the attribute named by ``type`` from ``module_path``
+if NAME not in SecondaryTierFactory.known_names():
+    register_tier(NAME, __name__, "ThrottledFsTier")  # the name vLLM's wrapper builds the tier by
+
+
+def __getattr__(attr: str) -> Any:
+    """``tiering_throttled_fs``: the vLLM tier class running this tier (vLLM's factory asks ``module_path`` for it).
+
+    Raises:
+        AttributeError: another name.
+        ImportError: vLLM is not installed.
+    """
+    if attr == "tiering_" + NAME:
+        from tiering.core.vllm.names import tier_class
+
+        return tier_class(NAME)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
