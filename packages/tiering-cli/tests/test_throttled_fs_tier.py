@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
 
 from tiering.core.factory import create_secondary_tier
 from tiering.core.schema import InvalidTypeError, InvalidValueError, MissingKeyError, UnknownKeyError
-from tiering.testing import make_spec, requires_tier
+from tiering.testing import make_spec, requires_tier, requires_vllm
 
 pytestmark = requires_tier("fs")
 
@@ -83,7 +82,7 @@ def test_direct_construction_checks_the_throttle_keys() -> None:
         ThrottledFsTier(make_spec(BLOCK, 4), view(), "throttled_fs", latency_s=0, bytes_per_s=-5)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@requires_vllm()
 def test_vllm_factory_builds_it_from_json_alone(tmp_path: Any) -> None:
     from tiering.cli.bench.throttled_fs import ThrottledFsTier
     from tiering.testing import vllm_driver
