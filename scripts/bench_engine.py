@@ -208,12 +208,17 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def per_round(values: list[float]) -> str:
+    """``"median 1.22 (0.65 1.22 1.65)"``: the median of per-round figures, then each round's ("-" for none)."""
+    median = f"{statistics.median(values):.2f}" if values else "-"
+    return f"median {median} ({' '.join(f'{v:.2f}' for v in values)})"
+
+
 def paired(runs: dict[str, list[dict[str, Any]]], num: str, den: str, target: float) -> str:
     """Median of the per-round ratios ``num``/``den`` of TTFT and how many rounds meet ``target``."""
     ratios = [a["ttft_s"] / b["ttft_s"] for a, b in zip(runs[num], runs[den], strict=True)]
     met = sum(r <= target for r in ratios)
-    each = " ".join(f"{r:.2f}" for r in ratios)
-    return f"{num}/{den}: median {statistics.median(ratios):.2f} ({each}); {met}/{len(ratios)} rounds <= {target}"
+    return f"{num}/{den}: {per_round(ratios)}; {met}/{len(ratios)} rounds <= {target}"
 
 
 def report_timeline(

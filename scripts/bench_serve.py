@@ -71,7 +71,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_engine import DOCS_PAGE, docs_setup, load, native_fs_io, transfer  # the page's setup, as that benchmark
+from bench_engine import DOCS_PAGE, docs_setup, load, native_fs_io, per_round, transfer  # the page's setup
 from bench_fs import drop_caches
 from serve_trace import scale_trace
 
@@ -157,6 +157,7 @@ def summary(result: dict[str, Any], metrics: str, fs_label: str, token_bytes: in
     external = metric_total(metrics, "vllm:external_prefix_cache_hits_total")
     read = metric_total(metrics, "vllm:kv_offload_tiering_read_bytes_total", fs_label)
     disk = metric_total(metrics, "vllm:prompt_tokens_cached_by_source_total", 'source="disk"')
+    wasted = read - disk * token_bytes
     return {
         "p50": float(result["p50_ttft_ms"]) / 1e3,
         "p90": float(result["p90_ttft_ms"]) / 1e3,
@@ -170,8 +171,8 @@ def summary(result: dict[str, Any], metrics: str, fs_label: str, token_bytes: in
         "fs_chunk_hits": metric_total(metrics, "vllm:kv_offload_tiering_chunk_hits_total", fs_label),
         "read_per_hit_token": read / external if external else 0.0,
         "promoted": read,
-        "wasted": read - disk * token_bytes,
-        "wasted_pct": 100 * (read - disk * token_bytes) / read if read else 0.0,
+        "wasted": wasted,
+        "wasted_pct": 100 * wasted / read if read else 0.0,
     }
 
 
@@ -180,8 +181,7 @@ def ratio_line(runs: dict[str, list[dict[str, float]]], num: str, den: str) -> s
     parts = []
     for key in ("p50", "p99", "rps"):
         ratios = [a[key] / b[key] for a, b in zip(runs[num], runs[den], strict=True) if b[key]]
-        each = " ".join(f"{r:.2f}" for r in ratios)
-        parts.append(f"{key} median {statistics.median(ratios):.2f} ({each})" if ratios else f"{key} -")
+        parts.append(f"{key} {per_round(ratios)}" if ratios else f"{key} -")
     return f"{num}/{den}: " + "; ".join(parts)
 
 
@@ -191,19 +191,15 @@ def slow_tier_lines(runs: dict[str, list[dict[str, float]]]) -> list[str]:
     lines = []
     if SLOW in runs and "recompute" in runs:
         ratios = [s["p99"] / r["p99"] for s, r in zip(runs[SLOW], runs["recompute"], strict=True)]
-        each = " ".join(f"{x:.2f}" for x in ratios)
-        lines.append(f"slow tier: {SLOW} TTFT p99 / recompute p99 median {statistics.median(ratios):.2f} ({each}); "
-                     "target <= 1.05")  # fmt: skip
+        lines.append(f"slow tier: {SLOW} TTFT p99 / recompute p99 {per_round(ratios)}; target <= 1.05")
     if all(c in runs for c in ("recompute", "tiering-fs", "tiering-fs-cost")):
         kept = [
             (r["p50"] - c["p50"]) / (r["p50"] - f["p50"])
             for r, f, c in zip(runs["recompute"], runs["tiering-fs"], runs["tiering-fs-cost"], strict=True)
             if r["p50"] != f["p50"]
         ]
-        each = " ".join(f"{x:.2f}" for x in kept)
-        median = f"{statistics.median(kept):.2f}" if kept else "-"
-        lines.append(f"cost model kept: (recompute - tiering-fs-cost) / (recompute - tiering-fs) TTFT p50 median "
-                     f"{median} ({each}); target >= 0.95")  # fmt: skip
+        lines.append(f"cost model kept: (recompute - tiering-fs-cost) / (recompute - tiering-fs) TTFT p50 "
+                     f"{per_round(kept)}; target >= 0.95")  # fmt: skip
     return lines
 
 

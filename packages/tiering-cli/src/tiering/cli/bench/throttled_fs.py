@@ -27,6 +27,9 @@ from tiering.core.schema import ConfigKey, ConfigSchema
 if TYPE_CHECKING:
     from tiering.core.spec import OffloadingSpec
 
+NAME = "throttled_fs"
+"""The tier's name: its ``type`` in tiering's config; vLLM's is ``tiering_throttled_fs``."""
+
 THROTTLE_KEYS = (
     ConfigKey("latency_s", (float,), required=True, minimum=0, duration=True, doc="seconds added to each load job"),
     ConfigKey(
@@ -41,7 +44,7 @@ THROTTLE_KEYS = (
 )
 """The keys a ``throttled_fs`` entry adds to the fs tier's."""
 
-THROTTLE_SCHEMA = ConfigSchema("throttled_fs", THROTTLE_KEYS)
+THROTTLE_SCHEMA = ConfigSchema(NAME, THROTTLE_KEYS)
 """The checks of :data:`THROTTLE_KEYS` alone (for a direct construction)."""
 
 
@@ -55,7 +58,7 @@ def throttled_fs_schema() -> ConfigSchema | None:
     fs = SecondaryTierFactory.get_class("fs").config_schema
     if fs is None:
         return None
-    return ConfigSchema("throttled_fs", [*fs.keys.values(), *THROTTLE_KEYS], fs.checks)
+    return ConfigSchema(NAME, [*fs.keys.values(), *THROTTLE_KEYS], fs.checks)
 
 
 class ThrottledFsTier(ThrottledTier):
@@ -95,9 +98,6 @@ class ThrottledFsTier(ThrottledTier):
         inner = SecondaryTierFactory.get_class("fs")(offloading_spec, primary_kv_view, tier_type, **fs_keys)
         super().__init__(inner, float(latency), None if bandwidth is None else float(bandwidth))
 
-
-NAME = "throttled_fs"
-"""The tier's name: its ``type`` in tiering's config; vLLM's is ``tiering_throttled_fs``."""
 
 throttled_fs = ThrottledFsTier  # tiering's factory takes the attribute named by ``type`` from ``module_path``
 if NAME not in SecondaryTierFactory.known_names():
