@@ -129,7 +129,7 @@ def test_C13_adoption_by_a_lookup_fallback_agrees_with_eviction():
         assert index.adopt(k(1), 10, ticket)
 
 
-def test_a_read_begun_between_an_eviction_and_its_delete_cannot_adopt_the_key():
+def test_C13_a_read_begun_between_an_eviction_and_its_delete_cannot_adopt_the_key():
     """The bytes leave the medium when the delete ends, not when the key is evicted: a read in between saw them."""
     index = CapacityIndex(10)
     store(index, k(1))
@@ -142,7 +142,7 @@ def test_a_read_begun_between_an_eviction_and_its_delete_cannot_adopt_the_key():
         assert index.adopt(k(1), 10, ticket)
 
 
-def test_a_read_begun_before_a_rescan_settles_a_failed_delete_cannot_adopt_the_key():
+def test_C16_a_read_begun_before_a_rescan_settles_a_failed_delete_cannot_adopt_the_key():
     index = CapacityIndex(10)
     store(index, k(1))
     (victim,) = index.reserve(k(2), 10).victims
