@@ -94,6 +94,37 @@ def test_plan_loads_a_tier_not_measured_yet_and_one_not_measured_for_reprobe_s()
     assert m.plan([1, 1, 1]).serve == 3
 
 
+def test_a_tier_not_measured_yet_is_measured_by_one_load_at_a_time():
+    """While a seed load is in flight, other prefixes are cut where that tier's blocks begin ("probing")."""
+    clock = Clock()
+    m = model(clock=clock)
+    for _ in range(3):
+        m.observe(0, 4 * BLOCK, 0.004)  # tier 0 measured: fast
+    assert m.plan([0, 1, 1], "seed").serve == 3  # the seed load of tier 1
+    assert m.plan([0, 1, 1], "seed").serve == 3  # its request asks again (the next engine step): same answer
+    plan = m.plan([PRIMARY, 0, 1, 1], "other")
+    assert (plan.serve, plan.declined, plan.reason) == (2, {1: 2}, "probing")
+    assert m.plan([0, 0], "other").serve == 2  # a prefix without tier 1 is not held up
+    assert m.admits(1, 1) == "probing"
+    assert m.admits(1, 5, "seed") == ""
+    m.observe(1, 3 * BLOCK, 3.0)  # the seed reported (1 s per block): the next request seeds
+    assert m.plan([1, 1]).serve == 2
+    assert m.plan([1]).reason == "probing"
+    clock.now += REPROBE_S  # a seed that never reports holds the tier for REPROBE_S at most
+    assert m.plan([1, 1]).serve == 2
+    m.observe(1, 2 * BLOCK, 2.0)
+    m.observe(1, 2 * BLOCK, 2.0)
+    assert m.tiers[1].jobs == SEED_JOBS
+    assert m.plan([1, 1]).serve == 0  # measured: slower than recompute
+    assert m.plan([1, 1]).reason == "cost"
+
+
+def test_without_rate_or_bound_no_tier_is_probed():
+    m = model(rate=None)
+    assert [m.plan([1, 1]).serve for _ in range(3)] == [2, 2, 2]
+    assert [m.admits(1, 1) for _ in range(3)] == ["", "", ""]
+
+
 def test_a_stale_tier_gets_one_measuring_load_and_the_old_fit_holds_until_it_reports():
     """A re-probe is one load: the requests that arrive while it runs are decided by the old fit, not let through."""
     clock = Clock()

@@ -56,6 +56,30 @@ def test_tier_not_measured_yet_is_loaded_and_failed_jobs_do_not_measure():
     assert gate.model.tiers[0].jobs == 0
 
 
+def test_one_request_at_a_time_measures_a_tier_not_measured_yet():
+    """The seeding request loads every block the tier holds of it; the others are MISS until it reports."""
+    clock = Clock()
+    gate = LoadGate({"recompute_tokens_per_s": 1000}, BLOCK, TOKENS, clock=clock)
+    assert all(gate.admit("seed") for _ in range(30))
+    assert not gate.admit("other")
+    assert gate.declined == {"probing": 1}
+    gate.loading(1, 30)
+    clock.now += 3.0  # 100 ms per block: slower than recompute, but one measurement is not a fit
+    gate.finished(1, True)
+    assert gate.admit("other")  # the next seed
+    assert not gate.admit("third")
+    gate.loading(2, 1)
+    clock.now += 0.1
+    gate.finished(2, True)
+    assert gate.admit("third")
+    gate.loading(3, 1)
+    clock.now += 0.1
+    gate.finished(3, True)
+    assert not gate.admit("seed")  # measured (3 jobs): 100 ms per block > 32 ms of recompute
+    assert gate.declined == {"probing": 2, "cost": 1}
+    assert gate.stats()["loads_declined_probing"] == 2.0
+
+
 def test_max_load_s_bounds_the_blocks_of_one_request():
     gate = seeded(0.01, max_load_s=0.035)  # 10 ms per block, no latency: 3 blocks fit
     assert [gate.admit("r1") for _ in range(5)] == [True, True, True, False, False]

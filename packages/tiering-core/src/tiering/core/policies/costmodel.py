@@ -19,6 +19,7 @@ Config keys (top level of the offloading config, :data:`COST_SCHEMA`):
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -74,7 +75,13 @@ so a slow tier's re-probe cannot send every request that arrives meanwhile to it
 
 SEED_JOBS = 3
 """Load jobs a tier's model waits for before it predicts; they are fitted median first, so one slow
-first job (a cold cache, a connection being opened) cannot shut a fast tier out."""
+first job (a cold cache, a connection being opened) cannot shut a fast tier out. They run one at a time:
+while one is in flight (up to ``REPROBE_S``), the tier's blocks are declined with reason ``"probing"``,
+so a tier slower than recompute costs its first requests one slow load each, not one per request
+arriving before three loads have reported."""
+
+PROBING = (math.inf, math.inf)
+"""The fit :meth:`LoadCostModel._fits` gives a tier not measured yet whose measuring load is in flight."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +156,8 @@ class LoadTimeModel:
         self.weight = weight
         self.jobs = 0
         self.last_update = 0.0
-        self.probe_since: float | None = None  # when the load re-measuring a stale fit was let through
+        self.probe_since: float | None = None  # when the load measuring the tier (seed or re-probe) was let through
+        self.probe_owner: str | None = None  # the request a seed load was let through for
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._abs_err: float | None = None
         self._seed: list[tuple[int, float]] = []
@@ -159,7 +167,7 @@ class LoadTimeModel:
         """Count one finished load job of ``nbytes`` bytes that took ``seconds``; ``now`` is monotonic seconds."""
         self.jobs += 1
         self.last_update = now
-        self.probe_since = None
+        self.probe_since = self.probe_owner = None
         if self.jobs < SEED_JOBS:
             self._seed.append((nbytes, seconds))
             return
@@ -227,7 +235,8 @@ class LoadPlan:
     Attributes:
         serve: how many leading blocks to load (the rest are recomputed).
         declined: per secondary tier index, blocks it holds that are left to recompute.
-        reason: ``"cost"`` (slower than recompute), ``"max_load_s"``, or ``""`` when nothing was declined.
+        reason: ``"cost"`` (slower than recompute), ``"max_load_s"``, ``"probing"`` (a tier not measured
+            yet is being measured by another request's load), or ``""`` when nothing was declined.
         predicted_s: the predicted load time of the served blocks, seconds.
     """
 
@@ -275,30 +284,34 @@ class LoadCostModel:
         rate = self.config.recompute_tokens_per_s
         return blocks * self.block_tokens / rate if rate else None
 
-    def _fits(self, now: float, loading: Collection[int]) -> list[tuple[float, float] | None]:
-        # Per tier (latency_s, seconds per block); None for a tier not measured yet: it counts as free, its loads
-        # are its measurements. A tier of ``loading`` not measured for REPROBE_S counts as free once, for the
-        # decision asking now (its load re-measures it); until that measurement comes, its old fit holds.
+    def _fits(self, now: float, loading: Collection[int], owner: str | None) -> list[tuple[float, float] | None]:
+        # Per tier (latency_s, seconds per block); None: the tier counts as free, its load is the measurement.
+        # A tier of ``loading`` not measured for REPROBE_S counts as free once, for the decision asking now
+        # (its load re-measures it); until that measurement comes, its old fit holds.
+        # A tier not measured yet is measured by one request at a time (``owner``, asking as often as it
+        # needs): while that request's load is in flight the tier has no fit to decide the others by, so
+        # their blocks there are declined (PROBING).
         fits: list[tuple[float, float] | None] = []
         for idx, model in enumerate(self.tiers):
             fitted = model.fit()
-            if fitted is None:
+            probing = model.probe_since is not None and now - model.probe_since < REPROBE_S
+            if fitted is None and probing:
+                fits.append(None if owner is not None and model.probe_owner == owner else PROBING)
+            elif (fitted is None or now - model.last_update >= REPROBE_S) and not probing and idx in loading:
+                model.probe_since, model.probe_owner = now, owner if fitted is None else None
                 fits.append(None)
-                continue
-            stale = now - model.last_update >= REPROBE_S
-            if stale and idx in loading and (model.probe_since is None or now - model.probe_since >= REPROBE_S):
-                model.probe_since = now
-                fits.append(None)
-                continue
-            fits.append((fitted[0], fitted[1] * self.block_bytes))
+            else:
+                fits.append(None if fitted is None else (fitted[0], fitted[1] * self.block_bytes))
         return fits
 
-    def plan(self, sources: Sequence[int]) -> LoadPlan:
+    def plan(self, sources: Sequence[int], owner: str | None = None) -> LoadPlan:
         """How many leading blocks of a found prefix to load.
 
         Args:
             sources: per block of the prefix, :data:`~tiering.core.base.PRIMARY` or
                 the index of the secondary tier that would serve it.
+            owner: the request asking (its id); a request whose load measures a tier not measured yet
+                gets the same answer each time it asks (:data:`SEED_JOBS`). None: every ask is a new request.
 
         Returns:
             The longest prefix with the largest predicted saving (recompute
@@ -311,12 +324,15 @@ class LoadCostModel:
         unbounded = cfg.recompute_tokens_per_s is None and cfg.max_load_s is None
         if not cfg.enabled or unbounded or all(s == PRIMARY for s in sources):
             return LoadPlan(len(sources), {}, "", 0.0)
-        fits = self._fits(self.clock(), set(sources))
+        fits = self._fits(self.clock(), set(sources), owner)
         # The tiers' jobs run side by side: a load takes as long as its slowest job.
         counts: dict[int, int] = defaultdict(int)
         best, best_gain, best_load, load, reason = 0, 0.0, 0.0, 0.0, ""
         for n, source in enumerate(sources, 1):
             fit = fits[source] if source != PRIMARY else None
+            if fit is PROBING:
+                reason = "probing"
+                break
             if fit is not None:
                 counts[source] += 1
                 load = max(load, fit[0] + fit[1] * counts[source])
@@ -335,7 +351,7 @@ class LoadCostModel:
                 declined[source] += 1
         return LoadPlan(best, dict(declined), reason if declined else "", best_load)
 
-    def admits(self, tier_idx: int, blocks: int) -> str:
+    def admits(self, tier_idx: int, blocks: int, owner: str | None = None) -> str:
         """Whether block number ``blocks`` (from 1) of a request is still worth loading from tier ``tier_idx``.
 
         For an engine that asks a tier one block at a time (vLLM), without
@@ -343,15 +359,21 @@ class LoadCostModel:
         block, times ``margin``, is below the block's recompute time, and
         the ``blocks`` blocks' predicted load stays within ``max_load_s``.
         The tier's latency is not held against the first blocks (the
-        prefix may run long enough to amortize it).
+        prefix may run long enough to amortize it). ``owner``: as for :meth:`plan`; the request measuring a
+        tier not measured yet has every block it finds there admitted, so its load is one job of its size.
 
         Returns:
-            ``""`` to load it, else the reason: ``"cost"`` or ``"max_load_s"``.
+            ``""`` to load it, else the reason: ``"cost"``, ``"max_load_s"`` or ``"probing"`` (the tier is
+            not measured yet and its measuring load is in flight: :data:`SEED_JOBS`).
         """
         cfg = self.config
-        fit = self._fits(self.clock(), (tier_idx,))[tier_idx] if cfg.enabled else None
+        if not cfg.enabled or (cfg.recompute_tokens_per_s is None and cfg.max_load_s is None):
+            return ""
+        fit = self._fits(self.clock(), (tier_idx,), owner)[tier_idx]
         if fit is None:
             return ""
+        if fit is PROBING:
+            return "probing"
         latency, per_block = fit
         if cfg.max_load_s is not None and latency + per_block * blocks > cfg.max_load_s:
             return "max_load_s"

@@ -128,7 +128,7 @@ class TieringManager(StoreCascade):
         return self._plan(sources, req_context)
 
     def _plan(self, sources: list[int], req_context: ReqContext) -> int:
-        plan = self.cost.plan(sources)
+        plan = self.cost.plan(sources, req_context.req_id)
         if plan.declined and req_context.req_id not in self._declined_counted:
             self._declined_counted.add(req_context.req_id)
             for idx, blocks in plan.declined.items():

@@ -8,7 +8,10 @@ report) and answers MISS for a request's next block once the tier's time per
 block exceeds recomputing it, or the request's blocks from this tier exceed
 ``max_load_s`` (:meth:`~tiering.core.policies.costmodel.LoadCostModel.admits`). With
 neither ``recompute_tokens_per_s`` nor ``max_load_s`` configured it never
-declines. Imports nothing from vLLM.
+declines. Before the tier is measured, one request at a time loads from it (every
+block it finds there), and the others' blocks are MISS with reason
+``probing`` until that load reports
+(:data:`~tiering.core.policies.costmodel.SEED_JOBS`). Imports nothing from vLLM.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class LoadGate:
 
     def admit(self, req_id: str) -> bool:
         """Whether the request's next block found in the tier is to be loaded (False: answer MISS)."""
-        reason = self.model.admits(0, self._admitted[req_id] + 1)
+        reason = self.model.admits(0, self._admitted[req_id] + 1, req_id)
         if reason:
             self.declined[reason] += 1
             return False
