@@ -108,6 +108,8 @@ def test_C10_request_ends_while_its_promotion_is_in_flight():
     manager.get_finished()
     assert manager.primary.num_pinned == 0
     assert manager._held == {} and manager._loads == {}
+    assert manager.metrics.value("loads_unused_blocks_total", state="in_flight") == 4
+    assert manager.metrics.value("loads_unused_blocks_total", state="reported") == 0
     # later stores succeed: every slot can be reused
     fresh = [make_key(i, b"later") for i in range(4)]
     assert store(manager, fresh, ReqContext("later")).rejected == []
@@ -138,6 +140,14 @@ def test_finished_load_not_yet_completed_is_released_by_request_end():
     assert manager.get_finished() == []
     manager.complete_load(ctx)  # a late complete is harmless
     assert manager.primary.num_pinned == 0
+    assert manager.metrics.value("loads_unused_blocks_total", state="reported") == 2
+    done = ReqContext("used")  # a load the engine took and completed is not counted at its request's end
+    manager.prepare_load(keys, done)
+    tier.deliver()
+    assert [r.req_context for r in manager.get_finished()] == [done]
+    manager.complete_load(done)
+    manager.on_request_finished(done)
+    assert manager.metrics.value("loads_unused_blocks_total") == 2
 
 
 def test_unreported_job_at_shutdown_counts_failed_and_late_report_is_ignored():

@@ -76,6 +76,7 @@ class TieringManager(StoreCascade):
         self._held: dict[str, list[OffloadKey]] = {}
         self.metrics = StackMetrics()
         self._primary_labels = tier_labels("primary", None)
+        self._unused_labels = {state: {**self._primary_labels, "state": state} for state in ("reported", "in_flight")}
         self._tier_labels = [tier_labels(t.tier_type, i) for i, t in enumerate(self.secondary_tiers)]
         # Every call into a secondary tier goes through its guard: no exception escapes, each is logged
         # and counted, and the keys whose load failed are remembered per request.
@@ -331,17 +332,22 @@ class TieringManager(StoreCascade):
 
         A finished load not yet completed is released (no longer reported by :meth:`get_finished`); a load
         in flight is abandoned: its pins are released when its last job is reported (or at :meth:`shutdown`),
-        and it is never reported. Slots from :meth:`prepare_store` never completed by :meth:`complete_store` are freed.
+        and it is never reported. Both count their blocks in ``loads_unused_blocks_total`` (``state``
+        ``reported`` / ``in_flight``). Slots from :meth:`prepare_store` never completed by
+        :meth:`complete_store` are freed.
         """
         req_id = req_context.req_id
         self.primary.release(req_id)
         self._declined_counted.discard(req_id)
+        if self._held.get(req_id):
+            self.metrics.inc("loads_unused_blocks_total", self._unused_labels["reported"], len(self._held[req_id]))
         self.complete_load(req_context)
         if any(r.req_context.req_id == req_id for r in self._finished_loads):
             self._finished_loads = [r for r in self._finished_loads if r.req_context.req_id != req_id]
         load = self._loads.pop(req_id, None)
         if load is not None:
             load.abandoned = True
+            self.metrics.inc("loads_unused_blocks_total", self._unused_labels["in_flight"], len(load.keys))
         for guard in self._guards:
             guard.on_request_finished(req_context)
 

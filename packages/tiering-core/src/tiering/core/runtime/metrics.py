@@ -57,7 +57,12 @@ COUNTERS = {
     "store_job_failed_blocks_total": "Blocks of the store jobs the tier reported failed (causes: store_failures).",
     "loads_declined_total": (
         "Blocks found in the tier and left to recompute because loading them was predicted not to pay, "
-        "by reason (cost, max_load_s); counted once per request."
+        "by reason (cost, max_load_s, probing); counted once per request."
+    ),
+    "loads_unused_blocks_total": (
+        "Blocks of loads whose request ended before the engine took them, by state (in_flight: still being "
+        "promoted, its slots released when the job reports; reported: promoted and not completed, released "
+        "at once)."
     ),
 }
 GAUGES = {
