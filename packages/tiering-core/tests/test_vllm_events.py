@@ -82,7 +82,9 @@ def test_a_re_announcement_reaches_vllm_as_removals_then_stores(tmp_path: Any) -
         keys = sorted(testing.make_key(i, seed=b"announce") for i in range(3))
         drv.finish(drv.store([keys], lambda k: testing.payload(k, drv.row_bytes)))
         drv.wait_idle()
-        assert [(e.removed, sorted(e.keys)) for e in _take(mgr)] == [(False, keys)]
+        # one event per share the tier's writers took: one on a busy machine, up to one per block on an idle one
+        stored = _take(mgr)
+        assert not any(e.removed for e in stored) and sorted(k for e in stored for k in e.keys) == keys
         (wrapper,) = [t for t in mgr.secondary_tiers if t.tier_type == "tiering_fs"]
         wrapper._guard.tier.index.announce("reconnect")  # as the redis tier does after a failover
         # vLLM has no clear of one tier: what it was told is removed, then what the tier holds is stored
